@@ -1,0 +1,22 @@
+"""The Engine role: run one batch of requests through a model and return action chunks."""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Sequence
+
+from .profile import EngineProfile
+from .types import ChunkResult, InferenceRequest
+
+
+class Engine(ABC):
+    """A model runner (torch, remote GPU server, simulated). The dispatcher reads `profile`
+    to size batches and estimate latency; `infer` returns one result per request, in order."""
+
+    name = "?"
+    profile: EngineProfile
+
+    @abstractmethod
+    def infer(self, batch: Sequence[InferenceRequest]) -> list[ChunkResult]: ...
+
+    def close(self) -> None:
+        """Release what the engine holds (models, connections)."""

@@ -1,0 +1,62 @@
+"""Dynamic execution horizon from diffusion confidence (seed 000 §3.1, Figure 7).
+
+For each action, compare the norm of its final-step update with (1 + t) x the mean norm of
+its earlier-step updates. Walking from A_1, the first action that exceeds it ends the
+converged prefix: H = its index (actions before it), H = max(H, H_min).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..types import HorizonDecision
+from .base import HorizonPolicy
+
+
+def confidence_horizon(updates: np.ndarray, t: float) -> tuple[int, int]:
+    """(H_thresh, index of the first unconverged action or -1) for updates [steps, chunk, dim]."""
+    norms = np.linalg.norm(np.asarray(updates, dtype=np.float64), axis=-1)  # [steps, chunk]
+    final, earlier = norms[-1], norms[:-1].mean(axis=0)
+    over = final > (1.0 + t) * earlier
+    if not over.any():
+        return norms.shape[1], -1
+    first = int(np.argmax(over))
+    return first, first
+
+
+class ConfidenceHorizon(HorizonPolicy):
+    name = "confidence"
+
+    def __init__(self, t: float = 0.4, h_min: int = 10, fallback_h: int | None = None) -> None:
+        if not (t >= 0):
+            raise ValueError("confidence threshold t must be >= 0")
+        if int(h_min) < 1:
+            raise ValueError("h_min must be >= 1")
+        self.t = float(t)
+        self.h_min = int(h_min)
+        # Policies without denoising steps (e.g. ACT) give no updates: serve a static H.
+        self.fallback_h = int(fallback_h) if fallback_h is not None else self.h_min
+
+    def check_param(self, param):
+        if param is None:
+            return None
+        if not math.isfinite(param) or param < 0:
+            return f"confidence threshold t must be a finite number >= 0, got {param}"
+        return None
+
+    def choose(self, result, param=None):
+        n = len(result.actions)
+        t = self.t if param is None else float(param)
+        u = result.updates
+        if u is None or u.ndim != 3 or u.shape[0] < 2 or u.shape[1] != n:
+            h = min(self.fallback_h, n)
+            return HorizonDecision(h, f"no per-step updates for this chunk: static fallback H={h}")
+        h_thresh, first = confidence_horizon(u, t)
+        h = min(max(h_thresh, self.h_min), n)
+        if first < 0:
+            return HorizonDecision(h, f"all {n} actions converged at t={t:g}")
+        why = f"A{first + 1} final update exceeds (1+{t:g}) x its earlier mean: H_thresh={h_thresh}"
+        if h_thresh < self.h_min:
+            why += f", raised to H_min={self.h_min}"
+        return HorizonDecision(h, why)

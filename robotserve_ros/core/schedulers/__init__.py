@@ -1,0 +1,22 @@
+"""Scheduler registry: config name -> implementation. A new scheduler is a file plus a line."""
+from __future__ import annotations
+
+from ..registry import Registry
+from .autellix import AutellixScheduler
+from .base import Scheduler, SchedulingContext
+from .edf import EdfScheduler
+from .fifo import FifoScheduler
+from .kairos import KairosScheduler
+
+SCHEDULERS: Registry[Scheduler] = Registry("scheduler")
+SCHEDULERS.register("fifo", FifoScheduler)
+SCHEDULERS.register("autellix", AutellixScheduler)
+SCHEDULERS.register("kairos", KairosScheduler)
+SCHEDULERS.register("edf", EdfScheduler)
+
+
+def make_scheduler(name: str, **params) -> Scheduler:
+    return SCHEDULERS.create(name, **params)
+
+
+__all__ = ["SCHEDULERS", "Scheduler", "SchedulingContext", "make_scheduler"]

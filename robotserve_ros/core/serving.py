@@ -1,0 +1,311 @@
+"""The serving loop shared by the simulator, the ROS server and the remote GPU server.
+
+submit -> (scheduler orders, placement assigns tiers, stale observations refreshed) ->
+dispatch -> engine runs -> complete (horizon policy picks H, action manager trims).
+Algorithm 1 of seed 000: phases 1-2 are the Scheduler, phase 3 the Placement, lines
+20-21 the refresher, lines 23-25 the dispatch epoch (skipped = epochs since arrival).
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Optional, Protocol, Sequence
+
+from .clock import Clock
+from .errors import (
+    BadExecInfo,
+    BadPolicyParam,
+    DuplicateRequest,
+    RequestError,
+    RoundOutOfOrder,
+    UnknownPolicy,
+    UnknownTask,
+)
+from .horizon import HORIZON_POLICIES, HorizonPolicy
+from .ledger import TaskLedger
+from .profile import EngineProfile
+from .schedulers import Scheduler, SchedulingContext
+from .types import ChunkReply, ChunkResult, InferenceRequest, PendingRequest
+
+
+@dataclass
+class Tier:
+    """A place batches run: a local engine (edge) or a remote GPU server (cloud)."""
+
+    name: str
+    profile: EngineProfile
+    slots: int = 1  # batches it runs at once
+    max_batch: Optional[int] = None  # default: the profile's saturation batch
+    busy: int = 0
+
+    @property
+    def batch_limit(self) -> int:
+        return self.max_batch or self.profile.saturation_batch
+
+    @property
+    def free(self) -> bool:
+        return self.busy < self.slots
+
+
+@dataclass
+class Dispatch:
+    id: int
+    tier: str
+    requests: list  # PendingRequest, in priority order
+    started: float
+
+
+class Placement(Protocol):
+    def place(self, ordered: Sequence[PendingRequest], free: Sequence[Tier], now: float) -> list[tuple[Tier, list]]:
+        """Assign a prefix of the priority order to free tiers (Algorithm 1 phase 3)."""
+        ...
+
+
+class FillInOrder:
+    """Fill free tiers in the order given (edge first), each up to its batch limit."""
+
+    def place(self, ordered, free, now):
+        out, i = [], 0
+        for tier in free:
+            if i >= len(ordered):
+                break
+            n = tier.batch_limit
+            out.append((tier, list(ordered[i : i + n])))
+            i += n
+        return out
+
+
+# A refresher returns (observation, stamp) fetched from the robot, or None if it cannot.
+Refresher = Callable[[InferenceRequest], Optional[tuple]]
+
+
+@dataclass
+class ServingStats:
+    errors: Counter = field(default_factory=Counter)
+    submitted: int = 0
+    superseded: int = 0
+    dispatched: int = 0
+    batches: int = 0
+    completed: int = 0
+    requeued: int = 0
+    dropped_replies: int = 0
+    refreshes: int = 0
+    refresh_failures: int = 0
+    obs_age_sum: float = 0.0
+    obs_age_n: int = 0
+    obs_age_max: float = 0.0
+
+
+class ServingCore:
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        tiers: Sequence[Tier],
+        clock: Clock,
+        *,
+        horizon_params: Optional[Mapping[str, Mapping]] = None,
+        placement: Optional[Placement] = None,
+        refresher: Optional[Refresher] = None,
+        stale_obs_s: Optional[float] = None,
+        ledger: Optional[TaskLedger] = None,
+    ) -> None:
+        if not tiers:
+            raise ValueError("at least one tier is needed")
+        self.scheduler = scheduler
+        self.tiers = list(tiers)
+        self.clock = clock
+        self.placement = placement or FillInOrder()
+        self.refresher = refresher
+        self.stale_obs_s = stale_obs_s
+        self.ledger = ledger or TaskLedger()
+        self._horizon_params = {k: dict(v) for k, v in (horizon_params or {}).items()}
+        self._horizons: dict[str, HorizonPolicy] = {}
+        self.pending: dict[str, PendingRequest] = {}  # one per task
+        self.inflight: dict[int, Dispatch] = {}
+        self.epoch = 0
+        self._seq = itertools.count()
+        self._ids = itertools.count(1)
+        self.stats = ServingStats()
+
+    # --- requests in ----------------------------------------------------------------
+    def submit(self, req: InferenceRequest) -> PendingRequest:
+        """Validate and queue a request; a bad one raises RequestError (and is counted)."""
+        try:
+            return self._submit(req)
+        except RequestError as e:
+            self.stats.errors[e.code] += 1
+            raise
+
+    def _submit(self, req: InferenceRequest) -> PendingRequest:
+        now = self.clock.now()
+        if not isinstance(req.task_id, str) or not req.task_id:
+            raise RequestError("task_id must be a non-empty string")
+        if not isinstance(req.round_id, int) or req.round_id < 0:
+            raise RoundOutOfOrder(f"round_id must be an integer >= 0, got {req.round_id!r}")
+        rec = self.ledger.tasks.get(req.task_id)
+        if rec is None:
+            if req.round_id != 0:
+                raise UnknownTask(
+                    f"task '{req.task_id}' is not known (finished, reaped or never started); "
+                    f"a task starts with round 0, got round {req.round_id}"
+                )
+        else:
+            if rec.finished_at is not None:
+                raise UnknownTask(f"task '{req.task_id}' has finished; start a new task id")
+            last = rec.round_ids[-1]
+            if req.round_id == last:
+                raise DuplicateRequest(f"task '{req.task_id}' round {req.round_id} was already received")
+            if req.round_id < last:
+                raise RoundOutOfOrder(
+                    f"task '{req.task_id}' round {req.round_id} arrived after round {last}; round ids must increase"
+                )
+        if req.exec_info is not None:
+            problems = req.exec_info.problems()
+            if problems:
+                raise BadExecInfo(f"task '{req.task_id}' round {req.round_id}: " + "; ".join(problems))
+        self._horizon_for(req)  # unknown policy or bad knob: refuse now, not after generating
+
+        if rec is None:
+            self.ledger.open_task(req.task_id, now)
+        old = self.pending.pop(req.task_id, None)
+        if old is not None:  # the robot moved on: its newer round replaces the queued one
+            self.ledger.cancel_last_round(req.task_id)
+            self.stats.superseded += 1
+        k = self.ledger.record_request(req.task_id, req.round_id, now, req.exec_info)
+        if req.deadline is not None and math.isfinite(req.deadline):
+            deadline = req.deadline
+        elif req.exec_info is not None:
+            deadline = req.exec_info.end(now)
+        else:
+            deadline = now  # robot idle: needed at once
+        p = PendingRequest(req, now, next(self._seq), self.epoch, deadline, k)
+        self.pending[req.task_id] = p
+        self.stats.submitted += 1
+        return p
+
+    # --- dispatch (Algorithm 1) ------------------------------------------------------
+    def dispatch(self) -> list[Dispatch]:
+        """One scheduling round: order pending requests, fill the free tiers."""
+        free = [t for t in self.tiers if t.free]
+        if not free or not self.pending:
+            return []
+        now = self.clock.now()
+        limit = sum(t.batch_limit for t in free)
+        ctx = SchedulingContext(now, self.ledger, self.epoch)
+        ordered = self.scheduler.select(list(self.pending.values()), ctx, limit)
+        out = []
+        for tier, batch in self.placement.place(ordered, free, now):
+            if not batch:
+                continue
+            for p in batch:
+                del self.pending[p.task_id]
+                self._refresh_if_stale(p, now)
+                self.ledger.record_dispatch(p.task_id, p.round_index, now)
+            tier.busy += 1
+            d = Dispatch(next(self._ids), tier.name, batch, now)
+            self.inflight[d.id] = d
+            out.append(d)
+            self.stats.dispatched += len(batch)
+            self.stats.batches += 1
+        if out:
+            self.epoch += 1  # everyone left pending has now skipped one more round
+        return out
+
+    def _refresh_if_stale(self, p: PendingRequest, now: float) -> None:
+        req = p.request
+        if req.obs_stamp is None:
+            return
+        age = now - req.obs_stamp
+        if self.refresher is not None and self.stale_obs_s is not None and age > self.stale_obs_s:
+            fresh = self.refresher(req)  # Algorithm 1 lines 20-21
+            if fresh is None:
+                self.stats.refresh_failures += 1
+            else:
+                req.observation, req.obs_stamp = fresh
+                self.stats.refreshes += 1
+                age = now - req.obs_stamp
+        s = self.stats
+        s.obs_age_sum += age
+        s.obs_age_n += 1
+        s.obs_age_max = max(s.obs_age_max, age)
+
+    # --- results back ----------------------------------------------------------------
+    def complete(self, dispatch_id: int, results: Sequence[ChunkResult]) -> list[ChunkReply]:
+        """Horizon policy + action manager: one trimmed chunk per still-live request."""
+        d = self.inflight.pop(dispatch_id)
+        self._tier(d.tier).busy -= 1
+        if len(results) != len(d.requests):
+            raise ValueError(f"engine returned {len(results)} results for a batch of {len(d.requests)}")
+        now = self.clock.now()
+        replies = []
+        for p, res in zip(d.requests, results):
+            if p.task_id not in self.ledger.tasks:
+                self.stats.dropped_replies += 1  # task dropped while generating
+                continue
+            self.ledger.record_complete(p.task_id, p.round_index, now)
+            req = p.request
+            decision = self._horizon_for(req).choose(res, req.horizon.param)
+            replies.append(
+                ChunkReply(
+                    req.task_id,
+                    req.round_id,
+                    res.actions[: decision.horizon],
+                    decision.horizon,
+                    decision.reason,
+                    len(res.actions),
+                    d.tier,
+                    now,
+                )
+            )
+        self.stats.completed += len(replies)
+        return replies
+
+    def requeue(self, dispatch_id: int) -> int:
+        """A batch failed or timed out: its requests wait again, none lost, none twice."""
+        d = self.inflight.pop(dispatch_id)
+        self._tier(d.tier).busy -= 1
+        back = 0
+        for p in d.requests:
+            if p.task_id not in self.ledger.tasks or p.task_id in self.pending:
+                continue  # dropped, or superseded by a newer round meanwhile
+            self.ledger.record_requeue(p.task_id, p.round_index)
+            self.pending[p.task_id] = p
+            back += 1
+        self.stats.requeued += back
+        return back
+
+    # --- task lifecycle --------------------------------------------------------------
+    def finish_task(self, task_id: str, exec_info=None):
+        """The robot reports its last execution done; returns the task's ledger record."""
+        if task_id not in self.ledger.tasks:
+            raise UnknownTask(f"task '{task_id}' is not known")
+        self.ledger.record_finish(task_id, self.clock.now(), exec_info)
+        return self.ledger.tasks[task_id]
+
+    def drop_task(self, task_id: str) -> bool:
+        """Forget a task (robot gone): its queued request goes, replies in flight are dropped."""
+        self.pending.pop(task_id, None)
+        return self.ledger.remove(task_id) is not None
+
+    # --- helpers -----------------------------------------------------------------------
+    def _tier(self, name: str) -> Tier:
+        for t in self.tiers:
+            if t.name == name:
+                return t
+        raise KeyError(name)
+
+    def _horizon_for(self, req: InferenceRequest) -> HorizonPolicy:
+        name = req.horizon.policy
+        pol = self._horizons.get(name)
+        if pol is None:
+            if name not in HORIZON_POLICIES:
+                raise UnknownPolicy(
+                    f"unknown horizon policy '{name}'; known: {', '.join(HORIZON_POLICIES.names())}"
+                )
+            pol = self._horizons[name] = HORIZON_POLICIES.create(name, **self._horizon_params.get(name, {}))
+        problem = pol.check_param(req.horizon.param)
+        if problem:
+            raise BadPolicyParam(problem)
+        return pol

@@ -1,0 +1,104 @@
+"""The data of one round (DESIGN.md "One round, as data"), as plain dataclasses."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class ExecInfo:
+    """Last execution info piggybacked on a request (seed 000 §3.2.1, §4 "Last Exec Info").
+
+    exec_start: when the running execution phase started (server time line);
+    actions_left: actions of that phase not yet executed when the request was sent;
+    control_hz: the robot's control rate. Its end is derived, not sent.
+    """
+
+    exec_start: float
+    actions_left: int
+    control_hz: float
+
+    def end(self, sent_at: float) -> float:
+        return sent_at + self.actions_left / self.control_hz
+
+    def problems(self) -> list[str]:
+        out = []
+        if not math.isfinite(self.exec_start):
+            out.append("exec_start is not finite")
+        if not math.isfinite(self.control_hz) or self.control_hz <= 0:
+            out.append(f"control_hz must be > 0, got {self.control_hz}")
+        if self.actions_left < 0:
+            out.append(f"actions_left must be >= 0, got {self.actions_left}")
+        return out
+
+
+@dataclass(frozen=True)
+class HorizonChoice:
+    """The execution-horizon policy a client asks for, with its one knob (H or t)."""
+
+    policy: str = "static"
+    param: Optional[float] = None
+
+
+@dataclass
+class InferenceRequest:
+    task_id: str
+    round_id: int
+    exec_info: Optional[ExecInfo] = None
+    horizon: HorizonChoice = field(default_factory=HorizonChoice)
+    observation: Any = None
+    # When the observation was captured; the dispatcher refreshes it when it grew stale.
+    obs_stamp: Optional[float] = None
+    # Absolute time the next chunk is needed by; derived from exec_info when absent.
+    deadline: Optional[float] = None
+
+
+@dataclass
+class PendingRequest:
+    """A request the server accepted and has not dispatched yet."""
+
+    request: InferenceRequest
+    arrival: float
+    seq: int  # global arrival order: FIFO and every tie-break
+    epoch: int  # dispatch epoch at arrival; skipped rounds = current epoch - epoch
+    deadline: float
+    round_index: int = 0  # the round's position in the task's ledger
+
+    @property
+    def task_id(self) -> str:
+        return self.request.task_id
+
+
+@dataclass
+class ChunkResult:
+    """What an engine returns for one request.
+
+    actions: [chunk, action_dim]; updates: per-step per-action denoising updates
+    [steps, chunk, action_dim] (seed 000 §3.1), None for policies without denoising.
+    """
+
+    actions: np.ndarray
+    updates: Optional[np.ndarray] = None
+
+
+@dataclass
+class HorizonDecision:
+    horizon: int
+    reason: str
+
+
+@dataclass
+class ChunkReply:
+    """The trimmed chunk the action manager returns to the robot."""
+
+    task_id: str
+    round_id: int
+    actions: np.ndarray  # [horizon, action_dim]
+    horizon: int
+    reason: str
+    chunk_len: int
+    tier: str
+    generated_at: float

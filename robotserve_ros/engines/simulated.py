@@ -1,0 +1,69 @@
+"""A profile-driven engine: deterministic action chunks with the timing of a real policy.
+
+Used by the simulator (virtual time: no sleeping) and by the live server when no model is
+configured (realtime: sleeps the profile's latency for the batch). With `updates=True` it
+also emits per-step denoising updates shaped like a diffusion policy's: geometric
+coarse-to-fine refinement that sums exactly to the chunk, with the actions past a
+per-round convergence boundary still moving at the last step, so the confidence horizon
+policy has something real to read.
+"""
+from __future__ import annotations
+
+import time
+import zlib
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ..core.engine import Engine
+from ..core.profile import EngineProfile
+from ..core.types import ChunkResult, InferenceRequest
+
+
+class SimulatedEngine(Engine):
+    name = "simulated"
+
+    def __init__(
+        self,
+        profile: EngineProfile,
+        chunk_size: int = 50,
+        action_dim: int = 6,
+        steps: int = 10,
+        updates: bool = False,
+        realtime: bool = False,
+        seed: int = 0,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        if chunk_size < 1 or action_dim < 1 or steps < 2:
+            raise ValueError("chunk_size and action_dim must be >= 1, steps >= 2")
+        self.profile = profile
+        self.chunk_size, self.action_dim, self.steps = chunk_size, action_dim, steps
+        self.updates, self.realtime, self.seed = updates, realtime, seed
+        self._sleep = sleep
+        self._t = np.arange(chunk_size, dtype=np.float64)[:, None]
+        self._decay = 0.5 ** np.arange(steps, dtype=np.float64)
+        self._decay /= self._decay.sum()
+
+    def infer(self, batch: Sequence[InferenceRequest]) -> list[ChunkResult]:
+        if self.realtime and batch:
+            self._sleep(self.profile.latency_s(len(batch)))
+        return [self._one(r) for r in batch]
+
+    def _one(self, req: InferenceRequest) -> ChunkResult:
+        key = zlib.crc32(req.task_id.encode())
+        phase = (key % 997) / 997.0 * 2 * np.pi + np.arange(self.action_dim)
+        t0 = req.round_id * self.chunk_size
+        actions = (0.5 * np.sin(0.05 * (self._t + t0) + phase)).astype(np.float32)
+        if not self.updates:
+            return ChunkResult(actions)
+        rng = np.random.default_rng([self.seed, key, req.round_id])
+        x_t = rng.standard_normal(actions.shape)
+        upd = self._decay[:, None, None] * (actions.astype(np.float64) - x_t)[None]
+        # Past the boundary the last step still moves: a large late correction, cancelled
+        # by the first step so x_T + sum(updates) stays exactly the chunk.
+        boundary = int(rng.integers(self.chunk_size // 4, self.chunk_size + 1))
+        if boundary < self.chunk_size:
+            kick = rng.standard_normal((self.chunk_size - boundary, self.action_dim)) * 0.5
+            upd[-1, boundary:] += kick
+            upd[0, boundary:] -= kick
+        return ChunkResult(actions, upd.astype(np.float32))

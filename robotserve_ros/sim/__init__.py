@@ -1,0 +1,1 @@
+"""Virtual-clock fleet simulator, workloads, metrics and benchmark reports."""

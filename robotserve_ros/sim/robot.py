@@ -1,0 +1,36 @@
+"""The robot side of asynchronous inference, as timing (seed 000 §2.1, §5.1).
+
+A round's chunk starts executing when it has arrived and the previous round's actions
+have run out; the next request goes out when the actions left fall to the trigger point,
+ceil(batch-1 generation latency x control rate), or at once if the round is shorter.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+
+def trigger_actions(batch1_latency_s: float, control_hz: float) -> int:
+    """Actions left at which the next request goes out: just enough to hide generation."""
+    return math.ceil(batch1_latency_s * control_hz - 1e-9)
+
+
+def exec_start(chunk_ready: float, prev_exec_end: Optional[float]) -> float:
+    """The robot holds position until both the chunk is there and the last one is done."""
+    return chunk_ready if prev_exec_end is None or prev_exec_end < chunk_ready else prev_exec_end
+
+
+def request_after(actions: int, trigger: int, control_hz: float) -> float:
+    """Seconds from a round's execution start to the next round's request."""
+    return max(0, actions - trigger) / control_hz
+
+
+def alone_latency(rounds: Sequence[int], control_hz: float, batch1_latency_s: float) -> float:
+    """Contention-free end-to-end latency: every request served at once at batch 1."""
+    trig = trigger_actions(batch1_latency_s, control_hz)
+    t_req, prev_end = 0.0, None
+    for n in rounds:
+        start = exec_start(t_req + batch1_latency_s, prev_end)
+        prev_end = start + n / control_hz
+        t_req = start + request_after(n, trig, control_hz)
+    return prev_end

@@ -1,0 +1,13 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="robotserve_ros",
+    version="0.1.0",
+    description="Execution-aware serving of physical-AI models to robot fleets (ROS 2 node suite)",
+    license="Apache-2.0",
+    python_requires=">=3.10",
+    packages=find_packages(include=["robotserve_ros", "robotserve_ros.*"]),
+    install_requires=["numpy>=1.24", "matplotlib>=3.7", "tqdm>=4.60", "PyYAML>=6"],
+    extras_require={"test": ["pytest>=7", "hypothesis>=6"]},
+    entry_points={"console_scripts": ["robotserve = robotserve_ros.cli:main"]},
+)
