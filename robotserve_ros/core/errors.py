@@ -24,6 +24,10 @@ class DuplicateRequest(RequestError):
     code = "duplicate_request"
 
 
+class RoundInFlight(RequestError):
+    code = "round_in_flight"
+
+
 class BadExecInfo(RequestError):
     code = "bad_exec_info"
 

@@ -94,6 +94,9 @@ class TaskLedger:
         if g is not None and g.end is None:
             if k == 0 and self.count_initial_wait:
                 rec.closed_wait -= max(0.0, g.start - rec.t_start)
+            # W_{k-1} may have been closed by this dispatch's start: open it again.
+            while len(rec.waits) > max(0, k - 1):
+                rec.closed_wait -= rec.waits.pop()
             rec.gens[k] = None
             self._close(rec)
 

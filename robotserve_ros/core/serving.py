@@ -19,6 +19,7 @@ from .errors import (
     BadPolicyParam,
     DuplicateRequest,
     RequestError,
+    RoundInFlight,
     RoundOutOfOrder,
     UnknownPolicy,
     UnknownTask,
@@ -161,6 +162,15 @@ class ServingCore:
                 raise RoundOutOfOrder(
                     f"task '{req.task_id}' round {req.round_id} arrived after round {last}; round ids must increase"
                 )
+            g = rec.gens[-1]
+            if g is not None and g.end is None:
+                raise RoundInFlight(
+                    f"task '{req.task_id}' round {last} is being generated; send round {req.round_id} after its chunk"
+                )
+            if req.exec_info is None:
+                raise BadExecInfo(
+                    f"task '{req.task_id}' round {req.round_id}: rounds after the first must carry the last execution info"
+                )
         if req.exec_info is not None:
             problems = req.exec_info.problems()
             if problems:
@@ -180,7 +190,7 @@ class ServingCore:
             deadline = req.exec_info.end(now)
         else:
             deadline = now  # robot idle: needed at once
-        p = PendingRequest(req, now, next(self._seq), self.epoch, deadline, k)
+        p = PendingRequest(req, now, next(self._seq), self.epoch, deadline, k, self.ledger.tasks[req.task_id])
         self.pending[req.task_id] = p
         self.stats.submitted += 1
         return p
@@ -234,15 +244,19 @@ class ServingCore:
     # --- results back ----------------------------------------------------------------
     def complete(self, dispatch_id: int, results: Sequence[ChunkResult]) -> list[ChunkReply]:
         """Horizon policy + action manager: one trimmed chunk per still-live request."""
-        d = self.inflight.pop(dispatch_id)
-        self._tier(d.tier).busy -= 1
+        d = self.inflight[dispatch_id]
         if len(results) != len(d.requests):
-            raise ValueError(f"engine returned {len(results)} results for a batch of {len(d.requests)}")
+            self.requeue(dispatch_id)  # an engine fault must not cost the robots their requests
+            raise ValueError(
+                f"engine returned {len(results)} results for a batch of {len(d.requests)}; the batch was requeued"
+            )
+        del self.inflight[dispatch_id]
+        self._tier(d.tier).busy -= 1
         now = self.clock.now()
         replies = []
         for p, res in zip(d.requests, results):
-            if p.task_id not in self.ledger.tasks:
-                self.stats.dropped_replies += 1  # task dropped while generating
+            if not self._live(p):
+                self.stats.dropped_replies += 1  # task dropped (or restarted) while generating
                 continue
             self.ledger.record_complete(p.task_id, p.round_index, now)
             req = p.request
@@ -268,8 +282,8 @@ class ServingCore:
         self._tier(d.tier).busy -= 1
         back = 0
         for p in d.requests:
-            if p.task_id not in self.ledger.tasks or p.task_id in self.pending:
-                continue  # dropped, or superseded by a newer round meanwhile
+            if not self._live(p):
+                continue  # dropped (or restarted) meanwhile
             self.ledger.record_requeue(p.task_id, p.round_index)
             self.pending[p.task_id] = p
             back += 1
@@ -290,6 +304,9 @@ class ServingCore:
         return self.ledger.remove(task_id) is not None
 
     # --- helpers -----------------------------------------------------------------------
+    def _live(self, p: PendingRequest) -> bool:
+        return self.ledger.tasks.get(p.task_id) is p.record
+
     def _tier(self, name: str) -> Tier:
         for t in self.tiers:
             if t.name == name:

@@ -30,8 +30,8 @@ class ExecInfo:
             out.append("exec_start is not finite")
         if not math.isfinite(self.control_hz) or self.control_hz <= 0:
             out.append(f"control_hz must be > 0, got {self.control_hz}")
-        if self.actions_left < 0:
-            out.append(f"actions_left must be >= 0, got {self.actions_left}")
+        if not math.isfinite(self.actions_left) or self.actions_left < 0 or self.actions_left != int(self.actions_left):
+            out.append(f"actions_left must be a whole number >= 0, got {self.actions_left}")
         return out
 
 
@@ -66,6 +66,7 @@ class PendingRequest:
     epoch: int  # dispatch epoch at arrival; skipped rounds = current epoch - epoch
     deadline: float
     round_index: int = 0  # the round's position in the task's ledger
+    record: Any = None  # the ledger record it belongs to: a reply never lands on a restarted task
 
     @property
     def task_id(self) -> str:

@@ -1,0 +1,189 @@
+"""Scheduler orderings on a hand-made ledger: FIFO, Autellix (least attained service), EDF, and
+Kairos (seed 000 §3.2.2, Algorithm 1 phases 1-2: wait-ratio buckets, promotion every A skipped
+rounds, longest estimated execution first with the (1 + skipped) aging factor)."""
+from __future__ import annotations
+
+import pytest
+
+from robotserve_ros.core import (
+    SCHEDULERS,
+    InferenceRequest,
+    PendingRequest,
+    SchedulingContext,
+    TaskLedger,
+    make_scheduler,
+)
+
+NOW = 10.0
+SOON = 1.25
+
+
+def pending(tid, seq, *, epoch=0, deadline=NOW, round_index=1):
+    return PendingRequest(InferenceRequest(tid, round_index), arrival=0.0, seq=seq, epoch=epoch, deadline=deadline, round_index=round_index)
+
+
+def order(scheduler, reqs, ledger, *, epoch=0, limit=None, now=NOW):
+    return [p.task_id for p in scheduler.select(reqs, SchedulingContext(now, ledger, epoch), limit)]
+
+
+def test_registry():
+    assert {"fifo", "autellix", "kairos", "edf"} <= set(SCHEDULERS.names())
+    with pytest.raises(KeyError):
+        make_scheduler("round-robin-ish")
+    for bad in (dict(buckets=0), dict(aging=0), dict(min_exec_estimate_s=0.0)):
+        with pytest.raises(ValueError):
+            make_scheduler("kairos", **bad)
+
+
+@pytest.fixture
+def three_tasks(seeded_round):
+    """A: 0.5 s of generation so far, B: 2.0 s, C: 1.0 s. Requests in seq order B, C, A; client
+    deadlines C 2.0 < B 3.0 < A 4.0."""
+    L = TaskLedger()
+    seeded_round(L, "A", t_start=0.0, dispatch=0.0, gen=0.5, exec_len=20.0)
+    seeded_round(L, "B", t_start=0.0, dispatch=0.0, gen=2.0, exec_len=20.0)
+    seeded_round(L, "C", t_start=0.0, dispatch=0.0, gen=1.0, exec_len=20.0)
+    reqs = [pending("A", 2, deadline=4.0), pending("B", 0, deadline=3.0), pending("C", 1, deadline=2.0)]
+    return L, reqs
+
+
+def test_fifo_is_arrival_order(three_tasks):
+    L, reqs = three_tasks
+    assert order(make_scheduler("fifo"), reqs, L) == ["B", "C", "A"]
+    assert order(make_scheduler("fifo"), reqs, L, limit=1) == ["B"]
+
+
+def test_autellix_is_least_attained_service(three_tasks):
+    L, reqs = three_tasks
+    assert [L.tasks[t].attained for t in "ABC"] == [0.5, 2.0, 1.0]
+    assert order(make_scheduler("autellix"), reqs, L) == ["A", "C", "B"]
+    assert order(make_scheduler("autellix"), reqs, L, limit=2) == ["A", "C"]
+    # ties in attained service go by arrival order
+    L.tasks["A"].attained = 2.0
+    assert order(make_scheduler("autellix"), reqs, L) == ["C", "B", "A"]
+
+
+def test_edf_is_earliest_deadline(three_tasks):
+    L, reqs = three_tasks
+    assert order(make_scheduler("edf"), reqs, L) == ["C", "B", "A"]
+    reqs[0].deadline = 2.0  # tie with C: arrival order (C seq 1 < A seq 2)
+    assert order(make_scheduler("edf"), reqs, L) == ["C", "A", "B"]
+
+
+@pytest.fixture
+def kairos_ledger(seeded_round):
+    """At NOW = 10, wait ratios X 0.35 (bucket 3), Y 0.55 (bucket 5); both robots still executing
+    (no open wait). |E_last|: X 6 s, Y 40 s."""
+    L = TaskLedger()
+    seeded_round(L, "X", t_start=0.0, dispatch=3.5, gen=0.5, exec_len=6.0)  # E_0 = [4, 10]
+    seeded_round(L, "Y", t_start=0.0, dispatch=5.5, gen=0.5, exec_len=40.0)  # E_0 = [6, 46]
+    assert L.wait_ratio("X", NOW) == pytest.approx(0.35)
+    assert L.wait_ratio("Y", NOW) == pytest.approx(0.55)
+    assert (L.tasks["X"].last_exec_len, L.tasks["Y"].last_exec_len) == (6.0, 40.0)
+    return L
+
+
+def test_kairos_higher_wait_ratio_bucket_first(kairos_ledger):
+    k = make_scheduler("kairos")
+    reqs = [pending("X", 0, epoch=5), pending("Y", 1, epoch=5)]
+    assert order(k, reqs, kairos_ledger, epoch=5) == ["Y", "X"]
+    reqs = [pending("Y", 0, epoch=5), pending("X", 1, epoch=5)]
+    assert order(k, reqs, kairos_ledger, epoch=5) == ["Y", "X"]  # not arrival order
+
+
+@pytest.mark.parametrize(
+    "x_skipped,first",
+    [
+        (0, "Y"),  # X bucket 3 vs Y bucket 5
+        (1, "Y"),  # 3 + 1 // 2 = 3
+        (2, "Y"),  # promoted once: bucket 4
+        (3, "Y"),
+        (4, "Y"),  # promoted twice: bucket 5 = Y's; estimate 6 x 5 = 30 < Y's 40 x 1
+        (5, "Y"),  # 6 x 6 = 36 < 40
+        (6, "X"),  # promoted three times: bucket 6 beats Y's 5
+    ],
+)
+def test_kairos_promotes_one_bucket_every_a_skipped_rounds(kairos_ledger, x_skipped, first):
+    """Aging A = 2: X climbs one bucket per two rounds it is passed over."""
+    k = make_scheduler("kairos", aging=2)
+    epoch = 10
+    reqs = [pending("X", 0, epoch=epoch - x_skipped), pending("Y", 1, epoch=epoch)]
+    assert order(k, reqs, kairos_ledger, epoch=epoch)[0] == first
+
+
+def test_kairos_promotion_stops_at_the_top_bucket(kairos_ledger):
+    """With B = 2 both are in the top bucket (1) after at most 2 skips; from then on only the
+    estimate decides: X (6 s, skipped 1000) beats Y (40 s, fresh) by aging, but Y beats X when X
+    is only a little older."""
+    k = make_scheduler("kairos", buckets=2, aging=1)
+    reqs = [pending("X", 0, epoch=0), pending("Y", 1, epoch=1000)]
+    assert order(k, reqs, kairos_ledger, epoch=1000) == ["X", "Y"]
+    reqs = [pending("X", 0, epoch=995), pending("Y", 1, epoch=999)]  # X 6 x 6 = 36 < Y 40 x 2
+    assert order(k, reqs, kairos_ledger, epoch=1000) == ["Y", "X"]
+
+
+@pytest.fixture
+def same_bucket(seeded_round):
+    """At SOON = 1.25: P, Q, R all with wait ratio 0 (bucket 0), served at once and their robots
+    still executing; |E_last| 3 s, 1 s and 0 (R sent no execution info)."""
+    L = TaskLedger()
+    seeded_round(L, "P", t_start=0.0, dispatch=0.0, gen=0.5, exec_len=3.0)  # E_0 = [0.5, 3.5]
+    seeded_round(L, "Q", t_start=0.0, dispatch=0.0, gen=0.5, exec_len=1.0)  # E_0 = [0.5, 1.5]
+    L.open_task("R", 0.0)
+    L.record_request("R", 0, 0.0, None)
+    L.record_dispatch("R", 0, 0.0)
+    L.record_complete("R", 0, 0.5)
+    L.record_request("R", 1, 0.5, None)
+    for t in "PQR":
+        assert L.wait_ratio(t, SOON) == 0.0
+    assert [L.tasks[t].last_exec_len for t in "PQR"] == [3.0, 1.0, 0.0]
+    return L
+
+
+def test_kairos_longest_estimated_execution_first_within_a_bucket(same_bucket):
+    k = make_scheduler("kairos", min_exec_estimate_s=0.25)
+    reqs = [pending("R", 0), pending("Q", 1), pending("P", 2)]
+    assert order(k, reqs, same_bucket, now=SOON) == ["P", "Q", "R"]
+
+
+def test_kairos_aging_factor_scales_the_estimate(same_bucket):
+    """Q (1 s) skipped 3 rounds: 1 x 4 = 4 > P's 3 x 1. R has no execution on record: its
+    estimate is the floor 0.25, and 0.25 x (1 + 15) = 4 > 3."""
+    k = make_scheduler("kairos", min_exec_estimate_s=0.25, aging=1000)
+    reqs = [pending("P", 0, epoch=20), pending("Q", 1, epoch=17)]
+    assert order(k, reqs, same_bucket, epoch=20, now=SOON) == ["Q", "P"]
+    reqs = [pending("P", 0, epoch=20), pending("R", 1, epoch=5)]
+    assert order(k, reqs, same_bucket, epoch=20, now=SOON) == ["R", "P"]
+    reqs = [pending("P", 0, epoch=20), pending("R", 1, epoch=10)]  # 0.25 x 11 < 3
+    assert order(k, reqs, same_bucket, epoch=20, now=SOON) == ["P", "R"]
+
+
+def test_kairos_ties_go_by_arrival(same_bucket):
+    """Q skipped 2 (1 x 3 = 3) ties P fresh (3 x 1 = 3): the earlier arrival goes first."""
+    k = make_scheduler("kairos", aging=1000)
+    assert order(k, [pending("P", 5, epoch=20), pending("Q", 4, epoch=18)], same_bucket, epoch=20, now=SOON) == ["Q", "P"]
+    assert order(k, [pending("P", 3, epoch=20), pending("Q", 4, epoch=18)], same_bucket, epoch=20, now=SOON) == ["P", "Q"]
+
+
+def test_kairos_limit_returns_the_best_prefix(same_bucket):
+    k = make_scheduler("kairos", min_exec_estimate_s=0.25)
+    reqs = [pending("R", 0), pending("Q", 1), pending("P", 2)]
+    assert order(k, reqs, same_bucket, limit=2, now=SOON) == ["P", "Q"]
+    assert order(k, reqs, same_bucket, limit=10, now=SOON) == ["P", "Q", "R"]
+
+
+def test_skipped_rounds_come_from_the_dispatch_epoch(make_core, chunk):
+    """ServingCore counts a dispatch round for everyone left pending (Algorithm 1 lines 23-25)."""
+    core, clock = make_core("fifo", max_batch=1)
+    for tid in ("a", "b", "c"):
+        core.submit(InferenceRequest(tid, 0))
+    assert core.epoch == 0
+    (d,) = core.dispatch()
+    assert core.epoch == 1
+    assert core.dispatch() == []  # engine busy: not a round, nobody skipped
+    assert core.epoch == 1
+    clock.advance_to(1.0)
+    core.complete(d.id, [chunk(4)])
+    core.dispatch()
+    assert core.epoch == 2
+    assert core.epoch - core.pending["c"].epoch == 2
