@@ -1,0 +1,144 @@
+"""The one `robotserve` command."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def _load_workload(arg: str):
+    from .sim.workload import load_workload
+    from .sim.workloads import builtin_names, builtin_workload
+
+    if Path(arg).exists() or arg.endswith(".json"):
+        return load_workload(arg)
+    if arg in builtin_names():
+        return builtin_workload(arg)
+    raise SystemExit(f"robotserve: --workload {arg!r} is neither a file nor a built-in ({', '.join(builtin_names())})")
+
+
+def _params(items) -> dict:
+    out = {}
+    for it in items or []:
+        k, _, v = it.partition("=")
+        if not _:
+            raise SystemExit(f"robotserve: parameter {it!r} is not key=value")
+        try:
+            out[k] = json.loads(v)
+        except json.JSONDecodeError:
+            out[k] = v
+    return out
+
+
+def cmd_sim(a) -> int:
+    from .sim.simulator import Simulator
+
+    wl = _load_workload(a.workload)
+    sim = Simulator(wl, a.scheduler, a.horizon, a.seed, _params(a.scheduler_param))
+    res = sim.run_online(a.rate, a.tasks) if a.rate is not None else sim.run_fleet(a.robots)
+    summary = res.summary()
+    text = json.dumps(summary, indent=1)
+    if a.out:
+        Path(a.out).write_text(text + "\n")
+    print(text)
+    return 0
+
+
+def cmd_bench_fleet(a) -> int:
+    from .sim.bench_fleet import run_bench
+    from .sim.report import targets
+
+    seeds = tuple(a.seeds)
+    tasks = a.tasks
+    if a.quick:
+        seeds, tasks = seeds[:1], min(tasks, 150)
+    data = run_bench(Path(a.out), seeds=seeds, tasks=tasks, workloads=a.workloads, workers=a.workers)
+    print(f"report: {Path(a.out) / 'report.md'}  (data: fleet_bench.json, plots: *.png)")
+    for n, t, v, thr, ok in targets(data):
+        print(f"  {'met ' if ok else 'MISS'} {n:20s} {t:45s} {v:+6.1f}%")
+    return 0
+
+
+def cmd_bench_scheduler(a) -> int:
+    from .sim.bench_scheduler import format_table, run_bench
+
+    res = run_bench(Path(a.out), tuple(a.sizes), a.repeats)
+    print(format_table(res))
+    print(f"kairos decision at 1000 pending under 1 ms: {res['kairos_1000_under_1ms']}  ({a.out})")
+    return 0
+
+
+def cmd_workload(a) -> int:
+    from .sim.workload import load_workload
+    from .sim.workloads import builtin_names, builtin_workload
+
+    if a.action == "list":
+        print("\n".join(builtin_names()))
+    elif a.action == "gen":
+        if not a.name or not a.out:
+            raise SystemExit("robotserve workload gen NAME --out FILE")
+        builtin_workload(a.name, a.seed).save(a.out)
+        print(f"wrote {a.out}")
+    else:
+        if not a.name:
+            raise SystemExit("robotserve workload check FILE")
+        w = load_workload(a.name)
+        print(f"ok: '{w.name}', {len(w.tasks)} tasks, saturation batch {w.profile.saturation_batch}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="robotserve", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    s = sub.add_parser("sim", help="simulate one scheduler/horizon on a workload (virtual clock)")
+    s.add_argument("--workload", required=True, help="workload JSON file or built-in name")
+    s.add_argument("--scheduler", default="kairos")
+    s.add_argument("--scheduler-param", action="append", metavar="KEY=VALUE", help="e.g. buckets=5")
+    s.add_argument("--horizon", choices=("static", "dynamic"), default="static")
+    load = s.add_mutually_exclusive_group(required=True)
+    load.add_argument("--rate", type=float, help="online mode: Poisson task arrivals per second")
+    load.add_argument("--robots", type=int, help="fleet mode: robots running the tasks back to back")
+    s.add_argument("--tasks", type=int, default=400, help="online mode: tasks to draw")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--out", help="write the result JSON here")
+    s.set_defaults(func=cmd_sim)
+
+    b = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench", required=True)
+    f = b.add_parser("fleet", help="schedulers x horizons on every built-in workload; Markdown + PNG report")
+    f.add_argument("--out", default="reports/fleet")
+    f.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    f.add_argument("--tasks", type=int, default=400)
+    f.add_argument("--workloads", nargs="+")
+    f.add_argument("--workers", type=int)
+    f.add_argument("--quick", action="store_true", help="one seed, 150 tasks: a smoke run")
+    f.set_defaults(func=cmd_bench_fleet)
+    sc = b.add_parser("scheduler", help="scheduling decision time at 10/100/1000 pending requests")
+    sc.add_argument("--out", default="reports/scheduler_bench.json")
+    sc.add_argument("--sizes", type=int, nargs="+", default=[10, 100, 1000])
+    sc.add_argument("--repeats", type=int, default=300)
+    sc.set_defaults(func=cmd_bench_scheduler)
+
+    w = sub.add_parser("workload", help="list, generate or check workload files")
+    w.add_argument("action", choices=("list", "gen", "check"))
+    w.add_argument("name", nargs="?", help="built-in name (gen) or file (check)")
+    w.add_argument("--out")
+    w.add_argument("--seed", type=int, default=0)
+    w.set_defaults(func=cmd_workload)
+    return p
+
+
+def main(argv=None) -> int:
+    from .core.errors import WorkloadError
+
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except WorkloadError as e:
+        print(f"robotserve: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,210 @@
+"""Markdown and PNG reports of the fleet benchmark (seed 000 Table 2, Figures 12 and 14)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+# Table 2 rows: (label, config vs FIFO, config vs Autellix)
+TABLE2 = (
+    ("Kairos", "Kairos", "Kairos"),
+    ("Kairos w/o dynamic horizon", "Kairos static", "Kairos static"),
+    ("Kairos w/o scheduler", "FIFO dynamic", "Autellix dynamic"),
+)
+METRICS = (("P25", "p25_latency_s"), ("Avg", "avg_latency_s"), ("P95", "p95_latency_s"))
+
+
+def _red(base: dict, new: dict, key: str) -> float:
+    return (base[key] - new[key]) / base[key] * 100.0
+
+
+def _at(wd: dict, label: str, fraction: float) -> dict:
+    return next(r for r in wd["online"][label] if r["fraction_of_peak"] == fraction)
+
+
+def _peak(wd: dict, label: str) -> dict:
+    return _at(wd, label, 1.0)
+
+
+def _fleet(wd: dict, label: str, robots: int) -> dict:
+    return next(r for r in wd["fleet"][label] if r["robots"] == robots)
+
+
+def targets(data: dict) -> list[tuple[str, str, float, float, bool]]:
+    """(workload, target, measured, threshold, met) for every target of the issue."""
+    rows = []
+    for n, wd in data["workloads"].items():
+        k, ks = _peak(wd, "Kairos"), _peak(wd, "Kairos static")
+        for base in ("FIFO", "Autellix"):
+            b = _peak(wd, base)
+            rows.append((n, f"peak: Kairos avg vs {base} >= 30%", _red(b, k, "avg_latency_s"), 30.0, _red(b, k, "avg_latency_s") >= 30))
+            rows.append((n, f"peak: Kairos P95 not worse than {base}", _red(b, k, "p95_latency_s"), 0.0, _red(b, k, "p95_latency_s") >= 0))
+            fb, fk = _fleet(wd, base, 100), _fleet(wd, "Kairos", 100)
+            rows.append((n, f"100 robots: Kairos avg vs {base} >= 40%", _red(fb, fk, "avg_latency_s"), 40.0, _red(fb, fk, "avg_latency_s") >= 40))
+            rows.append((n, f"100 robots: Kairos P95 not worse than {base}", _red(fb, fk, "p95_latency_s"), 0.0, _red(fb, fk, "p95_latency_s") >= 0))
+        f = _peak(wd, "FIFO")
+        rows.append((n, "peak: Kairos static avg vs FIFO >= 10%", _red(f, ks, "avg_latency_s"), 10.0, _red(f, ks, "avg_latency_s") >= 10))
+    return rows
+
+
+def write_fleet_report(data: dict, out_dir: Path) -> Path:
+    out_dir = Path(out_dir)
+    _plot_rates(data, out_dir / "latency_vs_rate.png")
+    _plot_fleet(data, out_dir / "latency_vs_fleet.png")
+    m = data["meta"]
+    L = [
+        "# Fleet benchmark: execution-aware scheduling and dynamic horizons (seed 000 §5.3)",
+        "",
+        f"Command: `{m['command']}` · {m['date']} · {m['machine']} · wall {m.get('wall_s', '?')} s",
+        "",
+        f"Virtual-clock simulation of the real serving loop (`core.ServingCore`), seeds {m['seeds']} pooled, "
+        f"{m['tasks_per_online_run']} Poisson-arriving tasks per online run. **Peak load** = {m['peak_definition']}; "
+        f"the rate sweep runs at {', '.join(f'{f:g}' for f in m['rate_fractions_of_peak'])} x peak. "
+        "Latency = first request to last action executed. **LB** = the contention-free lower bound "
+        "(every task alone on the engine, batch 1); **x LB** = average latency / LB average.",
+        "",
+        "## Workloads",
+        "",
+        "| workload | shaped like | engine profile (ms at batch) | sat. batch | Hz | chunk | mean H static / dynamic | rounds/task static / dynamic | exec phase s | peak tasks/s | FIFO-static utilisation across the sweep |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for n, wd in data["workloads"].items():
+        s = wd["shape"]
+        prof = ", ".join(f"{b}: {v:g}" for b, v in s["batch_latency_ms"].items())
+        L.append(
+            f"| {n} | {s['shaped_like']} | {s['profile']} ({prof}) | {s['saturation_batch']} | {s['control_hz']:g} | {s['chunk']} "
+            f"| {s['mean_static_h']:.1f} / {s['mean_dynamic_h']:.1f} | {s['rounds_static_per_task']:.1f} / {s['rounds_dynamic_per_task']:.1f} "
+            f"| {s['exec_phase_s'][0]:.2f}-{s['exec_phase_s'][1]:.2f} | {wd['peak']['rate']:.3g} "
+            f"| {' / '.join('%.2f' % r['engine_utilization'] for r in wd['online']['FIFO'])} |"
+        )
+    L += ["", "## Targets", "", "| workload | target | measured | met |", "|---|---|---|---|"]
+    for n, t, v, thr, ok in targets(data):
+        L.append(f"| {n} | {t} | {v:+.1f}% | {'yes' if ok else '**no**'} |")
+    L += _limits(data)
+    for title, idx in (("(a) vs FIFO", 1), ("(b) vs Autellix", 2)):
+        base_label = "FIFO" if idx == 1 else "Autellix"
+        L += ["", f"## Table 2 {title}: latency reduction at peak load", ""]
+        L.append("| workload | " + " | ".join(f"{r[0]} {mm}" for r in TABLE2 for mm, _ in METRICS) + " |")
+        L.append("|---" * (1 + 3 * len(TABLE2)) + "|")
+        for n, wd in data["workloads"].items():
+            b = _peak(wd, base_label)
+            cells = [f"{_red(b, _peak(wd, r[idx]), k):.1f}%" for r in TABLE2 for _, k in METRICS]
+            L.append(f"| {n} | " + " | ".join(cells) + " |")
+    L += ["", "## Peak load, absolute", ""]
+    L += _abs_table(data, lambda wd, c: _peak(wd, c), "rate")
+    ov = m["overload_fraction_of_peak"]
+    L += ["", f"## Overload, {ov:g} x peak (beyond the sweep: static horizons are unstable here)", ""]
+    L += _abs_table(data, lambda wd, c: _at(wd, c, ov), "rate")
+    L += ["", "## Fleet mode (robots run the workload's tasks back to back)", ""]
+    L.append("| workload | robots | Kairos avg vs FIFO | vs Autellix | Kairos P95 vs FIFO | vs Autellix | FIFO avg s | Kairos avg s | LB s |")
+    L.append("|---|---|---|---|---|---|---|---|---|")
+    for n, wd in data["workloads"].items():
+        for r in data["meta"]["fleets"]:
+            f, a, k = _fleet(wd, "FIFO", r), _fleet(wd, "Autellix", r), _fleet(wd, "Kairos", r)
+            L.append(
+                f"| {n} | {r} | {_red(f, k, 'avg_latency_s'):.1f}% | {_red(a, k, 'avg_latency_s'):.1f}% "
+                f"| {_red(f, k, 'p95_latency_s'):.1f}% | {_red(a, k, 'p95_latency_s'):.1f}% "
+                f"| {f['avg_latency_s']:.2f} | {k['avg_latency_s']:.2f} | {k['lower_bound_avg_s']:.2f} |"
+            )
+    L += ["", "## 100 robots, absolute", ""]
+    L += _abs_table(data, lambda wd, c: _fleet(wd, c, 100), "robots")
+    L += ["", "![latency vs rate](latency_vs_rate.png)", "", "![latency vs fleet size](latency_vs_fleet.png)", ""]
+    path = out_dir / "report.md"
+    path.write_text("\n".join(L))
+    return path
+
+
+def _limits(data: dict) -> list[str]:
+    """How far any scheduler could go: the contention-free bound caps every reduction."""
+    L = [
+        "",
+        "## What limits the gains",
+        "",
+        "No schedule beats the contention-free bound, so the largest average reduction any "
+        "scheduler or horizon could reach against a baseline is 1 - LB/baseline (ceiling below). "
+        "Two structural facts decide how much of it an ordering policy can take:",
+        "",
+        "- online, below capacity, the queue rarely holds more requests than the saturation batch, "
+        "so every work-conserving order dispatches the same batches (mean batch column);",
+        "- in fleet mode every robot always has a task, so by Little's law mean latency = robots / "
+        "task throughput, and a work-conserving engine's throughput does not depend on the order: "
+        "only fewer rounds (the dynamic horizon) or bigger batches move the mean.",
+        "",
+        "| workload | setting | FIFO avg / LB | ceiling vs FIFO | Kairos vs FIFO | share of ceiling | Kairos static vs FIFO | FIFO dynamic vs FIFO |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for n, wd in data["workloads"].items():
+        for setting, pick in (("peak", lambda c: _peak(wd, c)), ("100 robots", lambda c: _fleet(wd, c, 100))):
+            f, k, ks, fd = pick("FIFO"), pick("Kairos"), pick("Kairos static"), pick("FIFO dynamic")
+            ceiling = (1 - k["lower_bound_avg_s"] / f["avg_latency_s"]) * 100
+            got = _red(f, k, "avg_latency_s")
+            share = got / ceiling if ceiling > 0 else float("nan")
+            L.append(
+                f"| {n} | {setting} | {f['avg_latency_s'] / f['lower_bound_avg_s']:.2f} | {ceiling:.1f}% | {got:.1f}% "
+                f"| {share:.0%} | {_red(f, ks, 'avg_latency_s'):+.1f}% | {_red(f, fd, 'avg_latency_s'):+.1f}% |"
+            )
+    return L
+
+
+def _abs_table(data, pick, load_key) -> list[str]:
+    L = [
+        f"| workload | config | {load_key} | avg s | P25 s | P95 s | LB s | x LB | wait ratio | engine util | mean batch | rounds |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for n, wd in data["workloads"].items():
+        for c in wd["online"]:
+            r = pick(wd, c)
+            L.append(
+                f"| {n} | {c} | {r[load_key]:.4g} | {r['avg_latency_s']:.2f} | {r['p25_latency_s']:.2f} | {r['p95_latency_s']:.2f} "
+                f"| {r['lower_bound_avg_s']:.2f} | {r['slowdown_vs_lower_bound']:.2f} | {r['mean_wait_ratio']:.3f} "
+                f"| {r['engine_utilization']:.3f} | {r['mean_batch']:.2f} | {r['rounds']} |"
+            )
+    return L
+
+
+def _panels(data: dict, path: Path, draw) -> None:
+    """One subplot per workload, drawn by draw(ax, name, workload_data); legend on the first."""
+    n = len(data["workloads"])
+    cols = min(n, 2)
+    rows = (n + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(6.5 * cols, 4.2 * rows), squeeze=False)
+    axes = axes.ravel()
+    for ax, (name, wd) in zip(axes, data["workloads"].items()):
+        draw(ax, name, wd)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    for ax in axes[n:]:
+        ax.axis("off")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _plot_rates(data: dict, path: Path) -> None:
+    def draw(ax, n, wd):
+        for i, (c, rows) in enumerate(wd["online"].items()):
+            x = [r["rate"] * (1 + 0.012 * (i - 3)) for r in rows]  # small offset: bars stay readable
+            y = [r["avg_latency_s"] for r in rows]
+            err = [[r["avg_latency_s"] - r["p25_latency_s"] for r in rows], [r["p95_latency_s"] - r["avg_latency_s"] for r in rows]]
+            ax.errorbar(x, y, yerr=err, marker="o", ms=3, capsize=2, lw=1.2, label=c)
+        ax.axvline(wd["peak"]["rate"], color="grey", ls=":", lw=1)
+        ax.set_title(f"{n} (dotted: peak load)")
+        ax.set_xlabel("task arrival rate (tasks/s)")
+        ax.set_ylabel("end-to-end latency (s), avg with P25-P95")
+
+    _panels(data, path, draw)
+
+
+def _plot_fleet(data: dict, path: Path) -> None:
+    def draw(ax, n, wd):
+        for c, rows in wd["fleet"].items():
+            ax.plot([r["robots"] for r in rows], [r["avg_latency_s"] for r in rows], marker="o", ms=3, label=c)
+        ax.axhline(wd["fleet"]["Kairos"][0]["lower_bound_avg_s"], color="grey", ls=":", lw=1)
+        ax.set_title(f"{n} (dotted: contention-free bound, dynamic)")
+        ax.set_xlabel("robots in the fleet")
+        ax.set_ylabel("average end-to-end latency (s)")
+
+    _panels(data, path, draw)

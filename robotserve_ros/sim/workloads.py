@@ -1,0 +1,133 @@
+"""Built-in workloads: seeded, documented generators shaped like seed 000 Table 1 pairs.
+
+A task is a sequence of motion phases. Free motion (approach, transport) tolerates a long
+execution horizon; contact phases (grasp, insert, hand-off, push) need a short one. Each
+phase has a tolerance tau: an action k steps into a round (k = 0 first) is still fresh
+enough while k < tau of the phase it executes in.
+
+- static rounds: the task-optimal fixed H, the largest sweep value safe in the task's
+  hardest phase (seed 000 §5.1: baselines use "the largest static H that maintains the
+  highest accuracy"), every round the same (the last one what is left);
+- dynamic rounds: each round executes the round-optimal horizon (first k that reaches the
+  tolerance of the phase it lands in, seed 000 §2.2 Figure 4) as an imperfect confidence
+  signal would find it: scaled by a lognormal error (median 0.9, sigma 0.2, so it errs
+  short more often than long) and floored at H_min (§3.1).
+
+Generation latencies are engine profiles of real policies measured on this machine's CPU
+(2 cores, torch 2.13.0 CPU, lerobot 0.4.4; see PROFILES). The generator is not tuned to any
+scheduler: its knobs are the paper's ranges, listed per workload below.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .workload import TaskSpec, Workload
+
+# Median ms per chunk at each batch size: LeRobot 0.4.4 policies with random weights,
+# `predict_action_chunk` under torch.inference_mode, torch 2.13.0 CPU with 2 threads, on
+# this project's 2-core dev machine (2026-11-21; 2 warm-up + 9 timed runs, normalisation
+# excluded). Weights do not change the compute, so the timing is the real policy's.
+PROFILES = {
+    # SmolVLA, tiny SmolVLM config (0.53M params, one 64x64 camera, chunk 50, 10 flow steps).
+    "smolvla_tiny": {1: 24.0, 2: 28.5, 4: 34.5, 8: 46.6, 16: 69.4},
+    # DiffusionPolicy 16.1M (down_dims 64/128/256, resnet18, 96x96), horizon 16, DDIM 10 steps.
+    "diffusion_pusht": {1: 62.2, 2: 81.6, 4: 98.5, 8: 147.8, 16: 249.0},
+    # DiffusionPolicy 16.1M, 6-dof arm, horizon 64 (chunk of 50 actions), DDIM 10 steps.
+    "diffusion_arm": {1: 71.4, 2: 137.8, 4: 184.6, 8: 254.0, 16: 317.5},
+}
+
+
+@dataclass(frozen=True)
+class WorkloadShape:
+    name: str
+    shaped_like: str  # the seed 000 Table 1 pair it imitates
+    profile: str
+    control_hz: float
+    chunk: int  # actions per generated chunk (N)
+    h_min: int  # smallest static horizon of the sweep (§3.1 H_min)
+    static_choices: tuple  # the static-H sweep the task-optimal H is picked from
+    phases: tuple  # (min, max) number of phases, alternating free/contact, free first
+    free_len: tuple  # (min, max) actions in a free-motion phase
+    contact_len: tuple  # (min, max) actions in a contact phase
+    free_tau: tuple  # (min, max) tolerance of free motion, as fraction of chunk
+    contact_tau: tuple  # (min, max) tolerance of contact, in actions
+    tasks: int = 200
+
+
+SHAPES = {
+    s.name: s
+    for s in (
+        WorkloadShape(
+            "libero-smolvla", "LIBERO / SmolVLA", "smolvla_tiny", 30.0, 50, 10, (10, 15, 20, 25, 30, 40, 50),
+            phases=(3, 7), free_len=(60, 180), contact_len=(30, 90), free_tau=(0.6, 1.0), contact_tau=(10, 25),
+        ),
+        WorkloadShape(
+            "metaworld-smolvla", "Meta-World / SmolVLA", "smolvla_tiny", 30.0, 50, 10, (10, 15, 20, 25, 30, 40, 50),
+            phases=(2, 4), free_len=(40, 120), contact_len=(20, 60), free_tau=(0.5, 1.0), contact_tau=(10, 30),
+        ),
+        WorkloadShape(
+            "bimanual-diffusion", "Bimanual SO-101 / Pi0.5", "diffusion_arm", 30.0, 50, 10, (10, 20, 30, 40, 50),
+            phases=(5, 11), free_len=(45, 150), contact_len=(30, 75), free_tau=(0.6, 1.0), contact_tau=(20, 30),
+        ),
+        WorkloadShape(
+            "pusht-diffusion", "Diffusion Policy / Push-T (10 Hz)", "diffusion_pusht", 10.0, 16, 4, (4, 6, 8, 12, 16),
+            phases=(3, 7), free_len=(12, 40), contact_len=(15, 50), free_tau=(0.6, 1.0), contact_tau=(5, 10),
+        ),
+    )
+}
+
+
+def _phases(rng: np.random.Generator, s: WorkloadShape) -> tuple[np.ndarray, np.ndarray]:
+    """Per-action tolerance tau of one task, and the phase kind (True = contact)."""
+    n = int(rng.integers(s.phases[0], s.phases[1] + 1))
+    taus, kinds = [], []
+    for i in range(n):
+        contact = i % 2 == 1
+        lo, hi = s.contact_len if contact else s.free_len
+        length = int(rng.integers(lo, hi + 1))
+        if contact:
+            tau = int(rng.integers(s.contact_tau[0], s.contact_tau[1] + 1))
+        else:
+            tau = int(round(rng.uniform(*s.free_tau) * s.chunk))
+        taus += [max(1, tau)] * length
+        kinds += [contact] * length
+    return np.array(taus), np.array(kinds)
+
+
+def round_optimal_horizon(tau: np.ndarray, pos: int, chunk: int) -> int:
+    """Largest H whose actions all stay within their phase's tolerance (>= 1)."""
+    k = np.arange(min(chunk, len(tau) - pos))
+    stale = k >= tau[pos : pos + len(k)]  # never true at k = 0 since tau >= 1
+    return int(np.argmax(stale)) if stale.any() else len(k)
+
+
+def make_task(rng: np.random.Generator, s: WorkloadShape, tid: str) -> TaskSpec:
+    tau, _ = _phases(rng, s)
+    total = len(tau)
+    safe = [h for h in s.static_choices if h <= tau.min()]
+    h_static = max(safe) if safe else s.h_min
+    static = [h_static] * (total // h_static) + ([total % h_static] if total % h_static else [])
+    dynamic, pos = [], 0
+    while pos < total:
+        h_true = round_optimal_horizon(tau, pos, s.chunk)
+        h = int(round(h_true * rng.lognormal(np.log(0.9), 0.2)))
+        h = min(max(h, s.h_min), s.chunk, total - pos)
+        dynamic.append(h)
+        pos += h
+    return TaskSpec(tid, s.control_hz, {"static": tuple(static), "dynamic": tuple(dynamic)})
+
+
+def builtin_workload(name: str, seed: int = 0, tasks: int | None = None) -> Workload:
+    try:
+        s = SHAPES[name]
+    except KeyError:
+        raise KeyError(f"unknown built-in workload '{name}'; known: {', '.join(SHAPES)}") from None
+    rng = np.random.default_rng([seed, sum(map(ord, name))])
+    n = tasks or s.tasks
+    return Workload(name, dict(PROFILES[s.profile]), tuple(make_task(rng, s, f"{name}-{i:03d}") for i in range(n)))
+
+
+def builtin_names() -> list[str]:
+    return list(SHAPES)
