@@ -9,6 +9,7 @@ from robotserve_ros.core import (
     SCHEDULERS,
     InferenceRequest,
     PendingRequest,
+    RequestError,
     SchedulingContext,
     TaskLedger,
     make_scheduler,
@@ -27,7 +28,7 @@ def order(scheduler, reqs, ledger, *, epoch=0, limit=None, now=NOW):
 
 
 def test_registry():
-    assert {"fifo", "autellix", "kairos", "edf"} <= set(SCHEDULERS.names())
+    assert {"fifo", "autellix", "kairos", "edf", "srpt"} <= set(SCHEDULERS.names())
     with pytest.raises(KeyError):
         make_scheduler("round-robin-ish")
     for bad in (dict(buckets=0), dict(aging=0), dict(min_exec_estimate_s=0.0)):
@@ -187,3 +188,39 @@ def test_skipped_rounds_come_from_the_dispatch_epoch(make_core, chunk):
     core.dispatch()
     assert core.epoch == 2
     assert core.epoch - core.pending["c"].epoch == 2
+
+
+def with_hint(p, rounds):
+    p.request.remaining_rounds = rounds
+    return p
+
+
+def test_srpt_orders_by_the_remaining_rounds_hint():
+    """Shortest remaining rounds first; no hint counts as `unknown_rounds`; ties by arrival."""
+    L = TaskLedger()
+    reqs = [with_hint(pending("A", 0), 7), with_hint(pending("B", 1), None), with_hint(pending("C", 2), 2),
+            with_hint(pending("D", 3), 2)]
+    assert order(make_scheduler("srpt"), reqs, L) == ["C", "D", "A", "B"]
+    assert order(make_scheduler("srpt", unknown_rounds=5), reqs, L) == ["C", "D", "B", "A"]
+
+
+def test_srpt_aging_takes_a_round_off_every_a_skipped_rounds():
+    """A has 10 rounds left and arrived at epoch 0; B (7) and C (5) arrive at `now`. With A = 4,
+    at epoch 16 A has skipped 16 rounds and counts as 10 - 4 = 6: it beats B, not C. At epoch 8
+    it counts as 8 and still waits behind B."""
+    L = TaskLedger()
+    s = make_scheduler("srpt", aging=4)
+    for now, expected in ((16, ["C", "A", "B"]), (8, ["C", "B", "A"])):
+        reqs = [with_hint(pending("A", 0, epoch=0), 10), with_hint(pending("B", 1, epoch=now), 7),
+                with_hint(pending("C", 2, epoch=now), 5)]
+        assert order(s, reqs, L, epoch=now) == expected
+    with pytest.raises(ValueError):
+        make_scheduler("srpt", aging=0)
+
+
+@pytest.mark.parametrize("bad", [0, -3, 2.5, True, "4"])
+def test_a_bad_remaining_rounds_hint_is_refused(make_core, bad):
+    core, _ = make_core("srpt")
+    with pytest.raises(RequestError, match="remaining_rounds"):
+        core.submit(InferenceRequest("a", 0, remaining_rounds=bad))
+    assert core.stats.errors["bad_request"] == 1 and not core.pending

@@ -171,6 +171,9 @@ class ServingCore:
                 raise BadExecInfo(
                     f"task '{req.task_id}' round {req.round_id}: rounds after the first must carry the last execution info"
                 )
+        rr = req.remaining_rounds
+        if rr is not None and (isinstance(rr, bool) or not isinstance(rr, int) or rr < 1):
+            raise RequestError(f"remaining_rounds must be a whole number >= 1 or absent, got {rr!r}")
         if req.exec_info is not None:
             problems = req.exec_info.problems()
             if problems:

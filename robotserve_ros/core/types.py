@@ -54,6 +54,9 @@ class InferenceRequest:
     obs_stamp: Optional[float] = None
     # Absolute time the next chunk is needed by; derived from exec_info when absent.
     deadline: Optional[float] = None
+    # The client's estimate of the rounds its task still needs, this one included (a scripted
+    # task or a planner with known segments knows it); None when unknown.
+    remaining_rounds: Optional[int] = None
 
 
 @dataclass

@@ -44,6 +44,10 @@ CONFIGS = (
     Config("Autellix dynamic", "autellix", "dynamic"),  # Table 2(b): Kairos w/o scheduler
     Config("EDF static", "edf", "static"),  # beyond the paper: deadline = end of running execution
     Config("EDF dynamic", "edf", "dynamic"),
+    # Beyond the paper: shortest remaining rounds first; the trace's hint is exact, so these
+    # rows bound what remaining-work-aware ordering could add.
+    Config("SRPT static", "srpt", "static"),
+    Config("SRPT dynamic", "srpt", "dynamic"),
 )
 BY_LABEL = {c.label: c for c in CONFIGS}
 RATE_FRACTIONS = (0.2, 0.4, 0.6, 0.8, 1.0)

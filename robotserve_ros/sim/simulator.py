@@ -188,7 +188,8 @@ class _Run:
     def _send(self, rb: _Robot, info: Optional[ExecInfo]) -> None:
         # Trace replay: the robot asks for the recorded horizon of this round.
         h = HorizonChoice("static", float(rb.rounds[rb.k]))
-        self.core.submit(InferenceRequest(rb.tid, rb.k, info, h))
+        left = len(rb.rounds) - rb.k  # the trace knows it exactly: only `srpt` reads it
+        self.core.submit(InferenceRequest(rb.tid, rb.k, info, h, remaining_rounds=left))
 
     def _request(self, tid: str, info: ExecInfo) -> None:
         self._send(self.robots[tid], info)

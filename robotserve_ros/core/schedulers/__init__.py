@@ -7,12 +7,14 @@ from .base import Scheduler, SchedulingContext
 from .edf import EdfScheduler
 from .fifo import FifoScheduler
 from .kairos import KairosScheduler
+from .srpt import SrptScheduler
 
 SCHEDULERS: Registry[Scheduler] = Registry("scheduler")
 SCHEDULERS.register("fifo", FifoScheduler)
 SCHEDULERS.register("autellix", AutellixScheduler)
 SCHEDULERS.register("kairos", KairosScheduler)
 SCHEDULERS.register("edf", EdfScheduler)
+SCHEDULERS.register("srpt", SrptScheduler)
 
 
 def make_scheduler(name: str, **params) -> Scheduler:
