@@ -231,6 +231,8 @@ def test_stale_observation_is_refreshed_before_dispatch(chunk):
     core.submit(InferenceRequest("no-stamp", 0, observation="x"))
     clock.advance_to(3.0)
     (d,) = core.dispatch()
+    assert not calls  # dispatch itself never waits on a robot
+    core.refresh_stale(d)
     obs = {p.task_id: p.request.observation for p in d.requests}
     assert obs == {"stale": "fresh-stale", "fresh": "new", "offline": "old", "no-stamp": "x"}
     assert sorted(calls) == ["offline", "stale"]

@@ -1,9 +1,11 @@
 """The serving loop shared by the simulator, the ROS server and the remote GPU server.
 
-submit -> (scheduler orders, placement assigns tiers, stale observations refreshed) ->
-dispatch -> engine runs -> complete (horizon policy picks H, action manager trims).
-Algorithm 1 of seed 000: phases 1-2 are the Scheduler, phase 3 the Placement, lines
-20-21 the refresher, lines 23-25 the dispatch epoch (skipped = epochs since arrival).
+submit -> dispatch (scheduler orders, placement assigns tiers) -> refresh_stale (stale
+observations fetched again) -> engine runs -> complete (horizon policy picks H, action
+manager trims). Algorithm 1 of seed 000: phases 1-2 are the Scheduler, phase 3 the
+Placement, lines 20-21 refresh_stale, lines 23-25 the dispatch epoch (skipped = epochs
+since arrival). refresh_stale is its own step because fetching from a robot is a round
+trip: a live server runs it outside the lock that guards submit and dispatch.
 """
 from __future__ import annotations
 
@@ -214,7 +216,6 @@ class ServingCore:
                 continue
             for p in batch:
                 del self.pending[p.task_id]
-                self._refresh_if_stale(p, now)
                 self.ledger.record_dispatch(p.task_id, p.round_index, now)
             tier.busy += 1
             d = Dispatch(next(self._ids), tier.name, batch, now)
@@ -226,23 +227,27 @@ class ServingCore:
             self.epoch += 1  # everyone left pending has now skipped one more round
         return out
 
-    def _refresh_if_stale(self, p: PendingRequest, now: float) -> None:
-        req = p.request
-        if req.obs_stamp is None:
-            return
-        age = now - req.obs_stamp
-        if self.refresher is not None and self.stale_obs_s is not None and age > self.stale_obs_s:
-            fresh = self.refresher(req)  # Algorithm 1 lines 20-21
-            if fresh is None:
-                self.stats.refresh_failures += 1
-            else:
-                req.observation, req.obs_stamp = fresh
-                self.stats.refreshes += 1
-                age = now - req.obs_stamp
+    def refresh_stale(self, d: Dispatch) -> None:
+        """Algorithm 1 lines 20-21: fetch a fresh observation for each dispatched request whose
+        observation aged past stale_obs_s while queued; record every observation's age."""
+        now = self.clock.now()
         s = self.stats
-        s.obs_age_sum += age
-        s.obs_age_n += 1
-        s.obs_age_max = max(s.obs_age_max, age)
+        for p in d.requests:
+            req = p.request
+            if req.obs_stamp is None:
+                continue
+            age = now - req.obs_stamp
+            if self.refresher is not None and self.stale_obs_s is not None and age > self.stale_obs_s:
+                fresh = self.refresher(req)
+                if fresh is None:
+                    s.refresh_failures += 1
+                else:
+                    req.observation, req.obs_stamp = fresh
+                    s.refreshes += 1
+                    age = now - req.obs_stamp
+            s.obs_age_sum += age
+            s.obs_age_n += 1
+            s.obs_age_max = max(s.obs_age_max, age)
 
     # --- results back ----------------------------------------------------------------
     def complete(self, dispatch_id: int, results: Sequence[ChunkResult]) -> list[ChunkReply]:

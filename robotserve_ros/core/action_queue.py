@@ -1,0 +1,54 @@
+"""The robot side's action queue: chunks placed at their timestep, overlap blended.
+
+A chunk generated from the observation of timestep t holds the actions for t, t+1, ...
+By the time it arrives the robot has moved on: actions for timesteps already executed are
+dropped (seed 000 Figure 2b), actions for timesteps still queued are blended with the
+queued ones by an aggregate function (LeRobot async inference's names), the rest appended.
+"""
+from __future__ import annotations
+
+from collections import deque
+from typing import Callable, Optional
+
+import numpy as np
+
+AGGREGATES: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
+    "latest_only": lambda old, new: new,
+    "weighted_average": lambda old, new: 0.3 * old + 0.7 * new,
+    "average": lambda old, new: 0.5 * old + 0.5 * new,
+    "conservative": lambda old, new: 0.7 * old + 0.3 * new,
+}
+
+
+class ActionQueue:
+    def __init__(self, aggregate: str = "weighted_average") -> None:
+        if aggregate not in AGGREGATES:
+            raise ValueError(f"unknown aggregate '{aggregate}'; known: {', '.join(AGGREGATES)}")
+        self._agg = AGGREGATES[aggregate]
+        self._q: deque = deque()
+        self.timestep = 0  # timestep of the next action to execute
+
+    def __len__(self) -> int:
+        return len(self._q)
+
+    def merge(self, first_timestep: int, actions: np.ndarray) -> tuple[int, int]:
+        """Place a chunk whose row 0 belongs to `first_timestep`.
+        Returns (dropped as already past, blended with queued actions)."""
+        skip = max(0, self.timestep - first_timestep)
+        fresh = actions[skip:]
+        overlap = min(len(self._q), len(fresh))
+        for i in range(overlap):
+            self._q[i] = self._agg(self._q[i], fresh[i])
+        self._q.extend(fresh[overlap:])
+        return min(skip, len(actions)), overlap
+
+    def pop(self) -> Optional[np.ndarray]:
+        """The next action, or None when the queue ran dry (the robot must hold position)."""
+        if not self._q:
+            return None
+        self.timestep += 1
+        return self._q.popleft()
+
+    def reset(self) -> None:
+        self._q.clear()
+        self.timestep = 0
