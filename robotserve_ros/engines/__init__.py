@@ -1,4 +1,19 @@
-"""Model runners behind core.Engine: simulated (here), torch/LeRobot and remote (later)."""
+"""Model runners behind core.Engine, chosen by name from configuration.
+
+A new engine (the LeRobot/torch engine, the remote GPU engine) is one module plus one
+registry line; its factory takes the engine profile and its own keyword parameters."""
+from __future__ import annotations
+
+from ..core.profile import EngineProfile
+from ..core.registry import Registry
 from .simulated import SimulatedEngine
 
-__all__ = ["SimulatedEngine"]
+ENGINES: Registry = Registry("engine")
+ENGINES.register("simulated", lambda profile, **kw: SimulatedEngine(profile, **kw))
+
+
+def make_engine(name: str, profile: EngineProfile, **params):
+    return ENGINES.create(name, profile=profile, **params)
+
+
+__all__ = ["ENGINES", "SimulatedEngine", "make_engine"]

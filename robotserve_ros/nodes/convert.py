@@ -1,0 +1,114 @@
+"""ROS messages <-> core types. Pure translation: every decision stays in core."""
+from __future__ import annotations
+
+import array
+from typing import Optional
+
+import numpy as np
+
+from ..core.errors import RequestError
+from ..core.observation import (
+    Observation,
+    ObservationSpec,
+    check_camera_count,
+    check_joints,
+    check_size,
+    decode_image,
+)
+from ..core.types import ChunkReply, ExecInfo, HorizonChoice, InferenceRequest
+from .common import to_sec, to_time
+
+# Status codes of msg/Status.msg by core error code.
+STATUS = {
+    "ok": 0,
+    "bad_request": 1,
+    "unknown_task": 2,
+    "round_out_of_order": 3,
+    "duplicate_request": 4,
+    "round_in_flight": 5,
+    "bad_exec_info": 6,
+    "unknown_policy": 7,
+    "bad_policy_param": 8,
+    "bad_observation": 9,
+    "payload_too_large": 10,
+    "task_dropped": 11,
+    "shutting_down": 12,
+    "internal": 13,
+}
+
+
+def observation_from_msg(m, spec: ObservationSpec) -> Observation:
+    """msg/Observation -> validated arrays (views on the message's bytes)."""
+    check_size(sum(len(im.data) for im in m.images) + 8 * len(m.joint_state.position), spec)
+    check_camera_count(len(m.images), spec)
+    images = [decode_image(i, im.encoding, im.width, im.height, im.step, im.data, spec) for i, im in enumerate(m.images)]
+    joints = check_joints(m.joint_state.position, spec)
+    return Observation(images, joints, m.instruction, int(m.timestep), to_sec(m.header.stamp))
+
+
+def fill_observation(m, obs_images, joint_names, joints, instruction: str, timestep: int, stamp: float, encoding="rgb8"):
+    """Arrays -> msg/Observation (the robot client's side)."""
+    from sensor_msgs.msg import Image
+
+    m.header.stamp = to_time(stamp)
+    m.timestep = int(timestep)
+    m.instruction = instruction
+    m.images = []
+    for arr in obs_images:
+        im = Image()
+        im.height, im.width = int(arr.shape[0]), int(arr.shape[1])
+        im.encoding = encoding
+        im.step = int(arr.shape[1] * (arr.shape[2] if arr.ndim == 3 else 1) * arr.dtype.itemsize)
+        im.data = arr.tobytes()  # bytes assignment: fast; a numpy array here costs ms
+        m.images.append(im)
+    m.joint_state.name = list(joint_names)
+    m.joint_state.position = [float(x) for x in joints]
+    return m
+
+
+def request_from_msg(r, spec: ObservationSpec) -> InferenceRequest:
+    """srv/Infer request -> core InferenceRequest; RequestError on anything malformed."""
+    obs = observation_from_msg(r.observation, spec)
+    info: Optional[ExecInfo] = None
+    if r.has_exec_info:
+        e = r.exec_info
+        info = ExecInfo(to_sec(e.exec_start), int(e.actions_left), float(e.control_hz))
+    hz = HorizonChoice(r.horizon.name, float(r.horizon.param) if r.horizon.has_param else None)
+    if not r.task_id:
+        raise RequestError("task_id must be a non-empty string")
+    return InferenceRequest(
+        r.task_id,
+        int(r.round_id),
+        info,
+        hz,
+        observation=obs,
+        obs_stamp=obs.stamp,
+        remaining_rounds=int(r.remaining_rounds) or None,
+    )
+
+
+def fill_status(status, code: str, message: str = "") -> None:
+    status.code = STATUS.get(code, STATUS["internal"])
+    status.reason = code
+    status.message = message
+
+
+def fill_chunk(c, reply: ChunkReply, first_timestep: int, stamp: float) -> None:
+    a = np.ascontiguousarray(reply.actions, dtype=np.float32)
+    c.header.stamp = to_time(stamp)
+    c.task_id = reply.task_id
+    c.round_id = reply.round_id
+    c.first_timestep = int(first_timestep)
+    c.horizon = int(reply.horizon)
+    c.action_dim = int(a.shape[1]) if a.ndim == 2 else 1
+    c.chunk_len = int(reply.chunk_len)
+    c.actions = array.array("f", a.tobytes())
+    c.horizon_reason = reply.reason
+
+
+def chunk_to_array(c) -> np.ndarray:
+    """msg/ActionChunk -> [horizon, action_dim] float32."""
+    a = np.asarray(c.actions, dtype=np.float32)
+    if a.size != c.horizon * c.action_dim:
+        raise ValueError(f"chunk carries {a.size} values, not horizon x action_dim = {c.horizon} x {c.action_dim}")
+    return a.reshape(c.horizon, c.action_dim)

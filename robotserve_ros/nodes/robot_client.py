@@ -1,0 +1,385 @@
+"""The robot side of asynchronous inference, for any robot that speaks standard topics.
+
+Assembles observations from camera and joint-state topics (sensor-data QoS), executes the
+queued actions at the control rate as commands (trajectory_msgs/JointTrajectory or a
+std_msgs/Float64MultiArray position command), sends the next round when the actions left
+fall to the trigger point, blends each new chunk into the queue at its timestep, holds
+position (sends nothing, never runs past its chunk) while the next chunk is late and counts
+that idle time, publishes execution progress, and serves FetchObservation so the server can
+refresh a stale observation.
+
+`--robots N` hosts N clients in one process, in namespaces robot_0..robot_{N-1}.
+
+With `stats_file` set, each client keeps an account of its rounds (ClientAccount: every
+request and every answer keyed by (task_id, round_id), chunk lateness, control-tick timing)
+and writes it as JSON there on shutdown; "{robot}" in the path is replaced by the robot's
+name (needed when a process hosts several robots).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from collections import Counter
+
+import numpy as np
+from rclpy.node import Node
+from rclpy.qos import QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
+from sensor_msgs.msg import Image, JointState
+from std_msgs.msg import Float64MultiArray
+from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
+
+from ..core.action_queue import AGGREGATES, ActionQueue
+from ..msg import ExecutionProgress
+from ..srv import FetchObservation, Infer
+from .common import NodeClock, ParamError, declare, run_nodes, to_time
+from .convert import chunk_to_array, fill_observation
+
+DEFAULTS = {
+    "service": "/robotserve/infer",
+    "progress_topic": "/robotserve/progress",
+    "robot_name": "",  # default: the node's namespace, or its name
+    "control_hz": 30.0,
+    "image_topics": ["camera/image_raw"],
+    "joint_topic": "joint_states",
+    "command_topic": "command",
+    "command_type": "trajectory",
+    "horizon_policy": "confidence",
+    "horizon_param": -1.0,  # < 0: the server's default knob
+    "trigger_actions": -1,  # < 0: ceil(expected_latency_s x control_hz)
+    "expected_latency_s": 0.1,
+    "aggregate": "weighted_average",
+    "instruction": "",
+    "task_actions": 300,  # actions per task, when no workload is replayed
+    # Trace replay: tasks drawn (seeded, per robot) from a built-in workload; each round asks
+    # for the recorded horizon of `horizon_mode` ("static" or "dynamic"). "" = off.
+    "workload": "",
+    "horizon_mode": "dynamic",
+    "mix_seed": 0,
+    "tasks": 0,  # tasks to run, 0 = run forever
+    "progress_hz": 5.0,
+    "retry_s": 0.2,
+    "stats_file": "",  # write the client's account here on shutdown; "{robot}" -> robot name; "" = off
+}
+CHECKS = {
+    "control_hz": lambda v: v > 0,
+    "command_type": lambda v: v in ("trajectory", "position"),
+    "aggregate": lambda v: v in AGGREGATES,
+    "expected_latency_s": lambda v: v >= 0,
+    "task_actions": lambda v: v > 0,
+    "horizon_mode": lambda v: v in ("static", "dynamic"),
+    "tasks": lambda v: v >= 0,
+    "progress_hz": lambda v: v > 0,
+    "retry_s": lambda v: v > 0,
+    "image_topics": lambda v: len(v) >= 0,
+}
+WHY = {
+    "command_type": "trajectory or position",
+    "aggregate": f"one of {', '.join(AGGREGATES)}",
+    "control_hz": "a control rate > 0",
+}
+
+
+class ClientAccount:
+    """Per-robot accounting for live benchmarks, on time.monotonic(): requests and answers
+    keyed by (task_id, round_id), chunk lateness (how long the robot had been holding
+    position when the chunk arrived; 0 if it came before the queue ran dry) and the
+    intervals between control ticks."""
+
+    def __init__(self, robot: str, hz: float) -> None:
+        self.robot, self.hz = robot, hz
+        self.requests = self.resent = self.chunks = self.duplicates = self.mismatched = self.left_task_answers = 0
+        self.errors = Counter()
+        self.sent: dict = {}  # (task, round) -> send time, until answered
+        self.keys = set()  # (task, round) of every request sent
+        self.seen = set()  # (task, round) of every chunk received
+        self.log: list = []  # [task, round, reply_ms, lateness_ms] per chunk the robot used
+        self.dry_since = None  # when the robot started holding position, while it holds
+        self.ticks = Counter()  # commanded / holding (in a task, queue dry) / waiting (no task request yet)
+        self.tick_ms = Counter()  # interval between control ticks, rounded to 1 ms -> count
+        self.first_tick = self.last_tick = None
+
+    def tick(self, commanded: bool, in_task: bool) -> None:
+        now = time.monotonic()
+        if self.last_tick is not None:
+            self.tick_ms[int(round(1000 * (now - self.last_tick)))] += 1
+        else:
+            self.first_tick = now
+        self.last_tick = now
+        self.ticks["commanded" if commanded else "holding" if in_task else "waiting"] += 1
+        if not commanded and in_task and self.dry_since is None:
+            self.dry_since = now
+
+    def on_send(self, key: tuple) -> None:
+        self.requests += 1
+        self.resent += key in self.keys
+        self.keys.add(key)
+        self.sent[key] = time.monotonic()
+
+    def on_answer(self, key: tuple, resp) -> float:
+        """Any answer (chunk or error) to the request of `key`; returns its round trip in ms."""
+        t = self.sent.pop(key, None)
+        ms = 1000 * (time.monotonic() - t) if t is not None else float("nan")
+        if resp is None:
+            self.errors["no_response"] += 1
+        elif resp.status.code != 0:
+            self.errors[resp.status.reason] += 1
+        else:
+            got = (resp.chunk.task_id, resp.chunk.round_id)
+            self.mismatched += got != key
+            self.duplicates += got in self.seen
+            self.seen.add(got)
+            self.chunks += 1
+        return ms
+
+    def on_chunk_used(self, key: tuple, reply_ms: float, queue_left: int) -> None:
+        now = time.monotonic()
+        late = now - self.dry_since if self.dry_since is not None else 0.0
+        self.log.append([key[0], key[1], round(reply_ms, 3), round(1000 * late, 3)])
+        if queue_left > 0:
+            self.dry_since = None
+
+    def dump(self, path: str, extra: dict) -> None:
+        now = time.monotonic()
+        out = {
+            "robot": self.robot, "control_hz": self.hz, "requests": self.requests, "resent": self.resent,
+            "chunks": self.chunks, "duplicates": self.duplicates, "mismatched": self.mismatched,
+            "left_task_answers": self.left_task_answers, "errors": dict(self.errors),
+            "unanswered": [[k[0], k[1], round(now - t, 4)] for k, t in self.sent.items()],
+            "chunk_log": self.log, "ticks": dict(self.ticks), "tick_interval_ms": {str(k): v for k, v in sorted(self.tick_ms.items())},
+            "first_tick": self.first_tick, "last_tick": self.last_tick, "closed_at": now,
+            "holding_now_s": now - self.dry_since if self.dry_since is not None else 0.0, **extra,
+        }
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        tmp = f"{path}.tmp{os.getpid()}"
+        with open(tmp, "w") as f:
+            json.dump(out, f)
+        os.replace(tmp, path)
+
+
+class RobotClientNode(Node):
+    def __init__(self, name: str = "robot_client", namespace: str = "", **kw) -> None:
+        super().__init__(name, namespace=namespace, **kw)
+        p = self.p = declare(self, DEFAULTS, CHECKS, WHY)
+        self.robot = p["robot_name"] or (self.get_namespace().strip("/") or self.get_name())
+        self.hz = p["control_hz"]
+        self.trigger = p["trigger_actions"] if p["trigger_actions"] >= 0 else math.ceil(p["expected_latency_s"] * self.hz)
+        self.mix = None
+        if p["workload"]:
+            from ..sim.workloads import builtin_names, builtin_workload
+
+            if p["workload"] not in builtin_names():
+                raise ParamError(f"parameter 'workload' = {p['workload']!r}: not one of {', '.join(builtin_names())}")
+            self.mix = builtin_workload(p["workload"]).tasks
+        self.robot_index = int(self.robot.rsplit("_", 1)[1]) if self.robot.rsplit("_", 1)[-1].isdigit() else 0
+        self.rounds: list = []
+        self.clock = NodeClock(self)
+        self.queue = ActionQueue(p["aggregate"])
+        self.stats = Counter()
+        self.acct = ClientAccount(self.robot, self.hz)
+        self.images = [None] * len(p["image_topics"])
+        self.joints: JointState | None = None
+        for i, topic in enumerate(p["image_topics"]):
+            self.create_subscription(Image, topic, lambda m, i=i: self._on_image(i, m), qos_profile_sensor_data)
+        self.create_subscription(JointState, p["joint_topic"], self._on_joints, qos_profile_sensor_data)
+        msg_type = JointTrajectory if p["command_type"] == "trajectory" else Float64MultiArray
+        self.cmd = self.create_publisher(msg_type, p["command_topic"], 10)
+        reliable = QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE)
+        self.progress = self.create_publisher(ExecutionProgress, p["progress_topic"], reliable)
+        self.fetch = self.create_service(FetchObservation, "~/fetch_observation", self._on_fetch)
+        self.fetch_name = self.fetch.srv_name
+        self.cli = self.create_client(Infer, p["service"])
+        self.task_k = 0
+        self.finished_tasks = 0
+        self._start_task()
+        self.create_timer(1.0 / self.hz, self._tick)
+        self.create_timer(1.0 / p["progress_hz"], self._publish_progress)
+
+    # --- task lifecycle -------------------------------------------------------------
+    def _start_task(self) -> None:
+        self.task_id = f"{self.robot}/task{self.task_k}"
+        if self.mix is not None:  # the same robot, seed and k pick the same task every run
+            rng = np.random.default_rng([self.p["mix_seed"], self.robot_index, self.task_k])
+            self.rounds = list(self.mix[int(rng.integers(len(self.mix)))].rounds[self.p["horizon_mode"]])
+        self.round = 0
+        self.outstanding = False
+        self.retry_at = 0.0
+        self.queue.reset()
+        self.task_start = None
+        self.exec_start = self.clock.now()
+        self.idle = 0.0
+        self.chunks = 0
+        self.done = False
+
+    def _task_actions(self) -> int:
+        # A replayed task is its motion: done when the trace's actions are executed, however
+        # many rounds that takes (actions that went stale during generation are not motion).
+        return sum(self.rounds) if self.rounds else self.p["task_actions"]
+
+    def _task_complete(self) -> bool:
+        return self.queue.timestep >= self._task_actions()
+
+    def _needs_more(self) -> bool:
+        return self.queue.timestep + len(self.queue) < self._task_actions()
+
+    # --- sensors ----------------------------------------------------------------------
+    def _on_image(self, i: int, m: Image) -> None:
+        self.images[i] = m
+
+    def _on_joints(self, m: JointState) -> None:
+        self.joints = m
+
+    def _sensors_ready(self) -> bool:
+        return self.joints is not None and all(im is not None for im in self.images)
+
+    def _fill_observation(self, obs) -> None:
+        obs.header.stamp = to_time(self.clock.now())
+        obs.timestep = self.queue.timestep
+        obs.images = list(self.images)  # forwarded as received: no copy, no re-encode
+        obs.joint_state = self.joints
+        obs.instruction = self.p["instruction"]
+
+    # --- control loop -------------------------------------------------------------------
+    def _tick(self) -> None:
+        if self.done:
+            return
+        a = self.queue.pop()
+        self.acct.tick(a is not None, self.task_start is not None)
+        if a is None:
+            if self.task_start is not None:
+                self.idle += 1.0 / self.hz  # holding position: the chunk is late
+        else:
+            self._command(a)
+        if self._task_complete():
+            self._finish()
+            return
+        if not self.outstanding and len(self.queue) <= self.trigger and self._needs_more():
+            self._send()
+
+    def _command(self, a: np.ndarray) -> None:
+        names = list(self.joints.name) if self.joints is not None else []
+        if self.p["command_type"] == "trajectory":
+            m = JointTrajectory()
+            m.joint_names = names[: len(a)]
+            pt = JointTrajectoryPoint(positions=[float(x) for x in a[: len(m.joint_names) or len(a)]])
+            pt.time_from_start.nanosec = int(1e9 / self.hz)
+            m.points = [pt]
+        else:
+            m = Float64MultiArray(data=[float(x) for x in a])
+        self.cmd.publish(m)
+        self.stats["commands"] += 1
+
+    def _send(self) -> None:
+        now = self.clock.now()
+        if now < self.retry_at or not self._sensors_ready() or not self.cli.service_is_ready():
+            return
+        r = Infer.Request()
+        r.task_id, r.round_id = self.task_id, self.round
+        self._fill_observation(r.observation)
+        r.has_exec_info = self.round > 0
+        r.exec_info.exec_start = to_time(self.exec_start)
+        r.exec_info.actions_left = len(self.queue)
+        r.exec_info.control_hz = float(self.hz)
+        if self.rounds:  # trace replay: ask for the recorded horizon of this round
+            k = min(self.round, len(self.rounds) - 1)
+            r.horizon.name, r.horizon.has_param, r.horizon.param = "static", True, float(self.rounds[k])
+            r.remaining_rounds = max(1, len(self.rounds) - self.round)
+        else:
+            r.horizon.name = self.p["horizon_policy"]
+            r.horizon.has_param = self.p["horizon_param"] >= 0
+            r.horizon.param = float(max(0.0, self.p["horizon_param"]))
+        r.refresh_service = self.fetch_name
+        if self.task_start is None:
+            self.task_start = now
+        self.outstanding = True
+        self.stats["requests"] += 1
+        task, rnd = self.task_id, self.round
+        self.acct.on_send((task, rnd))
+        self.cli.call_async(r).add_done_callback(lambda f: self._on_reply(task, f, rnd))
+
+    def _on_reply(self, task: str, fut, rnd: int = -1) -> None:
+        reply_ms = self.acct.on_answer((task, rnd), fut.result())
+        if task != self.task_id:
+            self.acct.left_task_answers += 1
+            return  # an answer for a task we already left
+        self.outstanding = False
+        resp = fut.result()
+        if resp is None:
+            self.stats["errors/no_response"] += 1
+            self.retry_at = self.clock.now() + self.p["retry_s"]
+            return
+        if resp.status.code != 0:
+            self.stats[f"errors/{resp.status.reason}"] += 1
+            self.get_logger().warning(f"{self.task_id} round {self.round}: {resp.status.reason}: {resp.status.message}")
+            self.retry_at = self.clock.now() + self.p["retry_s"]
+            if resp.status.reason in ("unknown_task", "task_dropped"):
+                self.task_k += 1
+                self._start_task()  # the server forgot us: start over under a new id
+            return
+        dropped, _ = self.queue.merge(resp.chunk.first_timestep, chunk_to_array(resp.chunk))
+        self.acct.on_chunk_used((task, rnd), reply_ms, len(self.queue))
+        self.exec_start = self.clock.now()  # this round's execution phase starts with its chunk
+        self.stats["chunks"] += 1
+        self.stats["dropped_actions"] += dropped
+        self.chunks += 1
+        self.round += 1
+
+    def _finish(self) -> None:
+        self.done = True
+        self.finished_tasks += 1
+        self._publish_progress(task_done=True)
+        if self.p["tasks"] == 0 or self.finished_tasks < self.p["tasks"]:
+            self.task_k += 1
+            self._start_task()
+
+    # --- progress and refresh -------------------------------------------------------------
+    def _publish_progress(self, task_done: bool = False) -> None:
+        if self.task_start is None:
+            return
+        m = ExecutionProgress()
+        m.header.stamp = to_time(self.clock.now())
+        m.task_id = self.task_id
+        m.task_start = to_time(self.task_start)
+        m.round_id = max(0, self.round - 1)
+        m.timestep = self.queue.timestep
+        m.actions_left = len(self.queue)
+        m.exec_start = to_time(self.exec_start)
+        m.control_hz = float(self.hz)
+        m.idle_s = self.idle
+        m.chunks = self.chunks
+        m.task_done = task_done
+        self.progress.publish(m)
+
+    def _on_fetch(self, request, response):
+        if request.task_id != self.task_id or not self._sensors_ready():
+            response.ok = False
+            return response
+        self._fill_observation(response.observation)
+        response.ok = True
+        self.stats["refreshes_served"] += 1
+        return response
+
+    def close(self) -> None:
+        """run_nodes calls this on shutdown: write the account, if asked for."""
+        if self.p["stats_file"]:
+            self.acct.dump(self.p["stats_file"].replace("{robot}", self.robot),
+                           {"stats": dict(self.stats), "finished_tasks": self.finished_tasks, "task_id": self.task_id})
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv if argv is None else argv)
+    ap = argparse.ArgumentParser(add_help=False)
+    ap.add_argument("--robots", type=int, default=0)
+    ap.add_argument("--first-index", type=int, default=0)
+    ns, rest = ap.parse_known_args(argv[1:])
+    if ns.robots > 0:
+        names = [f"robot_{ns.first_index + i}" for i in range(ns.robots)]
+        return run_nodes(lambda: [RobotClientNode(namespace=n) for n in names], [argv[0]] + rest)
+    return run_nodes(lambda: [RobotClientNode()], [argv[0]] + rest)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,192 @@
+"""Node tests: the real inference server and robot client as subprocesses on an isolated
+ROS domain (test/rosutil.py). A full round trip; two robots served concurrently; every kind
+of bad input answered with its own clear error while another robot keeps being served; the
+whole loop with a simulated robot; a client vanishing mid-task (its work dropped, its task
+reaped after a timeout)."""
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+import pytest
+from rosutil import requires_rclpy, ros_ctx  # noqa: F401
+
+pytestmark = requires_rclpy
+
+SERVICE = "/robotserve/infer"
+
+
+def server_args(*params: str) -> list[str]:
+    base = ["engine_batch_sizes:=[1,2,4]", "engine_latency_ms:=[40.0,45.0,50.0]", "obs_width:=96", "obs_height:=96",
+            "obs_joints:=6", "obs_encodings:=[rgb8]", "task_timeout_s:=1.5", "diagnostics_hz:=5.0"]
+    args = ["robotserve_ros.nodes.inference_server", "--ros-args"]
+    for p in base + list(params):
+        args += ["-p", p]
+    return args
+
+
+def make_request(task, rnd, *, width=96, encoding="rgb8", joints=None, exec_info=None, horizon=("static", 8.0), nbytes=None):
+    from sensor_msgs.msg import Image
+
+    from robotserve_ros.srv import Infer
+
+    r = Infer.Request()
+    r.task_id, r.round_id = task, rnd
+    im = Image()
+    im.width = im.height = width
+    im.encoding = encoding
+    im.step = width * 3
+    im.data = bytes(nbytes if nbytes is not None else width * width * 3)
+    r.observation.images = [im]
+    r.observation.joint_state.position = list(joints if joints is not None else [0.0] * 6)
+    if exec_info is not None:
+        r.has_exec_info = True
+        r.exec_info.exec_start.sec, r.exec_info.actions_left, r.exec_info.control_hz = int(exec_info[0]), exec_info[1], 30.0
+    r.horizon.name, r.horizon.has_param, r.horizon.param = horizon[0], True, horizon[1]
+    return r
+
+
+class Caller:
+    def __init__(self, ctx):
+        from robotserve_ros.srv import Infer
+
+        self.ctx = ctx
+        self.cli = ctx.node.create_client(Infer, SERVICE)
+        assert self.cli.wait_for_service(timeout_sec=15), "inference server did not come up"
+
+    def send(self, req):
+        return self.cli.call_async(req)
+
+    def call(self, req, timeout=10.0):
+        fut = self.send(req)
+        assert self.ctx.wait_for(fut.done, timeout), "no answer"
+        return fut.result()
+
+    def now(self):
+        return self.ctx.node.get_clock().now().nanoseconds * 1e-9
+
+
+def test_full_round_trip(ros_ctx):
+    srv = ros_ctx.start_node(server_args())
+    c = Caller(ros_ctx)
+    res = c.call(make_request("arm", 0))
+    assert res.status.reason == "ok", res.status.message
+    assert (res.chunk.task_id, res.chunk.round_id, res.chunk.horizon, res.chunk.action_dim) == ("arm", 0, 8, 6)
+    assert len(res.chunk.actions) == 8 * 6 and res.chunk.chunk_len == 50
+    assert all(math.isfinite(x) for x in res.chunk.actions)
+    assert res.chunk.horizon_reason == "static H=8"
+    res = c.call(make_request("arm", 1, exec_info=(c.now(), 3), horizon=("confidence", 0.4)))
+    assert res.status.reason == "ok" and res.chunk.round_id == 1
+    assert res.chunk.horizon >= 10  # H_min of the confidence policy
+    assert srv.stop() == 0, srv.output()
+
+
+def test_two_robots_are_served_concurrently(ros_ctx):
+    """Both calls are outstanding at once and both are answered, in one batch or two."""
+    ros_ctx.start_node(server_args("engine_latency_ms:=[300.0,310.0,320.0]"))
+    c = Caller(ros_ctx)
+    t0 = time.monotonic()
+    fa, fb = c.send(make_request("a", 0)), c.send(make_request("b", 0))
+    assert ros_ctx.wait_for(lambda: fa.done() and fb.done(), 10)
+    both = time.monotonic() - t0
+    assert [fa.result().status.reason, fb.result().status.reason] == ["ok", "ok"]
+    assert {fa.result().chunk.task_id, fb.result().chunk.task_id} == {"a", "b"}
+    # Served side by side, not one after the other: well under two engine latencies plus slack.
+    assert both < 2 * 0.30 + 0.25, both
+
+
+def test_bad_inputs_get_clear_errors_and_the_good_robot_keeps_going(ros_ctx):
+    from diagnostic_msgs.msg import DiagnosticArray
+
+    ros_ctx.start_node(server_args("max_request_bytes:=100000"))
+    diags = ros_ctx.collect(DiagnosticArray, "/diagnostics", 10)
+    c = Caller(ros_ctx)
+    assert c.call(make_request("good", 0)).status.reason == "ok"
+    assert c.call(make_request("dup", 0)).status.reason == "ok"
+    assert c.call(make_request("back", 0)).status.reason == "ok"
+    assert c.call(make_request("back", 1, exec_info=(c.now(), 2))).status.reason == "ok"
+    bad = {
+        "wrong image encoding": (make_request("x1", 0, encoding="bgr16"), "bad_observation", "encoding 'bgr16'"),
+        "wrong image size": (make_request("x2", 0, width=64), "bad_observation", "64x64"),
+        "NaN in joint state": (make_request("x3", 0, joints=[0, 0, float("nan"), 0, 0, 0]), "bad_observation", "nan"),
+        "unknown task": (make_request("ghost", 4, exec_info=(c.now(), 2)), "unknown_task", "ghost"),
+        "round id going backwards": (make_request("back", 0), "round_out_of_order", "round 0 arrived after round 1"),
+        "duplicate request": (make_request("dup", 0), "duplicate_request", "already received"),
+        "oversized payload": (make_request("x4", 0, width=224), "payload_too_large", "at most 100000"),
+        "truncated image": (make_request("x5", 0, nbytes=100), "bad_observation", "bytes of data"),
+    }
+    good_round = 1
+    for what, (req, code, text) in bad.items():
+        res = c.call(req)
+        assert res.status.reason == code, f"{what}: {res.status.reason}: {res.status.message}"
+        assert res.status.code != 0 and text in res.status.message, f"{what}: {res.status.message}"
+        # ... and the other robot keeps being served, round after round.
+        ok = c.call(make_request("good", good_round, exec_info=(c.now(), 2)))
+        assert ok.status.reason == "ok" and ok.chunk.round_id == good_round, what
+        good_round += 1
+
+    def counted():
+        for d in diags:
+            vals = {kv.key: kv.value for kv in d.status[0].values}
+            if vals.get("errors/bad_observation") == "4" and vals.get("errors/payload_too_large") == "1":
+                return vals
+        return None
+
+    assert ros_ctx.wait_for(lambda: counted() is not None, 5), "errors not counted in diagnostics"
+    vals = counted()
+    for code in ("unknown_task", "round_out_of_order", "duplicate_request"):
+        assert vals[f"errors/{code}"] == "1", vals
+
+
+def fleet_params(tmp_path, **client):
+    import yaml
+
+    from robotserve_ros.launch_description import default_config
+
+    cfg = yaml.safe_load(open(default_config()).read())
+    cfg["inference_server"]["ros__parameters"].update(task_timeout_s=1.5, diagnostics_hz=5.0)
+    cfg["/**/robot_client"]["ros__parameters"].update({"task_actions": 45, **client})
+    path = tmp_path / "fleet.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return str(path)
+
+
+def test_robot_client_runs_tasks_with_a_simulated_robot(ros_ctx, tmp_path):
+    from trajectory_msgs.msg import JointTrajectory
+
+    from robotserve_ros.msg import ExecutionProgress
+    from rclpy.qos import QoSProfile, ReliabilityPolicy
+
+    params = fleet_params(tmp_path, tasks=2)
+    ros_ctx.start_node(["robotserve_ros.nodes.inference_server", "--ros-args", "--params-file", params])
+    ros_ctx.start_node(["robotserve_ros.nodes.sim_robot", "--robots", "1", "--ros-args", "--params-file", params])
+    client = ros_ctx.start_node(["robotserve_ros.nodes.robot_client", "--robots", "1", "--ros-args", "--params-file", params])
+    progress = ros_ctx.collect(ExecutionProgress, "/robotserve/progress", QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE))
+    commands = ros_ctx.collect(JointTrajectory, "/robot_0/command", 10)
+    done = lambda: [m for m in progress if m.task_done]  # noqa: E731
+    assert ros_ctx.wait_for(lambda: len(done()) >= 2, 60), client.output()
+    first = done()[0]
+    assert first.task_id == "robot_0/task0" and first.timestep >= 45 and first.chunks >= 2
+    assert len(commands) >= 45 and len(commands[0].points[0].positions) == 6
+    assert client.stop() == 0, client.output()
+
+
+def test_vanished_client_is_reaped_and_its_work_dropped(ros_ctx, tmp_path):
+    from diagnostic_msgs.msg import DiagnosticArray
+
+    params = fleet_params(tmp_path, task_actions=10000)
+    ros_ctx.start_node(["robotserve_ros.nodes.inference_server", "--ros-args", "--params-file", params])
+    diags = ros_ctx.collect(DiagnosticArray, "/diagnostics", 10)
+    ros_ctx.start_node(["robotserve_ros.nodes.sim_robot", "--robots", "1", "--ros-args", "--params-file", params])
+    client = ros_ctx.start_node(["robotserve_ros.nodes.robot_client", "--robots", "1", "--ros-args", "--params-file", params])
+
+    def last():
+        return {kv.key: kv.value for kv in diags[-1].status[0].values} if diags else {}
+
+    assert ros_ctx.wait_for(lambda: last().get("tasks") == "1" and int(last().get("served", "0")) >= 2, 20), client.output()
+    import signal
+
+    client.stop(sig=signal.SIGKILL)  # gone mid-task, without a word
+    assert ros_ctx.wait_for(lambda: last().get("reaped_tasks") == "1", 10), last()
+    assert last()["tasks"] == "0" and last()["queue_length"] == "0", last()
