@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import tempfile
 import time
 from pathlib import Path
@@ -20,7 +19,7 @@ import numpy as np
 import yaml
 
 from ..launch_description import default_config, fleet
-from .processes import ProcessGroup, ros_env
+from .processes import ProcessGroup, pick_free_domain, ros_env
 
 RUNS = (("FIFO", "fifo", "static"), ("Kairos", "kairos", "dynamic"))
 
@@ -91,7 +90,7 @@ def run_demo(out_dir: Path, robots: int = 8, tasks: int = 1, workload: str = "bi
     with tempfile.TemporaryDirectory(prefix="robotserve_demo_") as tmp:
         for label, scheduler, horizon in RUNS:
             params = _params_file(base, scheduler, horizon, workload, seed, tasks, Path(tmp) / f"{scheduler}.yaml")
-            env = ros_env(domain_id=random.randint(101, 199), log_dir=str(Path(tmp) / "ros_log"))
+            env = ros_env(domain_id=pick_free_domain(), log_dir=str(Path(tmp) / "ros_log"))
             print(f"[demo] {label}: server ({scheduler}, {horizon} horizons) + {robots} robots ...", flush=True)
             t0 = time.monotonic()
             group = ProcessGroup(fleet(params, robots), env, out_dir / "logs" / scheduler).start()
@@ -142,6 +141,16 @@ def write_report(results: dict, out_dir: Path) -> None:
     for label, r in rows.items():
         lines.append(f"| {label} | {r['tasks']} | {r['avg_latency_s']:.2f} | {r['p95_latency_s']:.2f} | {r['avg_idle_s']:.2f} "
                      f"| {r['chunks_served']} | {r['mean_obs_age_ms']:.1f} | {r['engine_utilization']:.2f} |")
+    labels = list(results["runs"])
+    lines += ["", "Per robot (end-to-end latency s / idle s / chunks):", "",
+              "| task | " + " | ".join(labels) + " |", "|---" * (1 + len(labels)) + "|"]
+    tids = sorted(set().union(*(r["tasks"] for r in results["runs"].values())))
+    for tid in tids:
+        cells = []
+        for label in labels:
+            t = results["runs"][label]["tasks"].get(tid)
+            cells.append(f"{t['latency_s']:.2f} / {t['idle_s']:.2f} / {t['chunks']}" if t else "not finished")
+        lines.append(f"| {tid} | " + " | ".join(cells) + " |")
     if "FIFO" in rows and "Kairos" in rows and rows["FIFO"]["avg_latency_s"] > 0:
         red = (rows["FIFO"]["avg_latency_s"] - rows["Kairos"]["avg_latency_s"]) / rows["FIFO"]["avg_latency_s"] * 100
         lines += ["", f"Kairos vs FIFO, average end-to-end latency: {red:+.1f}% reduction."]

@@ -15,6 +15,31 @@ from typing import Optional, Sequence
 from ..launch_description import NodeSpec
 
 
+def pick_free_domain(candidates: Sequence[int] = range(1, 101), probe_s: float = 0.6, seed=None) -> int:
+    """A ROS domain with no other participants on this host, so a demo or benchmark never
+    mixes with another run's nodes (they would answer each other's requests). Domains
+    above 101 use ports in Linux's ephemeral range, so the default stays below it."""
+    import random
+
+    import rclpy
+
+    order = list(candidates)
+    random.Random(seed).shuffle(order)
+    for d in order:
+        ctx = rclpy.Context()
+        rclpy.init(context=ctx, domain_id=d)
+        try:
+            node = rclpy.create_node("robotserve_domain_probe", context=ctx, start_parameter_services=False)
+            time.sleep(probe_s)  # discovery on localhost settles well within this
+            others = [n for n, _ in node.get_node_names_and_namespaces() if n != "robotserve_domain_probe"]
+            node.destroy_node()
+        finally:
+            rclpy.shutdown(context=ctx)
+        if not others:
+            return d
+    raise RuntimeError("no free ROS domain found among the candidates")
+
+
 def ros_env(domain_id: Optional[int] = None, log_dir: Optional[str] = None) -> dict:
     env = dict(os.environ)
     if domain_id is not None:

@@ -96,18 +96,24 @@ class ClientAccount:
         self.sent: dict = {}  # (task, round) -> send time, until answered
         self.keys = set()  # (task, round) of every request sent
         self.seen = set()  # (task, round) of every chunk received
-        self.log: list = []  # [task, round, reply_ms, lateness_ms] per chunk the robot used
+        self.log: list = []  # [task, round, arrival, reply_ms, lateness_ms] per chunk the robot used
         self.dry_since = None  # when the robot started holding position, while it holds
         self.ticks = Counter()  # commanded / holding (in a task, queue dry) / waiting (no task request yet)
         self.tick_ms = Counter()  # interval between control ticks, rounded to 1 ms -> count
+        self.tick_s = Counter()  # ticks per second of time.monotonic()
+        self.late_tick_s = Counter()  # ticks more than 1.5 periods after the previous one, per second
         self.first_tick = self.last_tick = None
 
     def tick(self, commanded: bool, in_task: bool) -> None:
         now = time.monotonic()
         if self.last_tick is not None:
-            self.tick_ms[int(round(1000 * (now - self.last_tick)))] += 1
+            dt = now - self.last_tick
+            self.tick_ms[int(round(1000 * dt))] += 1
+            if dt > 1.5 / self.hz:
+                self.late_tick_s[int(now)] += 1
         else:
             self.first_tick = now
+        self.tick_s[int(now)] += 1
         self.last_tick = now
         self.ticks["commanded" if commanded else "holding" if in_task else "waiting"] += 1
         if not commanded and in_task and self.dry_since is None:
@@ -138,7 +144,7 @@ class ClientAccount:
     def on_chunk_used(self, key: tuple, reply_ms: float, queue_left: int) -> None:
         now = time.monotonic()
         late = now - self.dry_since if self.dry_since is not None else 0.0
-        self.log.append([key[0], key[1], round(reply_ms, 3), round(1000 * late, 3)])
+        self.log.append([key[0], key[1], round(now, 4), round(reply_ms, 3), round(1000 * late, 3)])
         if queue_left > 0:
             self.dry_since = None
 
@@ -150,6 +156,8 @@ class ClientAccount:
             "left_task_answers": self.left_task_answers, "errors": dict(self.errors),
             "unanswered": [[k[0], k[1], round(now - t, 4)] for k, t in self.sent.items()],
             "chunk_log": self.log, "ticks": dict(self.ticks), "tick_interval_ms": {str(k): v for k, v in sorted(self.tick_ms.items())},
+            "ticks_per_s": {str(k): v for k, v in sorted(self.tick_s.items())},
+            "late_ticks_per_s": {str(k): v for k, v in sorted(self.late_tick_s.items())},
             "first_tick": self.first_tick, "last_tick": self.last_tick, "closed_at": now,
             "holding_now_s": now - self.dry_since if self.dry_since is not None else 0.0, **extra,
         }
@@ -204,6 +212,7 @@ class RobotClientNode(Node):
         if self.mix is not None:  # the same robot, seed and k pick the same task every run
             rng = np.random.default_rng([self.p["mix_seed"], self.robot_index, self.task_k])
             self.rounds = list(self.mix[int(rng.integers(len(self.mix)))].rounds[self.p["horizon_mode"]])
+            self.cum_rounds = np.concatenate([[0], np.cumsum(self.rounds)[:-1]])  # first action of each round
         self.round = 0
         self.outstanding = False
         self.retry_at = 0.0
@@ -283,10 +292,14 @@ class RobotClientNode(Node):
         r.exec_info.exec_start = to_time(self.exec_start)
         r.exec_info.actions_left = len(self.queue)
         r.exec_info.control_hz = float(self.hz)
-        if self.rounds:  # trace replay: ask for the recorded horizon of this round
-            k = min(self.round, len(self.rounds) - 1)
-            r.horizon.name, r.horizon.has_param, r.horizon.param = "static", True, float(self.rounds[k])
-            r.remaining_rounds = max(1, len(self.rounds) - self.round)
+        if self.rounds:  # trace replay: the recorded round where the new motion starts
+            # New motion begins where the queue ends; the chunk's first len(queue) rows
+            # overlap queued actions (blended, or stale by arrival), then H_k new ones follow.
+            k = int(np.searchsorted(self.cum_rounds, self.queue.timestep + len(self.queue), side="right")) - 1
+            k = min(max(k, 0), len(self.rounds) - 1)
+            r.horizon.name, r.horizon.has_param = "static", True
+            r.horizon.param = float(len(self.queue) + self.rounds[k])
+            r.remaining_rounds = len(self.rounds) - k
         else:
             r.horizon.name = self.p["horizon_policy"]
             r.horizon.has_param = self.p["horizon_param"] >= 0
