@@ -8,8 +8,6 @@ from __future__ import annotations
 import math
 import time
 
-import numpy as np
-import pytest
 from rosutil import requires_rclpy, ros_ctx  # noqa: F401
 
 pytestmark = requires_rclpy

@@ -46,26 +46,6 @@ def observation_from_msg(m, spec: ObservationSpec) -> Observation:
     return Observation(images, joints, m.instruction, int(m.timestep), to_sec(m.header.stamp))
 
 
-def fill_observation(m, obs_images, joint_names, joints, instruction: str, timestep: int, stamp: float, encoding="rgb8"):
-    """Arrays -> msg/Observation (the robot client's side)."""
-    from sensor_msgs.msg import Image
-
-    m.header.stamp = to_time(stamp)
-    m.timestep = int(timestep)
-    m.instruction = instruction
-    m.images = []
-    for arr in obs_images:
-        im = Image()
-        im.height, im.width = int(arr.shape[0]), int(arr.shape[1])
-        im.encoding = encoding
-        im.step = int(arr.shape[1] * (arr.shape[2] if arr.ndim == 3 else 1) * arr.dtype.itemsize)
-        im.data = arr.tobytes()  # bytes assignment: fast; a numpy array here costs ms
-        m.images.append(im)
-    m.joint_state.name = list(joint_names)
-    m.joint_state.position = [float(x) for x in joints]
-    return m
-
-
 def request_from_msg(r, spec: ObservationSpec) -> InferenceRequest:
     """srv/Infer request -> core InferenceRequest; RequestError on anything malformed."""
     obs = observation_from_msg(r.observation, spec)

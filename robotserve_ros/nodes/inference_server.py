@@ -29,7 +29,7 @@ from ..core.types import ExecInfo
 from ..engines import ENGINES, make_engine
 from ..msg import ExecutionProgress
 from ..srv import FetchObservation, Infer
-from .common import NodeClock, ParamError, declare, run_nodes, to_sec
+from .common import NodeClock, ParamError, declare, run_nodes, service_qos, to_sec
 from .convert import fill_chunk, fill_status, observation_from_msg, request_from_msg
 
 DEFAULTS = {
@@ -137,7 +137,7 @@ class InferenceServerNode(Node):
         self._stop = threading.Event()
         self._fetch_clients: dict = {}  # (rclpy's Node keeps its own _clients)
         self._group = ReentrantCallbackGroup()
-        self.create_service(Infer, p["service"], self._on_infer, callback_group=self._group)
+        self.create_service(Infer, p["service"], self._on_infer, qos_profile=service_qos(), callback_group=self._group)
         reliable = QoSProfile(depth=1000, reliability=ReliabilityPolicy.RELIABLE)
         self.create_subscription(ExecutionProgress, p["progress_topic"], self._on_progress, reliable,
                                  callback_group=MutuallyExclusiveCallbackGroup())

@@ -35,8 +35,8 @@ from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 from ..core.action_queue import AGGREGATES, ActionQueue
 from ..msg import ExecutionProgress
 from ..srv import FetchObservation, Infer
-from .common import NodeClock, ParamError, declare, run_nodes, to_time
-from .convert import chunk_to_array, fill_observation
+from .common import NodeClock, ParamError, declare, run_nodes, service_qos, to_time
+from .convert import chunk_to_array
 
 DEFAULTS = {
     "service": "/robotserve/infer",
@@ -60,7 +60,8 @@ DEFAULTS = {
     "horizon_mode": "dynamic",
     "mix_seed": 0,
     "tasks": 0,  # tasks to run, 0 = run forever
-    "progress_hz": 5.0,
+    "progress_hz": 2.0,  # liveness and progress; 100 robots x 5 Hz already swamped the server
+    "request_timeout_s": 5.0,  # give up on an unanswered round and send the next one
     "retry_s": 0.2,
     "stats_file": "",  # write the client's account here on shutdown; "{robot}" -> robot name; "" = off
 }
@@ -73,6 +74,7 @@ CHECKS = {
     "horizon_mode": lambda v: v in ("static", "dynamic"),
     "tasks": lambda v: v >= 0,
     "progress_hz": lambda v: v > 0,
+    "request_timeout_s": lambda v: v > 0,
     "retry_s": lambda v: v > 0,
     "image_topics": lambda v: len(v) >= 0,
 }
@@ -198,8 +200,8 @@ class RobotClientNode(Node):
         reliable = QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE)
         self.progress = self.create_publisher(ExecutionProgress, p["progress_topic"], reliable)
         self.fetch = self.create_service(FetchObservation, "~/fetch_observation", self._on_fetch)
-        self.fetch_name = self.fetch.srv_name
-        self.cli = self.create_client(Infer, p["service"])
+        self.fetch_name = self.resolve_service_name("~/fetch_observation")  # the server needs it expanded
+        self.cli = self.create_client(Infer, p["service"], qos_profile=service_qos())
         self.task_k = 0
         self.finished_tasks = 0
         self._start_task()
@@ -265,6 +267,7 @@ class RobotClientNode(Node):
         if self._task_complete():
             self._finish()
             return
+        self._check_timeout()
         if not self.outstanding and len(self.queue) <= self.trigger and self._needs_more():
             self._send()
 
@@ -308,16 +311,28 @@ class RobotClientNode(Node):
         if self.task_start is None:
             self.task_start = now
         self.outstanding = True
+        self.sent_at = now
         self.stats["requests"] += 1
         task, rnd = self.task_id, self.round
         self.acct.on_send((task, rnd))
-        self.cli.call_async(r).add_done_callback(lambda f: self._on_reply(task, f, rnd))
+        self.fut = self.cli.call_async(r)
+        self.fut.add_done_callback(lambda f: self._on_reply(task, f, rnd))
+
+    def _check_timeout(self) -> None:
+        """An answer that never comes must not freeze the robot: drop it, move to the next
+        round id (the server answers round_in_flight while the old one still generates)."""
+        if self.outstanding and self.clock.now() - self.sent_at > self.p["request_timeout_s"]:
+            self.cli.remove_pending_request(self.fut)
+            self.stats["errors/timeout"] += 1
+            self.get_logger().warning(f"{self.task_id} round {self.round}: no answer in {self.p['request_timeout_s']} s")
+            self.outstanding = False
+            self.round += 1
 
     def _on_reply(self, task: str, fut, rnd: int = -1) -> None:
         reply_ms = self.acct.on_answer((task, rnd), fut.result())
-        if task != self.task_id:
+        if task != self.task_id or rnd != self.round:
             self.acct.left_task_answers += 1
-            return  # an answer for a task we already left
+            return  # an answer for a task we left, or a round we gave up on
         self.outstanding = False
         resp = fut.result()
         if resp is None:

@@ -15,8 +15,6 @@ where static horizons are unstable; targets are read at peak.
 from __future__ import annotations
 
 import json
-import os
-import platform
 import sys
 import time
 from dataclasses import dataclass
@@ -24,7 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .runner import RunSpec, pooled, run_many, run_one
+from ..machine import machine_info
+from .runner import RunSpec, pooled, run_many
 from .workloads import PROFILES, SHAPES, builtin_names, builtin_workload
 
 
@@ -126,18 +125,11 @@ def _shape(name: str) -> dict:
 
 
 def _meta(seeds, tasks, peak_load, wall) -> dict:
-    cpu = "?"
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    m = machine_info()
     return {
         "command": "robotserve bench fleet " + " ".join(sys.argv[3:]) if len(sys.argv) > 2 else "robotserve bench fleet",
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "machine": f"{os.cpu_count()} cores, {cpu}, Python {platform.python_version()}",
+        "machine": f"{m['cores']} cores, {m['cpu']}, Python {m['python']}",
         "seeds": list(seeds),
         "tasks_per_online_run": tasks,
         "peak_definition": (

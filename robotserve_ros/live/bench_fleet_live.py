@@ -1,0 +1,458 @@
+"""`robotserve bench fleet-live`: one inference server and N simulated robots at their
+control rate on this machine, as real ROS 2 processes, for a fixed time; then an account of
+every round.
+
+The fleet is laid out exactly as launch_description.fleet(): the server, and per
+`per_process` robots one sim_robot and one robot_client process (--robots K
+--first-index i). Parameters come from config/fleet.yaml (its engine profile included),
+plus the clients' `stats_file`: each robot client keeps its own account (ClientAccount in
+nodes/robot_client.py: requests and answers keyed by (task_id, round_id), chunk lateness,
+control-tick timing) and writes it on shutdown.
+
+Timeline: start everything; wait until the server has seen a task of every robot (the
+start-up, reported as startup_s; at most startup_timeout, 60 s: startup_complete says
+whether every robot made it); run `duration` seconds (the window); stop the robot
+clients first (SIGINT: each writes its account), take the server's last diagnostics, then
+stop the server and the simulated robots. Meanwhile this process samples /proc/stat and
+each process's CPU time once a second and listens to /diagnostics.
+
+Accounting (over the clients' whole life):
+  requests            Infer calls sent
+  chunks_served       chunks received (status ok)
+  lost_chunks         requests with no answer at the stop that had been waiting longer than
+                      lost_after_s (default 10 s: far beyond any answer seen in a healthy run)
+  in_flight_at_stop   requests with no answer at the stop, younger than lost_after_s
+  duplicate_chunks    chunks for a (task, round) that had already been answered with a chunk
+  lateness            per chunk used: how long the robot had been holding position (queue
+                      dry) when it arrived; 0 if it arrived before the queue ran dry
+  idle_fraction       control ticks spent holding position / ticks in a task
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import yaml
+
+from ..launch_description import default_config, robots as robot_specs, server as server_specs
+from ..machine import machine_info
+from .bench_transport import _Spec, busy_fraction, cpu_times, foreign_nodes, pct, proc_cpu_s
+from .processes import pick_free_domain
+from .processes import ProcessGroup, ros_env
+
+
+def _params_file(base: str, stats_pattern: str, out: Path) -> tuple[str, dict]:
+    cfg = yaml.safe_load(Path(base).read_text())
+    cfg.setdefault("/**/robot_client", {}).setdefault("ros__parameters", {})["stats_file"] = stats_pattern
+    out.write_text(yaml.safe_dump(cfg))
+    return str(out), cfg
+
+
+def _parse_diag(m) -> Optional[dict]:
+    for st in m.status:
+        if st.name == "robotserve: inference_server":
+            return {kv.key: kv.value for kv in st.values}
+    return None
+
+
+def _num(v):
+    try:
+        f = float(v)
+        return int(f) if f.is_integer() and "." not in str(v) else f
+    except (TypeError, ValueError):
+        return v
+
+
+def _server_summary(d: dict) -> dict:
+    """The server's diagnostics, numbers as numbers, per-task wait ratios summarised."""
+    wr = [float(v) for k, v in d.items() if k.startswith("wait_ratio/")]
+    out = {k: _num(v) for k, v in d.items() if not k.startswith("wait_ratio/")}
+    out["wait_ratio_tasks"] = len(wr)
+    out["wait_ratio_mean"] = float(np.mean(wr)) if wr else None
+    out["wait_ratio_max"] = float(np.max(wr)) if wr else None
+    return out
+
+
+def _hist_pct(hist: Counter, q: float) -> float:
+    n = sum(hist.values())
+    if not n:
+        return float("nan")
+    k, acc = q / 100 * n, 0
+    for v in sorted(hist):
+        acc += hist[v]
+        if acc >= k:
+            return float(v)
+    return float(max(hist))
+
+
+def _in(sec_counts: dict, t0: float, t1: float) -> int:
+    """Sum of per-second counts whose whole second lies in [t0, t1)."""
+    return sum(v for k, v in sec_counts.items() if t0 <= int(k) and int(k) + 1 <= t1)
+
+
+def aggregate(accounts: list[dict], t_ready: float, t_stop: float, lost_after_s: float, hz: float) -> dict:
+    """Fleet totals from the robots' accounts (t_ready..t_stop: the window, CLOCK_MONOTONIC)."""
+    tot = Counter()
+    errors = Counter()
+    late_all, late_after0, late_win, reply, reply_win = [], [], [], [], []
+    unanswered_ages = []
+    tick_hist = Counter()
+    idle_per_robot = []
+    win_ticks = win_late = 0
+    win_full_s = max(0, int(t_stop) - int(np.ceil(t_ready)))
+    for a in accounts:
+        for k in ("requests", "resent", "chunks", "duplicates", "mismatched", "left_task_answers"):
+            tot[k] += a[k]
+        errors.update(a["errors"])
+        for task, rnd, t, ms, late in a["chunk_log"]:
+            late_all.append(late)
+            reply.append(ms)
+            if rnd > 0:
+                late_after0.append(late)
+            if t_ready <= t <= t_stop:
+                late_win.append(late)
+                reply_win.append(ms)
+        unanswered_ages += [age for _, _, age in a["unanswered"]]
+        tick_hist.update({int(k): v for k, v in a["tick_interval_ms"].items()})
+        tk = a["ticks"]
+        in_task = tk.get("commanded", 0) + tk.get("holding", 0)
+        idle_per_robot.append(tk.get("holding", 0) / in_task if in_task else float("nan"))
+        for key in ("commanded", "holding", "waiting"):
+            tot[f"ticks_{key}"] += tk.get(key, 0)
+        win_ticks += _in(a["ticks_per_s"], t_ready, t_stop)
+        win_late += _in(a["late_ticks_per_s"], t_ready, t_stop)
+    lost = sum(1 for age in unanswered_ages if age > lost_after_s)
+    ticks_in_task = tot["ticks_commanded"] + tot["ticks_holding"]
+    n = len(accounts)
+    period_ms = 1000.0 / hz
+
+    def dist(xs):
+        return {"n": len(xs), "p50_ms": pct(xs, 50), "p90_ms": pct(xs, 90), "p99_ms": pct(xs, 99),
+                "max_ms": float(max(xs)) if xs else float("nan"), "mean_ms": float(np.mean(xs)) if xs else float("nan"),
+                "late_fraction": float(np.mean(np.asarray(xs) > 0)) if xs else float("nan")}
+
+    return {
+        "robot_accounts": n,
+        "requests": tot["requests"],
+        "chunks_served": tot["chunks"],
+        "lost_chunks": lost,
+        "in_flight_at_stop": len(unanswered_ages) - lost,
+        "unanswered_age_max_s": float(max(unanswered_ages)) if unanswered_ages else 0.0,
+        "duplicate_chunks": tot["duplicates"],
+        "mismatched_chunks": tot["mismatched"],
+        "resent_requests": tot["resent"],
+        "answers_for_left_tasks": tot["left_task_answers"],
+        "errors": dict(errors),
+        "answered_requests_check": tot["requests"] - len(unanswered_ages) - tot["chunks"] - sum(errors.values()),
+        "lateness_p50_ms": pct(late_all, 50),
+        "lateness_p99_ms": pct(late_all, 99),
+        "lateness": {"all_chunks": dist(late_all), "rounds_after_first": dist(late_after0), "in_window": dist(late_win)},
+        "reply_latency": {"all_chunks": dist(reply), "in_window": dist(reply_win)},
+        "idle_fraction": tot["ticks_holding"] / ticks_in_task if ticks_in_task else float("nan"),
+        "idle_fraction_per_robot": {"min": float(np.nanmin(idle_per_robot)) if n else None,
+                                    "median": float(np.nanmedian(idle_per_robot)) if n else None,
+                                    "max": float(np.nanmax(idle_per_robot)) if n else None},
+        "control_ticks": {
+            "target_hz": hz,
+            "ticks": {"commanded": tot["ticks_commanded"], "holding": tot["ticks_holding"], "waiting_to_start": tot["ticks_waiting"]},
+            "achieved_hz_in_window": win_ticks / (n * win_full_s) if n and win_full_s else float("nan"),
+            "window_whole_seconds": win_full_s,
+            "late_tick_fraction_in_window": win_late / win_ticks if win_ticks else float("nan"),
+            "late_means": f"interval > 1.5 periods ({1.5 * period_ms:.1f} ms)",
+            "interval_p50_ms": _hist_pct(tick_hist, 50),
+            "interval_p99_ms": _hist_pct(tick_hist, 99),
+            "interval_p999_ms": _hist_pct(tick_hist, 99.9),
+            "interval_max_ms": float(max(tick_hist)) if tick_hist else float("nan"),
+            "intervals_over_2_periods": sum(v for k, v in tick_hist.items() if k > 2 * period_ms),
+            "intervals_total": sum(tick_hist.values()),
+        },
+    }
+
+
+class _Listener:
+    """/diagnostics on the fleet's domain, in this process."""
+
+    def __init__(self, env: dict) -> None:
+        import rclpy
+        from diagnostic_msgs.msg import DiagnosticArray
+        from rclpy.executors import SingleThreadedExecutor
+        from rclpy.signals import SignalHandlerOptions
+
+        self._rclpy = rclpy
+        self._saved = dict(os.environ)
+        os.environ.update(env)
+        self.ctx = rclpy.Context()
+        rclpy.init(context=self.ctx, domain_id=int(env["ROS_DOMAIN_ID"]), signal_handler_options=SignalHandlerOptions.NO)
+        self.node = rclpy.create_node("fleet_live_bench_listener", context=self.ctx)
+        self.ex = SingleThreadedExecutor(context=self.ctx)
+        self.ex.add_node(self.node)
+        self.last: dict = {}
+        self.series: list = []  # (t, diag) per message
+        self.robots_seen: set = set()
+        self.tasks_at_end: list = []
+        self.node.create_subscription(DiagnosticArray, "/diagnostics", self._on_diag, 10)
+
+    def _on_diag(self, m) -> None:
+        d = _parse_diag(m)
+        if d is None:
+            return
+        self.last = d
+        self.tasks_at_end = sorted(k.split("/", 1)[1] for k in d if k.startswith("wait_ratio/"))
+        self.series.append((time.monotonic(), {k: v for k, v in d.items() if not k.startswith("wait_ratio/")}))
+        for k in d:
+            if k.startswith("wait_ratio/"):
+                self.robots_seen.add(k.split("/")[1])
+
+    def spin(self, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0:
+            self.ex.spin_once(timeout_sec=min(left, 0.1))
+
+    def close(self) -> None:
+        try:
+            self.node.destroy_node()
+            self._rclpy.shutdown(context=self.ctx)
+        finally:
+            os.environ.clear()
+            os.environ.update(self._saved)
+
+
+def run_fleet_live(out: Path, robots: int = 100, duration: float = 60.0, per_process: int = 25,
+                   config: Optional[str] = None, lost_after_s: float = 10.0, startup_timeout: float = 60.0,
+                   domain_id: Optional[int] = None, log_dir: Optional[Path] = None, trace_server: bool = False,
+                   verbose: bool = True) -> dict:
+    if robots < 1 or per_process < 1 or duration <= 0:
+        raise ValueError("robots >= 1, per_process >= 1 and duration > 0 are needed")
+    out = Path(out)
+    machine = machine_info()
+    base = config or default_config()
+    tmp = Path(tempfile.mkdtemp(prefix="robotserve_fleet_live_"))
+    log_dir = Path(log_dir) if log_dir else tmp / "logs"
+    stats_dir = tmp / "stats"
+    params, cfg = _params_file(base, str(stats_dir / "{robot}.json"), tmp / "params.yaml")
+    srv_cfg = cfg.get("inference_server", {}).get("ros__parameters", {})
+    rc_cfg = cfg.get("/**/robot_client", {}).get("ros__parameters", {})
+    hz = float(rc_cfg.get("control_hz", 30.0))
+    domain = domain_id if domain_id is not None else pick_free_domain()
+    env = ros_env(domain, str(tmp / "ros_log"))
+    # Every occurrence of rclpy's RuntimeWarnings in the logs (by default Python prints one
+    # per call site): "failed to send response (timeout)" is a reply the rmw dropped.
+    env["PYTHONWARNINGS"] = "always::RuntimeWarning"
+    marks_file = tmp / "server_marks.json"
+    say = (lambda s: print(f"[fleet-live] {s}", flush=True)) if verbose else (lambda s: None)
+
+    listener = _Listener(env)
+    srv = server_specs(params)
+    if trace_server:  # the real server, with per-round marks (bench_transport's instrumented wrapper)
+        srv = [_Spec("inference_server", "robotserve_ros.live.bench_transport",
+                     ["served-instrumented", "--marks", str(marks_file), "--ros-args", "--params-file", params])]
+    base_group = ProcessGroup(srv + [s for s in robot_specs(params, robots, per_process) if s.executable == "sim_robot"],
+                              env, log_dir)
+    client_group = ProcessGroup([s for s in robot_specs(params, robots, per_process) if s.executable == "robot_client"], env, log_dir)
+    codes: dict = {}
+    samples: list = []  # (t, cpu_times, {name: cpu_s}) once a second
+    t_launch = time.monotonic()
+    failed: list = []
+    t_ready = t_stop = None
+    foreign: set = set()
+
+    def ours(n: str) -> bool:
+        return n.split("/")[-1] in ("inference_server", "sim_robot", "robot_client", "fleet_live_bench_listener") and \
+            (n.count("/") == 1 or n.split("/")[1].removeprefix("robot_").isdigit() and int(n.split("/")[1][6:]) < robots)
+
+    def sample():
+        procs = {s.name: proc_cpu_s(p.pid) for g in (base_group, client_group) for s, p in g.procs}
+        procs["bench_listener"] = proc_cpu_s(os.getpid())
+        samples.append((time.monotonic(), cpu_times(), procs, os.getloadavg()[0]))
+
+    try:
+        say(f"domain {domain}: server + {robots} robots ({per_process} per process), {hz:g} Hz control, "
+            f"engine profile {dict(zip(srv_cfg.get('engine_batch_sizes', []), srv_cfg.get('engine_latency_ms', [])))} ms")
+        base_group.start()
+        client_group.start()
+        deadline = t_launch + startup_timeout
+        while len(listener.robots_seen) < robots and time.monotonic() < deadline:
+            listener.spin(0.2)
+            failed = base_group.failed() + client_group.failed()
+            if failed:
+                raise RuntimeError(f"processes exited: {failed} (logs in {log_dir})")
+        t_ready = time.monotonic()
+        startup_complete = len(listener.robots_seen) >= robots
+        say(f"{len(listener.robots_seen)}/{robots} robots seen by the server after {t_ready - t_launch:.1f} s; "
+            f"running {duration:g} s")
+        sample()
+        foreign.update(foreign_nodes(listener.node, ours))
+        end = t_ready + duration
+        next_sample = t_ready + 1.0
+        while (now := time.monotonic()) < end:
+            listener.spin(min(0.1, end - now))
+            if time.monotonic() >= next_sample:
+                sample()
+                next_sample += 1.0
+        failed = base_group.failed() + client_group.failed()
+        t_stop = time.monotonic()
+        foreign.update(foreign_nodes(listener.node, ours))
+        say("stopping the robot clients")
+        codes.update(client_group.stop(timeout=20.0))
+        listener.spin(2.2)  # the server's diagnostics after the last client request
+    finally:
+        codes.update(base_group.stop())
+        client_group.stop()
+        last, series, seen, tasks_at_end = listener.last, listener.series, listener.robots_seen, listener.tasks_at_end
+        listener.close()
+
+    accounts = []
+    for f in sorted(stats_dir.glob("*.json")):
+        accounts.append(json.loads(f.read_text()))
+    agg = aggregate(accounts, t_ready, t_stop, lost_after_s, hz)
+
+    # Replies the rmw dropped ("failed to send response (timeout): client will not receive
+    # response": the server's reply writer had not matched the client's reply reader within
+    # its max_blocking_time), and other warnings, counted in each process's log.
+    dropped, warnings = Counter(), Counter()
+    for f in sorted(log_dir.glob("*.log")):
+        for line in f.read_text(errors="replace").splitlines():
+            if "failed to send response" in line:
+                dropped[f.stem] += 1
+            elif "Warning" in line or "[WARN]" in line or "[ERROR]" in line:
+                warnings[f.stem] += 1
+    # Where each unanswered request went: the server's ledger at the end (and, with
+    # --trace-server, which rounds reached the server's callback and which replies it sent).
+    unanswered = [(task, rnd, age) for a in accounts for task, rnd, age in a["unanswered"]]
+    tasks_end = set(tasks_at_end)
+    trace = None
+    lost_keys = [(t, r) for t, r, age in unanswered if age > lost_after_s]
+    where = {"task_in_server_ledger_at_end": sum(t in tasks_end for t, _ in lost_keys),
+             "task_not_in_server_ledger_at_end": sum(t not in tasks_end for t, _ in lost_keys)}
+    if trace_server and marks_file.exists():
+        marks = json.loads(marks_file.read_text())
+        lag = marks.pop("__progress_lag_ms__", [])
+        reached = [f"{t}#{r}" in marks and "cb_enter" in marks[f"{t}#{r}"] for t, r in lost_keys]
+        sends = [m["send_response_ms"] for m in marks.values() if "send_response_ms" in m]
+        where.update(reached_server_callback=sum(reached), never_reached_server_callback=len(reached) - sum(reached),
+                     reply_sent_by_server=sum("resp_sent" in marks.get(f"{t}#{r}", {}) for t, r in lost_keys))
+        trace = {"rounds_reaching_server": sum("cb_enter" in m for m in marks.values()),
+                 "ok_replies_sent": len(sends),
+                 "send_response_ms": {"p50": pct(sends, 50), "p99": pct(sends, 99), "max": max(sends) if sends else None,
+                                      "over_90ms": sum(x > 90 for x in sends)},
+                 "progress_reports_handled": len(lag),
+                 "progress_lag_ms": {"p50": pct(lag, 50), "p99": pct(lag, 99), "max": max(lag) if lag else None,
+                                     "note": "server handling time - robot's stamp, per ExecutionProgress message"}}
+
+    # CPU: whole machine, and each process, over the window (first to last sample).
+    cpu = {}
+    if len(samples) >= 2:
+        (ta, _, pa, _), (tb, _, pb, _) = samples[0], samples[-1]
+        per_s = [busy_fraction(samples[i][1], samples[i + 1][1]) for i in range(len(samples) - 1)]
+        cores = os.cpu_count() or 1
+        procs = {k: round((pb[k] - pa[k]) / (tb - ta), 3) for k in pa if pa.get(k) is not None and pb.get(k) is not None}
+        cpu = {
+            "machine_busy_fraction_mean": round(float(np.mean(per_s)), 3),
+            "machine_busy_fraction_p90_1s": round(pct(per_s, 90), 3),
+            "machine_busy_fraction_max_1s": round(float(np.max(per_s)), 3),
+            "seconds_over_95pct_busy": int(sum(x > 0.95 for x in per_s)),
+            "samples": len(per_s),
+            "cores": cores,
+            "process_cores_used": procs,
+            "process_cores_used_by_role": {
+                "inference_server": round(sum(v for k, v in procs.items() if k == "inference_server"), 3),
+                "sim_robots": round(sum(v for k, v in procs.items() if k.startswith("sim_robots")), 3),
+                "robot_clients": round(sum(v for k, v in procs.items() if k.startswith("robot_clients")), 3),
+                "bench_listener": procs.get("bench_listener"),
+            },
+            # Machine busy time not accounted for by this benchmark's processes: the kernel's
+            # own work for them (softirqs, ...) plus anything else running on the machine.
+            "other_cores_used": round(float(np.mean(per_s)) * cores - sum(procs.values()), 3),
+            "loadavg_1m_samples": [round(s[3], 2) for s in samples[:: max(1, len(samples) // 12)]],
+            "loadavg_at_end": [round(x, 2) for x in os.getloadavg()],
+        }
+    ql = [_num(d.get("queue_length")) for t, d in series if t_ready <= t < t_stop and "queue_length" in d]
+    served_at = [(t, _num(d.get("served"))) for t, d in series if t_ready <= t <= t_stop and "served" in d]
+    window = t_stop - t_ready
+    server = _server_summary(last) if last else {}
+    srv_rate = ((served_at[-1][1] - served_at[0][1]) / (served_at[-1][0] - served_at[0][0])
+                if len(served_at) >= 2 and served_at[-1][0] > served_at[0][0] else float("nan"))
+    chunks_in_window = agg["lateness"]["in_window"]["n"]
+    engine = dict(zip(srv_cfg.get("engine_batch_sizes", []), srv_cfg.get("engine_latency_ms", [])))
+    bmax = max(engine) if engine else None
+    res = {
+        "benchmark": "fleet-live",
+        "machine": machine,
+        "robots": robots,
+        "per_process": per_process,
+        "processes": {"inference_server": 1, "sim_robot": -(-robots // per_process), "robot_client": -(-robots // per_process)},
+        "duration_s": duration,
+        "startup_s": round(t_ready - t_launch, 2),
+        "startup_complete": startup_complete,
+        "robots_seen_by_server": len(seen),
+        "window_s": round(window, 2),
+        "config": str(base),
+        "control_hz": hz,
+        "scheduler": srv_cfg.get("scheduler"),
+        "engine_profile_ms": engine,
+        "engine_capacity_chunks_per_s": round(bmax / engine[bmax] * 1000, 1) if engine else None,
+        **agg,
+        "chunks_per_s_in_window": round(chunks_in_window / window, 2) if window > 0 else None,
+        "server_served_per_s_in_window": round(srv_rate, 2),
+        "server": server,
+        "server_minus_client_chunks": (server.get("served") - agg["chunks_served"]) if isinstance(server.get("served"), int) else None,
+        "server_queue_length_in_window": {"mean": float(np.mean(ql)) if ql else None, "max": max(ql) if ql else None,
+                                          "samples": len(ql)},
+        "cpu": cpu,
+        "rmw_replies_dropped_by_process": dict(dropped),
+        "other_warnings_by_process": dict(warnings),
+        "lost_requests_where": where,
+        "lost_requests_sample": [list(k) for k in lost_keys[:20]],
+        "server_trace": trace,
+        "ros_domain_id": domain,
+        "foreign_nodes_on_domain": sorted(foreign),
+        "processes_failed_during_run": failed,
+        "process_exit_codes": codes,
+        "lost_after_s": lost_after_s,
+        "definitions": {
+            "lost_chunks": f"requests unanswered at the stop that had waited more than {lost_after_s:g} s",
+            "in_flight_at_stop": f"requests unanswered at the stop that had waited at most {lost_after_s:g} s",
+            "duplicate_chunks": "chunks for a (task_id, round_id) already answered with a chunk",
+            "lateness": "per chunk used: time the robot had been holding position (queue dry) when it arrived; 0 if before",
+            "idle_fraction": "control ticks holding position / control ticks in a task (all robots)",
+            "window": "from every robot seen by the server (or the start-up limit) to the stop; counts are over the clients' whole life",
+        },
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res, indent=1) + "\n")
+    return res
+
+
+def summary_lines(res: dict) -> list[str]:
+    ct, cpu = res["control_ticks"], res.get("cpu", {})
+    srv = res.get("server", {})
+    return [
+        f"robots {res['robots']} x {res['control_hz']:g} Hz for {res['window_s']} s (start-up {res['startup_s']} s)",
+        f"requests {res['requests']}, chunks {res['chunks_served']}, lost {res['lost_chunks']}, "
+        f"in flight at stop {res['in_flight_at_stop']}, duplicates {res['duplicate_chunks']}, errors {res['errors']}",
+        f"lateness p50 {res['lateness_p50_ms']:.1f} ms, p99 {res['lateness_p99_ms']:.1f} ms; "
+        f"idle fraction {res['idle_fraction']:.3f}; chunks/s {res['chunks_per_s_in_window']}",
+        f"control ticks: {ct['achieved_hz_in_window']:.2f} Hz achieved (target {ct['target_hz']:g}), "
+        f"late {ct['late_tick_fraction_in_window']:.3%}, interval p99 {ct['interval_p99_ms']:.0f} ms, max {ct['interval_max_ms']:.0f} ms",
+        f"server: served {srv.get('served')}, queue {srv.get('queue_length')}, engine utilization {srv.get('engine_utilization')}",
+        f"cpu: machine busy mean {cpu.get('machine_busy_fraction_mean')}, max 1 s {cpu.get('machine_busy_fraction_max_1s')}, "
+        f"by role {cpu.get('process_cores_used_by_role')}",
+    ]
+
+
+def cli(a) -> int:
+    """`robotserve bench fleet-live` (registered in cli.py)."""
+    res = run_fleet_live(Path(a.out), robots=a.robots, duration=a.duration, per_process=a.per_process,
+                         config=a.config, lost_after_s=a.lost_after, trace_server=a.trace_server)
+    print("\n".join(summary_lines(res)))
+    print(f"wrote {a.out}")
+    bad = res["lost_chunks"] or res["duplicate_chunks"] or res["mismatched_chunks"] or res["processes_failed_during_run"]
+    if bad:
+        print("robotserve bench fleet-live: lost, duplicated or mismatched chunks, or a process failed (see the JSON)")
+    return 1 if bad else 0

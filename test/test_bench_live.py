@@ -1,0 +1,71 @@
+"""Small live runs of the two live benchmarks (`robotserve bench transport`, `robotserve
+bench fleet-live`): real processes on a ROS domain no other process uses. They check the
+result JSON's keys and that its values are sane (every round answered, none lost or
+duplicated); they never assert speed, which depends on the machine and its load."""
+from __future__ import annotations
+
+import json
+import math
+
+from rosutil import requires_rclpy, ros_env
+
+pytestmark = requires_rclpy
+
+
+def _apply_env(monkeypatch) -> None:
+    """ROS_LOG_DIR, discovery range, PYTHONPATH... for the benchmark's processes. The
+    benchmarks pick their own ROS domain, one that no process on the machine uses now."""
+    env = ros_env()
+    for key in ("ROS_STATIC_PEERS", "ROS_LOCALHOST_ONLY"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+
+
+def test_transport_small(tmp_path, monkeypatch):
+    from robotserve_ros.live.bench_transport import run_transport
+
+    _apply_env(monkeypatch)
+    out = tmp_path / "transport.json"
+    res = run_transport(out, rounds=30, image=96, warmup=5, log_dir=tmp_path / "logs", verbose=False)
+    assert json.loads(out.read_text()) == json.loads(json.dumps(res))
+    for key in ("raw_median_ms", "served_median_ms", "added_median_ms", "added_p99_ms", "machine", "rounds", "payload"):
+        assert key in res, key
+    assert res["rounds"] == 30 and res["payload"]["image_bytes"] == 96 * 96 * 3
+    assert res["payload"]["request_bytes_serialized"] > 96 * 96 * 3
+    assert res["machine"]["cores"] >= 1 and res["machine"]["cpu"] is not None
+    for side in ("raw", "served"):
+        assert res[side]["n"] == 30, res[side]
+        assert res[side]["errors"] == {} and res[side]["bad_replies"] == 0, res[side]
+    assert 0 < res["raw_median_ms"] < 1000 and 0 < res["served_median_ms"] < 1000
+    assert math.isfinite(res["added_median_ms"]) and math.isfinite(res["added_p99_ms"])
+    assert res["paired"]["n"] == 30 and res["foreign_nodes_on_domain"] == []
+    assert all(code == 0 for code in res["process_exit_codes"].values()), res["process_exit_codes"]
+
+
+def test_fleet_live_small(tmp_path, monkeypatch):
+    from robotserve_ros.live.bench_fleet_live import run_fleet_live
+
+    _apply_env(monkeypatch)
+    out = tmp_path / "fleet_live.json"
+    res = run_fleet_live(out, robots=4, duration=8.0, per_process=2, log_dir=tmp_path / "logs", verbose=False)
+    assert json.loads(out.read_text()) == json.loads(json.dumps(res))
+    for key in ("chunks_served", "lost_chunks", "duplicate_chunks", "lateness_p50_ms", "lateness_p99_ms", "requests",
+                "errors", "idle_fraction", "server", "cpu", "in_flight_at_stop", "control_ticks", "machine"):
+        assert key in res, key
+    # Two sim_robot and two robot_client processes (2 robots each), as launch_description.fleet() lays them out.
+    assert res["processes"] == {"inference_server": 1, "sim_robot": 2, "robot_client": 2}
+    assert res["robot_accounts"] == 4 and res["robots_seen_by_server"] == 4
+    assert res["lost_chunks"] == 0 and res["duplicate_chunks"] == 0 and res["mismatched_chunks"] == 0, res
+    assert res["chunks_served"] > 0 and res["requests"] >= res["chunks_served"]
+    # Every request is answered (chunk or error) or still in flight at the stop.
+    assert res["answered_requests_check"] == 0, res
+    assert res["in_flight_at_stop"] <= 4
+    assert 0 <= res["lateness_p50_ms"] <= res["lateness_p99_ms"]
+    assert 0 <= res["idle_fraction"] <= 1
+    assert res["control_ticks"]["ticks"]["commanded"] > 0
+    assert 0 < res["cpu"]["machine_busy_fraction_mean"] <= 1
+    assert isinstance(res["server"].get("served"), int) and res["server"]["served"] >= res["chunks_served"]
+    assert res["processes_failed_during_run"] == [] and res["foreign_nodes_on_domain"] == []
+    assert res["rmw_replies_dropped_by_process"] == {}, res["rmw_replies_dropped_by_process"]
+    assert all(code == 0 for code in res["process_exit_codes"].values()), res["process_exit_codes"]
