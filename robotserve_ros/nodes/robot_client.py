@@ -35,7 +35,7 @@ from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 from ..core.action_queue import AGGREGATES, ActionQueue
 from ..msg import ExecutionProgress
 from ..srv import FetchObservation, Infer
-from .common import NodeClock, ParamError, declare, run_nodes, service_qos, to_time
+from .common import NodeClock, ParamError, declare, lean_node_kwargs, run_nodes, service_qos, to_time
 from .convert import chunk_to_array
 
 DEFAULTS = {
@@ -61,7 +61,9 @@ DEFAULTS = {
     "mix_seed": 0,
     "tasks": 0,  # tasks to run, 0 = run forever
     "progress_hz": 2.0,  # liveness and progress; 100 robots x 5 Hz already swamped the server
-    "request_timeout_s": 5.0,  # give up on an unanswered round and send the next one
+    # A safety net for answers that never come, not a latency bound: an overloaded machine
+    # delivers replies seconds late, and a timed-out round's late answer is thrown away.
+    "request_timeout_s": 30.0,
     "retry_s": 0.2,
     "stats_file": "",  # write the client's account here on shutdown; "{robot}" -> robot name; "" = off
 }
@@ -405,7 +407,9 @@ def main(argv=None) -> int:
     ns, rest = ap.parse_known_args(argv[1:])
     if ns.robots > 0:
         names = [f"robot_{ns.first_index + i}" for i in range(ns.robots)]
-        return run_nodes(lambda: [RobotClientNode(namespace=n) for n in names], [argv[0]] + rest)
+        # The first node keeps its parameter services (to inspect the shared parameters).
+        return run_nodes(lambda: [RobotClientNode(namespace=n, **(lean_node_kwargs() if i else {}))
+                                  for i, n in enumerate(names)], [argv[0]] + rest)
     return run_nodes(lambda: [RobotClientNode()], [argv[0]] + rest)
 
 

@@ -60,6 +60,7 @@ from std_msgs.msg import Float64MultiArray
 from trajectory_msgs.msg import JointTrajectory
 
 from robotserve_ros.sim.robots import ROBOT_TYPES, SimRobot, make_robot, render
+from robotserve_ros.nodes.common import lean_node_kwargs
 
 NODE_NAME = "sim_robot"
 COMMAND_TYPES = ("trajectory", "position")
@@ -174,10 +175,7 @@ class SimRobotNode(Node):
     def __init__(self, node_name: str = NODE_NAME, *, namespace: Optional[str] = None,
                  seed_offset: int = 0, drive: bool = True, lean: bool = False, **node_kwargs: Any) -> None:
         if lean:
-            node_kwargs.setdefault("start_parameter_services", False)
-            overrides = list(node_kwargs.pop("parameter_overrides", None) or [])
-            overrides.append(Parameter("start_type_description_service", value=False))
-            node_kwargs["parameter_overrides"] = overrides
+            node_kwargs = lean_node_kwargs(node_kwargs)
         super().__init__(node_name, namespace=namespace, **node_kwargs)
         self.lean = lean
         events = dict(event_callbacks=PublisherEventCallbacks(use_default_callbacks=False)) if lean else {}
