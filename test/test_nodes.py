@@ -191,3 +191,21 @@ def test_vanished_client_is_reaped_and_its_work_dropped(ros_ctx, tmp_path):
     gone = lambda: (last().get("tasks") == "0" and last().get("queue_length") == "0"  # noqa: E731
                     and int(last().get("reaped_tasks", "0")) > reaped_before)
     assert ros_ctx.wait_for(gone, 15), last()
+
+
+def test_stale_observations_are_refreshed_from_the_robot(ros_ctx, tmp_path):
+    """Algorithm 1 lines 20-21 over srv/FetchObservation: with every observation stale at
+    dispatch, the server fetches a fresh one from the robot client before the engine runs."""
+    from diagnostic_msgs.msg import DiagnosticArray
+
+    params = fleet_params(tmp_path, server={"stale_obs_s": 0.001, "refresh_timeout_s": 0.5}, task_actions=10000)
+    ros_ctx.start_node(["robotserve_ros.nodes.inference_server", "--ros-args", "--params-file", params])
+    diags = ros_ctx.collect(DiagnosticArray, "/diagnostics", 10)
+    ros_ctx.start_node(["robotserve_ros.nodes.sim_robot", "--robots", "1", "--ros-args", "--params-file", params])
+    client = ros_ctx.start_node(["robotserve_ros.nodes.robot_client", "--robots", "1", "--ros-args", "--params-file", params])
+
+    def last():
+        return {kv.key: kv.value for kv in diags[-1].status[0].values} if diags else {}
+
+    assert ros_ctx.wait_for(lambda: int(last().get("refreshes", "0")) >= 3, 30), (last(), client.output())
+    assert int(last()["refreshes"]) > int(last()["refresh_failures"]), last()
