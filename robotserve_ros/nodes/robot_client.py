@@ -190,7 +190,6 @@ class RobotClientNode(Node):
         self.rounds: list = []
         self.clock = NodeClock(self)
         self.queue = ActionQueue(p["aggregate"])
-        self.stats = Counter()
         self.acct = ClientAccount(self.robot, self.hz)
         self.images = [None] * len(p["image_topics"])
         self.joints: JointState | None = None
@@ -284,7 +283,6 @@ class RobotClientNode(Node):
         else:
             m = Float64MultiArray(data=[float(x) for x in a])
         self.cmd.publish(m)
-        self.stats["commands"] += 1
 
     def _send(self) -> None:
         now = self.clock.now()
@@ -314,7 +312,6 @@ class RobotClientNode(Node):
             self.task_start = now
         self.outstanding = True
         self.sent_at = now
-        self.stats["requests"] += 1
         task, rnd = self.task_id, self.round
         self.acct.on_send((task, rnd))
         self.fut = self.cli.call_async(r)
@@ -325,7 +322,7 @@ class RobotClientNode(Node):
         round id (the server answers round_in_flight while the old one still generates)."""
         if self.outstanding and self.clock.now() - self.sent_at > self.p["request_timeout_s"]:
             self.cli.remove_pending_request(self.fut)
-            self.stats["errors/timeout"] += 1
+            self.acct.errors["timeout"] += 1
             self.get_logger().warning(f"{self.task_id} round {self.round}: no answer in {self.p['request_timeout_s']} s")
             self.outstanding = False
             self.round += 1
@@ -338,11 +335,9 @@ class RobotClientNode(Node):
         self.outstanding = False
         resp = fut.result()
         if resp is None:
-            self.stats["errors/no_response"] += 1
             self.retry_at = self.clock.now() + self.p["retry_s"]
             return
         if resp.status.code != 0:
-            self.stats[f"errors/{resp.status.reason}"] += 1
             self.get_logger().warning(f"{self.task_id} round {self.round}: {resp.status.reason}: {resp.status.message}")
             self.retry_at = self.clock.now() + self.p["retry_s"]
             if resp.status.reason in ("unknown_task", "task_dropped"):
@@ -352,8 +347,6 @@ class RobotClientNode(Node):
         dropped, _ = self.queue.merge(resp.chunk.first_timestep, chunk_to_array(resp.chunk))
         self.acct.on_chunk_used((task, rnd), reply_ms, len(self.queue))
         self.exec_start = self.clock.now()  # this round's execution phase starts with its chunk
-        self.stats["chunks"] += 1
-        self.stats["dropped_actions"] += dropped
         self.chunks += 1
         self.round += 1
 
@@ -389,14 +382,13 @@ class RobotClientNode(Node):
             return response
         self._fill_observation(response.observation)
         response.ok = True
-        self.stats["refreshes_served"] += 1
         return response
 
     def close(self) -> None:
         """run_nodes calls this on shutdown: write the account, if asked for."""
         if self.p["stats_file"]:
             self.acct.dump(self.p["stats_file"].replace("{robot}", self.robot),
-                           {"stats": dict(self.stats), "finished_tasks": self.finished_tasks, "task_id": self.task_id})
+                           {"finished_tasks": self.finished_tasks, "task_id": self.task_id})
 
 
 def main(argv=None) -> int:
