@@ -16,25 +16,12 @@ from ..core.observation import (
     decode_image,
 )
 from ..core.types import ChunkReply, ExecInfo, HorizonChoice, InferenceRequest
+from ..msg import Status
 from .common import to_sec, to_time
 
-# Status codes of msg/Status.msg by core error code.
-STATUS = {
-    "ok": 0,
-    "bad_request": 1,
-    "unknown_task": 2,
-    "round_out_of_order": 3,
-    "duplicate_request": 4,
-    "round_in_flight": 5,
-    "bad_exec_info": 6,
-    "unknown_policy": 7,
-    "bad_policy_param": 8,
-    "bad_observation": 9,
-    "payload_too_large": 10,
-    "task_dropped": 11,
-    "shutting_down": 12,
-    "internal": 13,
-}
+# Core error code ("unknown_task") -> msg/Status code, read from the message's constants so
+# msg/Status.msg stays the one list.
+STATUS = {k.lower(): v for k, v in vars(Status).items() if k.isupper() and isinstance(v, int)}
 
 
 def observation_from_msg(m, spec: ObservationSpec) -> Observation:
