@@ -46,13 +46,12 @@ Playback runs in its own thread on the node clock; the executor only serves para
 from __future__ import annotations
 
 import importlib
-import math
 import re
 import sys
 import threading
 import time
 from collections import Counter
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from rcl_interfaces.msg import ParameterDescriptor, SetParametersResult
 from rclpy.node import Node
@@ -60,7 +59,7 @@ from rclpy.parameter import Parameter
 from rclpy.qos import QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
 
 from .. import bags
-from .common import ParamError, run_nodes
+from .common import ParamError, bad_param as _bad, declare_params, run_nodes
 
 NODE_NAME = "bag_player"
 _NS = 1_000_000_000
@@ -84,40 +83,6 @@ _NAME_TOKEN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # ----------------------------------------------------------------------------------------
 # Parameters (shared with bag_recorder)
 # ----------------------------------------------------------------------------------------
-def _bad(name: str, value: Any, why: str) -> ParamError:
-    return ParamError(f"parameter '{name}' = {value!r} is invalid: {why}")
-
-
-def declare_params(node: Node, spec: Mapping[str, Tuple[Any, str, str]], runtime=()) -> Dict[str, Any]:
-    """Declare each parameter and check its type; ints are accepted for floats
-    (`rate:=2`). Returns name -> value (None for an unset string list). Raises ParamError
-    naming the parameter."""
-    from rclpy.exceptions import ParameterException
-
-    out: Dict[str, Any] = {}
-    for name, (default, kind, why) in spec.items():
-        desc = ParameterDescriptor(description=why, read_only=name not in runtime)
-        try:
-            if kind == "str[]":
-                value = node.declare_parameter(name, Parameter.Type.STRING_ARRAY if not default else list(default),
-                                               desc).value
-                value = None if value is None else list(value)
-            else:
-                desc.dynamic_typing = True
-                value = node.declare_parameter(name, default, desc).value
-        except ParameterException as e:  # e.g. a string given for a string list
-            raise ParamError(f"parameter '{name}' is invalid: {e} ({why})") from None
-        ok = {"str": lambda v: isinstance(v, str),
-              "bool": lambda v: isinstance(v, bool),
-              "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
-              "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v),
-              "str[]": lambda v: v is None or all(isinstance(x, str) for x in v)}[kind]
-        if not ok(value):
-            raise _bad(name, value, why)
-        out[name] = float(value) if kind == "float" else value
-    return out
-
-
 def normalize_namespace(name: str, value: str) -> str:
     """"robot_0", "/robot_0/" -> "/robot_0"; "" or "/" -> ""; ParamError if not a name."""
     ns = value.strip().strip("/")

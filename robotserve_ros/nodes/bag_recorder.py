@@ -40,8 +40,8 @@ from rclpy.node import Node
 from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
 
 from .. import bags
-from .bag_player import _bad, declare_params, final_log, import_msg_class
-from .common import ParamError, run_nodes
+from .bag_player import final_log, import_msg_class
+from .common import ParamError, bad_param as _bad, declare_params, run_nodes
 
 NODE_NAME = "bag_recorder"
 SPEC = {

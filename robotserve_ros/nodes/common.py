@@ -59,17 +59,64 @@ def to_time(s: float) -> Time:
     return Time(sec=ns // 1_000_000_000, nanosec=ns % 1_000_000_000)
 
 
-def declare(node, params: Mapping[str, Any], checks: Mapping[str, Callable[[Any], bool]] = (), why: Mapping[str, str] = ()) -> dict:
-    """Declare each parameter with its default; return the values; raise ParamError naming
-    the first one whose check fails."""
-    checks, why = dict(checks), dict(why)
+def bad_param(name: str, value: Any, why: str) -> ParamError:
+    return ParamError(f"parameter '{name}' = {value!r} is invalid: {why}")
+
+
+def declare_params(node, spec: Mapping[str, tuple], runtime=()) -> dict:
+    """Declare each parameter of spec {name: (default, kind, why)}, kind one of str, bool,
+    int, float, str[], int[], float[]; check its type. Ints are accepted for floats
+    (`rate:=2`); an unset string list reads as None. Raises ParamError naming the parameter
+    instead of rclpy's traceback."""
+    import math
+
+    from rclpy.exceptions import ParameterException
+    from rclpy.parameter import Parameter
+
+    ok = {"str": lambda v: isinstance(v, str),
+          "bool": lambda v: isinstance(v, bool),
+          "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+          "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v),
+          "str[]": lambda v: v is None or all(isinstance(x, str) for x in v),
+          "int[]": lambda v: all(isinstance(x, int) for x in v),
+          "float[]": lambda v: all(isinstance(x, (int, float)) and math.isfinite(x) for x in v)}
     out = {}
-    for name, default in params.items():
-        value = node.declare_parameter(name, default, ParameterDescriptor(description=why.get(name, ""))).value
-        ok = checks.get(name)
-        if ok is not None and not ok(value):
-            raise ParamError(f"parameter '{name}' = {value!r} is invalid: {why.get(name, 'see the node documentation')}")
-        out[name] = value
+    for name, (default, kind, why) in spec.items():
+        desc = ParameterDescriptor(description=why, read_only=name not in runtime)
+        try:
+            if kind == "str[]" and not default:
+                value = node.declare_parameter(name, Parameter.Type.STRING_ARRAY, desc).value
+            elif kind.endswith("[]"):
+                value = node.declare_parameter(name, list(default), desc).value
+            else:
+                desc.dynamic_typing = True  # so `:=30` can serve a float, checked below
+                value = node.declare_parameter(name, default, desc).value
+        except ParameterException as e:  # e.g. a string given for a string list
+            raise ParamError(f"parameter '{name}' is invalid: {e} ({why})") from None
+        if not ok[kind](value):
+            raise bad_param(name, value, why or f"expected {kind}")
+        if kind.endswith("[]") and value is not None:
+            value = [float(x) for x in value] if kind == "float[]" else list(value)
+        out[name] = float(value) if kind == "float" else value
+    return out
+
+
+def _kind(default) -> str:
+    if isinstance(default, (list, tuple)):
+        if all(isinstance(x, str) for x in default):
+            return "str[]"
+        return "int[]" if all(isinstance(x, int) for x in default) else "float[]"
+    return {bool: "bool", int: "int", float: "float", str: "str"}[type(default)]
+
+
+def declare(node, params: Mapping[str, Any], checks: Mapping[str, Callable[[Any], bool]] = (), why: Mapping[str, str] = ()) -> dict:
+    """Declare each parameter with its default (its type taken from the default); return the
+    values; raise ParamError naming the first one of the wrong type or failing its check."""
+    checks, why = dict(checks), dict(why)
+    out = declare_params(node, {k: (v, _kind(v), why.get(k, "")) for k, v in params.items()})
+    for name, ok in checks.items():
+        if not ok(out[name]):
+            raise bad_param(name, out[name], why.get(name, "see the node documentation"))
     return out
 
 
