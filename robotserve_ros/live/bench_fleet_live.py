@@ -43,7 +43,7 @@ import yaml
 from ..launch_description import default_config, robots as robot_specs, server as server_specs
 from ..machine import machine_info
 from .bench_transport import _Spec, busy_fraction, cpu_times, foreign_nodes, pct, proc_cpu_s
-from .processes import pick_free_domain
+from .processes import DomainContext, pick_free_domain, server_diagnostics
 from .processes import ProcessGroup, ros_env
 
 
@@ -52,13 +52,6 @@ def _params_file(base: str, stats_pattern: str, out: Path) -> tuple[str, dict]:
     cfg.setdefault("/**/robot_client", {}).setdefault("ros__parameters", {})["stats_file"] = stats_pattern
     out.write_text(yaml.safe_dump(cfg))
     return str(out), cfg
-
-
-def _parse_diag(m) -> Optional[dict]:
-    for st in m.status:
-        if st.name == "robotserve: inference_server":
-            return {kv.key: kv.value for kv in st.values}
-    return None
 
 
 def _num(v):
@@ -182,13 +175,9 @@ class _Listener:
         import rclpy
         from diagnostic_msgs.msg import DiagnosticArray
         from rclpy.executors import SingleThreadedExecutor
-        from rclpy.signals import SignalHandlerOptions
 
-        self._rclpy = rclpy
-        self._saved = dict(os.environ)
-        os.environ.update(env)
-        self.ctx = rclpy.Context()
-        rclpy.init(context=self.ctx, domain_id=int(env["ROS_DOMAIN_ID"]), signal_handler_options=SignalHandlerOptions.NO)
+        self._domain = DomainContext(env)
+        self.ctx = self._domain.ctx
         self.node = rclpy.create_node("fleet_live_bench_listener", context=self.ctx)
         self.ex = SingleThreadedExecutor(context=self.ctx)
         self.ex.add_node(self.node)
@@ -199,7 +188,7 @@ class _Listener:
         self.node.create_subscription(DiagnosticArray, "/diagnostics", self._on_diag, 10)
 
     def _on_diag(self, m) -> None:
-        d = _parse_diag(m)
+        d = server_diagnostics(m)
         if d is None:
             return
         self.last = d
@@ -217,10 +206,8 @@ class _Listener:
     def close(self) -> None:
         try:
             self.node.destroy_node()
-            self._rclpy.shutdown(context=self.ctx)
         finally:
-            os.environ.clear()
-            os.environ.update(self._saved)
+            self._domain.close()
 
 
 def run_fleet_live(out: Path, robots: int = 100, duration: float = 60.0, per_process: int = 25,

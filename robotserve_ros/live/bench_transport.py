@@ -44,7 +44,7 @@ import numpy as np
 import yaml
 
 from ..machine import machine_info
-from .processes import pick_free_domain
+from .processes import DomainContext, pick_free_domain
 
 RAW_SERVICE = "/robotserve_bench/raw_infer"
 RAW_MT_SERVICE = "/robotserve_bench/raw_infer_mt"
@@ -385,7 +385,6 @@ def run_transport(out: Path, rounds: int = 200, image: int = 224, warmup: int = 
     import rclpy
     from rclpy.executors import SingleThreadedExecutor
     from rclpy.serialization import serialize_message
-    from rclpy.signals import SignalHandlerOptions
 
     from .processes import ProcessGroup, ros_env
     from ..launch_description import NodeSpec
@@ -409,10 +408,8 @@ def run_transport(out: Path, rounds: int = 200, image: int = 224, warmup: int = 
     else:
         specs.append(NodeSpec("inference_server", "inference_server", (), params))
 
-    saved = dict(os.environ)
-    os.environ.update(env)
-    ctx = rclpy.Context()
-    rclpy.init(context=ctx, domain_id=domain, signal_handler_options=SignalHandlerOptions.NO)
+    domain_ctx = DomainContext(env)
+    ctx = domain_ctx.ctx
     group = ProcessGroup(specs, env, log_dir).start()
     codes: dict = {}
     try:
@@ -461,9 +458,7 @@ def run_transport(out: Path, rounds: int = 200, image: int = 224, warmup: int = 
         node.destroy_node()
     finally:
         codes = group.stop()
-        rclpy.shutdown(context=ctx)
-        os.environ.clear()
-        os.environ.update(saved)
+        domain_ctx.close()
 
     raw, served = _stats(lat["raw"]), _stats(lat["served"])
     res = {

@@ -10,7 +10,6 @@ and the server's diagnostics; then everything is stopped and compared.
 from __future__ import annotations
 
 import json
-import os
 import tempfile
 import time
 from pathlib import Path
@@ -19,7 +18,7 @@ import numpy as np
 import yaml
 
 from ..launch_description import default_config, fleet
-from .processes import ProcessGroup, pick_free_domain, ros_env
+from .processes import DomainContext, ProcessGroup, pick_free_domain, ros_env, server_diagnostics
 
 RUNS = (("FIFO", "fifo", "static"), ("Kairos", "kairos", "dynamic"))
 
@@ -43,11 +42,7 @@ def _collect(env: dict, robots: int, tasks: int, timeout: float) -> dict:
     from ..msg import ExecutionProgress
     from ..nodes.common import to_sec
 
-    saved = dict(os.environ)
-    os.environ.update(env)
-    ctx = rclpy.Context()
-    rclpy.init(context=ctx)
-    try:
+    with DomainContext(env) as ctx:
         node = rclpy.create_node("fleet_demo_listener", context=ctx)
         done: dict = {}
         diag: dict = {}
@@ -58,9 +53,7 @@ def _collect(env: dict, robots: int, tasks: int, timeout: float) -> dict:
                                    "chunks": m.chunks, "actions": int(m.timestep)}
 
         def on_diag(m):
-            for st in m.status:
-                if st.name == "robotserve: inference_server":
-                    diag.update({kv.key: kv.value for kv in st.values})
+            diag.update(server_diagnostics(m) or {})
 
         node.create_subscription(ExecutionProgress, "/robotserve/progress", on_progress,
                                  QoSProfile(depth=1000, reliability=ReliabilityPolicy.RELIABLE))
@@ -75,10 +68,6 @@ def _collect(env: dict, robots: int, tasks: int, timeout: float) -> dict:
             ex.spin_once(timeout_sec=0.1)
         node.destroy_node()
         return {"tasks": done, "server": diag}
-    finally:
-        rclpy.shutdown(context=ctx)
-        os.environ.clear()
-        os.environ.update(saved)
 
 
 def run_demo(out_dir: Path, robots: int = 8, tasks: int = 1, workload: str = "bimanual-diffusion", seed: int = 0,

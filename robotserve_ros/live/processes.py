@@ -52,6 +52,41 @@ def ros_env(domain_id: Optional[int] = None, log_dir: Optional[str] = None) -> d
     return env
 
 
+class DomainContext:
+    """An rclpy context in this process on `env`'s ROS domain, with `env` applied to
+    os.environ while it lives: how the demo and the live benchmarks listen to their run."""
+
+    def __init__(self, env: dict) -> None:
+        import rclpy
+        from rclpy.signals import SignalHandlerOptions
+
+        self._saved = dict(os.environ)
+        os.environ.update(env)
+        self.ctx = rclpy.Context()
+        rclpy.init(context=self.ctx, domain_id=int(env["ROS_DOMAIN_ID"]), signal_handler_options=SignalHandlerOptions.NO)
+
+    def close(self) -> None:
+        try:
+            self.ctx.try_shutdown()
+        finally:
+            os.environ.clear()
+            os.environ.update(self._saved)
+
+    def __enter__(self):
+        return self.ctx
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def server_diagnostics(msg) -> Optional[dict]:
+    """The inference server's key/values from a diagnostic_msgs/DiagnosticArray, or None."""
+    for st in msg.status:
+        if st.name == "robotserve: inference_server":
+            return {kv.key: kv.value for kv in st.values}
+    return None
+
+
 class ProcessGroup:
     def __init__(self, specs: Sequence[NodeSpec], env: dict, log_dir: Path, python: str = sys.executable) -> None:
         self.specs = list(specs)
