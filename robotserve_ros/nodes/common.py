@@ -137,30 +137,41 @@ def run_nodes(make: Callable[[], Sequence], argv=None, threads=None) -> int:
     threads: None for a single-threaded executor, else a count or a function of the nodes.
     Returns the process exit code: 0 on a normal stop, 2 on a bad parameter."""
     import rclpy
+    from rclpy.exceptions import InvalidParameterTypeException, ParameterException
     from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor, SingleThreadedExecutor
 
     prepare_process()
-    rclpy.init(args=argv if argv is not None else sys.argv)
-    nodes = []
-    code = 0
+    nodes, ex, code = [], None, 0
     try:
+        rclpy.init(args=argv if argv is not None else sys.argv)
         nodes = list(make())
         n_threads = threads(nodes) if callable(threads) else threads
         ex = MultiThreadedExecutor(num_threads=n_threads) if n_threads else SingleThreadedExecutor()
         for n in nodes:
             ex.add_node(n)
         ex.spin()
-    except ParamError as e:
-        print(f"robotserve_ros: {e}", file=sys.stderr)
+    except (ParamError, ParameterException, InvalidParameterTypeException) as e:
+        print(f"robotserve_ros: {e}", file=sys.stderr, flush=True)
         code = 2
     except (KeyboardInterrupt, ExternalShutdownException):
         pass
     finally:
+        # A second Ctrl-C must not cut the clean-up short (bags half written, shm left behind).
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         for n in nodes:
             close = getattr(n, "close", None)
             if close:
                 close()
-            n.destroy_node()
-        if rclpy.ok():
-            rclpy.shutdown()
+        if ex is not None:
+            try:
+                ex.shutdown(timeout_sec=1.0)
+            except Exception:
+                pass
+        for n in nodes:
+            try:
+                n.destroy_node()
+            except Exception:
+                pass
+        rclpy.try_shutdown()
     return code

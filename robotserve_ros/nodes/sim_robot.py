@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -49,7 +48,6 @@ import rclpy
 from rcl_interfaces.msg import ParameterDescriptor, SetParametersResult
 from rclpy.clock import Clock, ClockType
 from rclpy.event_handler import PublisherEventCallbacks, SubscriptionEventCallbacks
-from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
 from rclpy.node import Node
 from rclpy.parameter import Parameter
 from rclpy.qos import QoSProfile, qos_profile_sensor_data
@@ -60,7 +58,7 @@ from std_msgs.msg import Float64MultiArray
 from trajectory_msgs.msg import JointTrajectory
 
 from robotserve_ros.sim.robots import ROBOT_TYPES, SimRobot, make_robot, render
-from robotserve_ros.nodes.common import lean_node_kwargs
+from robotserve_ros.nodes.common import ParamError, lean_node_kwargs, run_nodes
 
 NODE_NAME = "sim_robot"
 COMMAND_TYPES = ("trajectory", "position")
@@ -68,7 +66,7 @@ EXIT_BAD_PARAMETER = 2
 _NS = 1_000_000_000
 
 
-class ParameterError(ValueError):
+class ParameterError(ParamError):
     """A parameter has a bad value; `name` is the parameter's name."""
 
     def __init__(self, name: str, problem: str) -> None:
@@ -431,10 +429,6 @@ def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
     return args
 
 
-def _interrupt(signum, frame):  # SIGTERM behaves like Ctrl-C
-    raise KeyboardInterrupt
-
-
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv if argv is None else argv)
     try:
@@ -442,14 +436,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except rclpy._rclpy_pybind11.RCLError as e:  # malformed --ros-args
         print(f"sim_robot: {e}", file=sys.stderr, flush=True)
         return EXIT_BAD_PARAMETER
-    # Before rclpy.init: rclpy's handlers chain to these, so the first signal always stops us.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, _interrupt)
-    nodes: List[SimRobotNode] = []
-    executor = None
-    code = 0
-    try:
-        rclpy.init(args=argv)
+
+    def make() -> List[SimRobotNode]:
+        nodes: List[SimRobotNode] = []
         if args.robots == 0:
             nodes.append(SimRobotNode(lean=args.lean == "on"))
         else:
@@ -461,39 +450,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             SimDriver(nodes)
         # rclpy.experimental.EventsExecutor is no option here: with the Kilted PyPI wheels it
         # spins at 100% CPU, never fires timers and ignores SIGINT (seen with one plain timer).
-        executor = SingleThreadedExecutor()
-        for n in nodes:
-            executor.add_node(n)
         cfg = nodes[0].config
         nodes[0].get_logger().info(
             f"{len(nodes)} x {cfg.robot_type} up: joint_states {cfg.joint_state_hz:g} Hz, camera "
             f"{cfg.camera_hz:g} Hz {cfg.image_width}x{cfg.image_height}, command {cfg.command_type}"
             + (f", publishing /clock at rate {cfg.clock_rate:g}" if cfg.publish_clock else ""))
-        executor.spin()
-    except (KeyboardInterrupt, ExternalShutdownException):
-        code = 0
-    except ParameterError as e:
-        print(f"sim_robot: {e}", file=sys.stderr, flush=True)
-        code = EXIT_BAD_PARAMETER
-    except (rclpy.exceptions.ParameterException, rclpy.exceptions.InvalidParameterTypeException) as e:
-        print(f"sim_robot: invalid parameter: {e}", file=sys.stderr, flush=True)
-        code = EXIT_BAD_PARAMETER
-    finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        if executor is not None:
-            try:
-                executor.shutdown(timeout_sec=1.0)
-            except Exception:
-                pass
-        for n in nodes:
-            try:
-                n.destroy_node()
-            except Exception:
-                pass
-        rclpy.try_shutdown()
-    return code
+        return nodes
 
+    return run_nodes(make, argv)
 
 if __name__ == "__main__":
     sys.exit(main())
