@@ -307,7 +307,9 @@ class BagPlayerNode(Node):
                 time.sleep(0.1)  # let the last messages go out before we leave
                 self._done_gc.trigger()
         except Exception as e:  # noqa: BLE001 - reported, never silent
-            if not self._stop.is_set():
+            # SIGINT shuts the rclpy context down before run_nodes() calls close(): a publish
+            # in that window fails with "context is invalid", which is a stop, not a failure.
+            if not self._stop.is_set() and self.context.ok():
                 self.failed = True
                 self.get_logger().error(f"playback failed: {e!r}")
                 if self.p["exit_when_done"]:
