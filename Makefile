@@ -7,6 +7,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PIP_STAMP := $(VENV)/.pip-installed
+ML_STAMP := $(VENV)/.ml-installed
 IFACE_BUILD := build/venv-interfaces
 
 # ROS 2 runtime, and the toolchain that generates msg/srv (the last five of ROS_BUILD are
@@ -22,9 +23,18 @@ ROS_BUILD := ros-kilted-rosidl-default-generators==1.7.1 ros-kilted-ament-cmake=
 	ros-kilted-ament-cmake-ros-core==0.14.5 ros-kilted-ament-package==0.17.2 \
 	'catkin_pkg>=1.0'
 
+# torch and LeRobot for the real policy engines. `pip install torch==2.13.0` takes the CPU
+# build where the machine offers one (this one: no GPU), else PyPI's default CUDA build;
+# TORCH=... picks another (e.g. a wheel from PyTorch's own index). LeRobot 0.4.4 goes in with
+# --no-deps (its pins would pull a second torch) and its needs from requirements/lerobot.txt.
+# torchvision 0.28.0 is torch 2.13.0's pair; on a CPU-only torch it needs the operator
+# shim in robotserve_ros/engines/torch_env.py to import (docs/building.md).
+TORCH ?= torch==2.13.0
+LEROBOT := lerobot==0.4.4 torchvision==0.28.0
+
 INTERFACES := $(wildcard msg/*.msg srv/*.srv)
 
-.PHONY: demo test interfaces clean
+.PHONY: demo test interfaces ml clean
 
 # Python packages. The checkout is installed editable (deps, the `robotserve` script) and
 # also put on sys.path by a .pth, so `import robotserve_ros` finds the source package from
@@ -36,6 +46,13 @@ $(PIP_STAMP): setup.py Makefile
 	$(BIN)/pip install --quiet $(ROS_RUNTIME) $(ROS_BUILD) -e '.[test]'
 	$(BIN)/python -c "import pathlib, sysconfig; pathlib.Path(sysconfig.get_path('purelib'), \
 		'robotserve_ros_checkout.pth').write_text('$(CURDIR)\n')"
+	touch $@
+
+$(ML_STAMP): $(PIP_STAMP) requirements/lerobot.txt
+	$(BIN)/pip install --quiet '$(TORCH)'
+	$(BIN)/pip install --quiet --no-deps $(LEROBOT)
+	$(BIN)/pip install --quiet -r requirements/lerobot.txt
+	$(BIN)/python -c "import torch; print('torch', torch.__version__, 'cuda' if torch.cuda.is_available() else 'cpu')"
 	touch $@
 
 # The generated interfaces (robotserve_ros.msg / .srv), rebuilt when a .msg/.srv changes.
@@ -63,10 +80,12 @@ $(STAMP): $(PIP_STAMP) CMakeLists.txt package.xml $(INTERFACES) msg srv
 
 interfaces: $(STAMP)
 
-demo: $(STAMP)
+ml: $(ML_STAMP)
+
+demo: $(STAMP) $(ML_STAMP)
 	$(BIN)/robotserve demo --out reports/live
 
-test: $(STAMP)
+test: $(STAMP) $(ML_STAMP)
 	$(BIN)/python -m pytest -q test
 
 clean:
