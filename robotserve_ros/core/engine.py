@@ -18,5 +18,8 @@ class Engine(ABC):
     @abstractmethod
     def infer(self, batch: Sequence[InferenceRequest]) -> list[ChunkResult]: ...
 
+    def forget(self, task_id: str) -> None:
+        """Drop what the engine keeps for a finished task (its observation history); no-op here."""
+
     def close(self) -> None:
         """Release what the engine holds (models, connections)."""

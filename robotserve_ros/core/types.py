@@ -82,10 +82,13 @@ class ChunkResult:
 
     actions: [chunk, action_dim]; updates: per-step per-action denoising updates
     [steps, chunk, action_dim] (seed 000 §3.1), None for policies without denoising.
+    initial_noise: the x_T the updates start from, [chunk, action_dim], in the same
+    (normalized) space: initial_noise + updates.sum(0) is the chunk before unnormalizing.
     """
 
     actions: np.ndarray
     updates: Optional[np.ndarray] = None
+    initial_noise: Optional[np.ndarray] = None
 
 
 @dataclass
