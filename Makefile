@@ -34,7 +34,13 @@ LEROBOT := lerobot==0.4.4 torchvision==0.28.0
 
 INTERFACES := $(wildcard msg/*.msg srv/*.srv)
 
-.PHONY: demo test interfaces ml clean
+# gRPC stubs of the remote GPU server (robotserve_ros/transport/proto/*.proto), generated
+# by grpcio-tools beside the .proto, gitignored. Its major versions match grpcio/protobuf.
+GRPC_TOOLS := 'grpcio-tools>=1.85.1,<2'
+GRPC_PROTOS := $(wildcard robotserve_ros/transport/proto/*.proto)
+GRPC_STUBS := $(GRPC_PROTOS:.proto=_pb2.py) $(GRPC_PROTOS:.proto=_pb2_grpc.py)
+
+.PHONY: demo test interfaces ml stubs clean
 
 # Python packages. The checkout is installed editable (deps, the `robotserve` script) and
 # also put on sys.path by a .pth, so `import robotserve_ros` finds the source package from
@@ -43,7 +49,7 @@ INTERFACES := $(wildcard msg/*.msg srv/*.srv)
 $(PIP_STAMP): setup.py Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet $(ROS_RUNTIME) $(ROS_BUILD) -e '.[test]'
+	$(BIN)/pip install --quiet $(ROS_RUNTIME) $(ROS_BUILD) $(GRPC_TOOLS) -e '.[test]'
 	$(BIN)/python -c "import pathlib, sysconfig; pathlib.Path(sysconfig.get_path('purelib'), \
 		'robotserve_ros_checkout.pth').write_text('$(CURDIR)\n')"
 	touch $@
@@ -78,15 +84,21 @@ $(STAMP): $(PIP_STAMP) CMakeLists.txt package.xml $(INTERFACES) msg srv
 	$(BIN)/python -c "from robotserve_ros.msg import ActionChunk; from robotserve_ros.srv import Infer"
 	touch $@
 
-interfaces: $(STAMP)
+# One protoc run writes both stubs of a .proto (a pattern rule's targets are made together).
+%_pb2.py %_pb2_grpc.py: %.proto $(PIP_STAMP)
+	$(BIN)/python -m grpc_tools.protoc -I . --python_out=. --grpc_python_out=. $<
+
+stubs: $(GRPC_STUBS)
+
+interfaces: $(STAMP) $(GRPC_STUBS)
 
 ml: $(ML_STAMP)
 
-demo: $(STAMP) $(ML_STAMP)
+demo: $(STAMP) $(ML_STAMP) $(GRPC_STUBS)
 	$(BIN)/robotserve demo --out reports/live
 
-test: $(STAMP) $(ML_STAMP)
+test: $(STAMP) $(ML_STAMP) $(GRPC_STUBS)
 	$(BIN)/python -m pytest -q test
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info $(GRPC_STUBS)

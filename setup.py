@@ -7,7 +7,10 @@ setup(
     license="Apache-2.0",
     python_requires=">=3.10",
     packages=find_packages(include=["robotserve_ros", "robotserve_ros.*"]),
-    install_requires=["numpy>=1.24", "matplotlib>=3.7", "tqdm>=4.60", "PyYAML>=6"],
+    install_requires=[
+        "numpy>=1.24", "matplotlib>=3.7", "tqdm>=4.60", "PyYAML>=6",
+        "grpcio>=1.85.1,<2", "protobuf>=7.35.1,<8",  # the remote GPU server (transport/)
+    ],
     extras_require={"test": ["pytest>=7", "hypothesis>=6"]},
     entry_points={"console_scripts": ["robotserve = robotserve_ros.cli:main"]},
 )

@@ -10,7 +10,7 @@ from .simulated import SimulatedEngine
 
 ENGINES: Registry = Registry("engine")
 ENGINES.register("simulated", lambda profile, **kw: SimulatedEngine(profile, **kw))
-ENGINES.register("remote", lambda profile, **kw: __import__("robotserve_ros.transport.remote_engine", fromlist=["x"]).RemoteEngine(profile, **kw))  # grpc, lazily
+ENGINES.register("remote", lambda profile, **kw: __import__(f"{__package__.rpartition('.')[0]}.transport.remote_engine", fromlist=["_"]).RemoteEngine(profile, **kw))  # a GPU server over gRPC
 # Imported on use: torch and LeRobot load only when a server asks for this engine.
 ENGINES.register("lerobot", lambda profile, **kw: __import__(f"{__name__}.lerobot_engine", fromlist=["_"]).LeRobotEngine(profile, **kw))
 

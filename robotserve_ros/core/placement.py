@@ -1,0 +1,177 @@
+"""Placement: which tier runs which requests (Algorithm 1 phase 3 of seed 000).
+
+`fill_in_order` (the default) fills free tiers in the order given, edge first.
+`shortest_delay` is Kairos' hybrid edge-cloud placement (§3.2.3, Algorithm 1 lines 15-19):
+the first N_e requests of the priority order go to the edge; each later one goes to the
+cloud when the estimated cloud latency -- the cloud profile at that batch size + the
+network round trip + the batch's bytes at the measured bandwidth -- is below the queueing
+delay it would see at the edge, while the cloud has room (|S_c| < N_c).
+
+The round trip and the bandwidth are LinkEstimates moved by measurements at run time
+(pings and call timings fed by the transport), starting from configured guesses.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Mapping, Optional, Sequence
+
+import numpy as np
+
+from .registry import Registry
+from .serving import FillInOrder, Placement, Tier
+from .types import InferenceRequest, PendingRequest
+
+
+class LinkEstimate:
+    """Round trip and bandwidth of one edge-cloud link, as EWMAs of measurements.
+
+    observe_rtt: a ping's round trip (no payload to speak of).
+    observe_call: a call that moved `nbytes` and spent `net_s` on the network (its wall
+    time minus the server's engine time); what the round trip does not explain is transfer.
+    A failed call marks the link down for `down_s`; a later success or ping brings it back.
+    """
+
+    def __init__(self, rtt_s: float = 0.1, bandwidth_bps: float = 125e6, alpha: float = 0.3, down_s: float = 2.0) -> None:
+        if not (rtt_s >= 0 and bandwidth_bps > 0 and 0 < alpha <= 1):
+            raise ValueError("rtt_s >= 0, bandwidth_bps > 0 and 0 < alpha <= 1 are needed")
+        self.rtt_s, self.bandwidth_bps, self.alpha, self.down_s = float(rtt_s), float(bandwidth_bps), alpha, down_s
+        self.rtt_samples = 0
+        self.bw_samples = 0
+        self.down_until = -math.inf
+
+    def transfer_s(self, nbytes: int) -> float:
+        return nbytes / self.bandwidth_bps
+
+    def observe_rtt(self, rtt_s: float) -> None:
+        if not (math.isfinite(rtt_s) and rtt_s >= 0):
+            return
+        self.rtt_s = rtt_s if self.rtt_samples == 0 else self.rtt_s + self.alpha * (rtt_s - self.rtt_s)
+        self.rtt_samples += 1
+
+    def observe_call(self, nbytes: int, net_s: float) -> None:
+        if not (math.isfinite(net_s) and net_s >= 0):
+            return
+        extra = net_s - self.rtt_s
+        # Transfer measurable against round-trip jitter: a bandwidth sample.
+        if nbytes > 0 and extra > max(0.1 * self.rtt_s, 1e-3):
+            bw = nbytes / extra
+            self.bandwidth_bps = bw if self.bw_samples == 0 else self.bandwidth_bps + self.alpha * (bw - self.bandwidth_bps)
+            self.bw_samples += 1
+        elif self.transfer_s(nbytes) <= 0.5 * net_s:
+            # The payload explains little of the call: the rest was a round trip.
+            self.observe_rtt(net_s - self.transfer_s(nbytes))
+
+    def mark_down(self, now: float) -> None:
+        self.down_until = now + self.down_s
+
+    def mark_up(self) -> None:
+        self.down_until = -math.inf
+
+    def up(self, now: float) -> bool:
+        return now >= self.down_until
+
+    def as_dict(self) -> dict:
+        return {"rtt_s": self.rtt_s, "bandwidth_bps": self.bandwidth_bps, "rtt_samples": self.rtt_samples,
+                "bw_samples": self.bw_samples}
+
+
+def payload_bytes(req: InferenceRequest) -> int:
+    """Observation bytes a request puts on the wire (images + joints)."""
+    obs = req.observation
+    if obs is None:
+        return 0
+    n = sum(int(np.asarray(im).nbytes) for im in getattr(obs, "images", ()))
+    return n + int(np.asarray(getattr(obs, "joints", ())).nbytes)
+
+
+class ShortestDelay:
+    """Algorithm 1 phase 3: prefer the edge, offload a request to the cloud when the cloud
+    gets it back sooner than the edge would start it.
+
+    links: cloud tier name -> LinkEstimate; every other tier is edge. edge_tiers: the edge
+    Tier objects the serving core owns (busy ones too: their expected free time is the
+    start of every edge queueing delay). The placement remembers when the batches it sent
+    to each edge tier should end (profile latency), so it needs no view of the core.
+    """
+
+    def __init__(
+        self,
+        links: Mapping[str, LinkEstimate],
+        edge_tiers: Sequence[Tier],
+        reply_bytes: int = 0,
+        bytes_of: Callable[[InferenceRequest], int] = payload_bytes,
+        overhead_bytes: int = 256,
+    ) -> None:
+        if not edge_tiers:
+            raise ValueError("shortest_delay needs at least one edge tier")
+        self.links = dict(links)
+        self.edge_tiers = list(edge_tiers)
+        self.reply_bytes, self.bytes_of, self.overhead_bytes = reply_bytes, bytes_of, overhead_bytes
+        self._ends: dict[str, list] = {t.name: [] for t in self.edge_tiers}
+        self.offloaded = 0
+        self.kept = 0
+
+    def _edge_free_at(self, now: float, just_sent: set) -> float:
+        """When the first edge slot is expected to be free: its running batches' predicted
+        ends (one per busy slot; a batch past its prediction counts as ending now)."""
+        best = math.inf
+        for t in self.edge_tiers:
+            running = t.busy + (t.name in just_sent)  # the core counts this round's batch after place()
+            ends = sorted(e for e in self._ends[t.name] if e > now)[-running:] if running else []
+            self._ends[t.name] = ends
+            best = min(best, min(ends) if len(ends) >= t.slots else now)
+        return best
+
+    def place(self, ordered: Sequence[PendingRequest], free: Sequence[Tier], now: float):
+        clouds = [t for t in free if t.name in self.links and self.links[t.name].up(now)]
+        edges = [t for t in free if t.name not in self.links]
+        out, i = [], 0
+        # Line 15: S_e <- S[1:N_e], the free edge capacity.
+        for t in edges:
+            if i >= len(ordered):
+                break
+            batch = list(ordered[i : i + t.batch_limit])
+            i += len(batch)
+            out.append((t, batch))
+            self._ends[t.name].append(now + t.profile.latency_s(len(batch)))
+        self.kept += i
+        if not clouds or i >= len(ordered):
+            return out
+        # Lines 16-19: each later request to the cloud when it beats its edge queueing delay.
+        edge = max(self.edge_tiers, key=lambda t: t.batch_limit)
+        b_e, l_e = edge.batch_limit, edge.profile.latency_s(edge.batch_limit)
+        free_at = self._edge_free_at(now, {t.name for t, _ in out})
+        queued = 0  # requests ahead of this one in the edge queue (beyond S_e)
+        ci, cloud_batch, cloud_bytes = 0, [], 0
+        for p in ordered[i:]:
+            if ci >= len(clouds):
+                break
+            t = clouds[ci]
+            link = self.links[t.name]
+            edge_delay = max(0.0, free_at - now) + (queued // b_e) * l_e
+            nb = self.bytes_of(p.request) + self.reply_bytes + self.overhead_bytes
+            cloud = t.profile.latency_s(len(cloud_batch) + 1) + link.rtt_s + link.transfer_s(cloud_bytes + nb)
+            if cloud < edge_delay:
+                cloud_batch.append(p)
+                cloud_bytes += nb
+                if len(cloud_batch) >= t.batch_limit:  # |S_c| < N_c: this cloud slot is full
+                    out.append((t, cloud_batch))
+                    ci, cloud_batch, cloud_bytes = ci + 1, [], 0
+            else:
+                queued += 1
+        if cloud_batch:
+            out.append((clouds[ci], cloud_batch))
+        self.offloaded += sum(len(b) for t, b in out if t.name in self.links)
+        return out
+
+
+PLACEMENTS: Registry[Placement] = Registry("placement")
+PLACEMENTS.register("fill_in_order", lambda **kw: FillInOrder())
+PLACEMENTS.register("shortest_delay", ShortestDelay)
+
+
+def make_placement(name: str, **params) -> Placement:
+    return PLACEMENTS.create(name, **params)
+
+
+__all__ = ["LinkEstimate", "PLACEMENTS", "ShortestDelay", "make_placement", "payload_bytes"]
