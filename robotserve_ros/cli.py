@@ -195,6 +195,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--out", default="reports/live")
     d.set_defaults(func=cmd_demo)
 
+    pr = sub.add_parser("profile", help="engine latency vs batch size: the engine profile JSON + Markdown report")
+    __import__(f"{__package__}.engines.profiling", fromlist=["_"]).add_arguments(pr)
+
     u = sub.add_parser("up", help="start the nodes of a launch file as processes (no ros2 launch needed)")
     u.add_argument("config", help="ROS params file, e.g. config/fleet.yaml")
     u.add_argument("--launch", default="fleet", help="launch/<name>.launch.py to read: fleet, server, robot")

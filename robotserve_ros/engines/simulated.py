@@ -16,6 +16,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..core.engine import Engine
+from ..core.observation import Observation
 from ..core.profile import EngineProfile
 from ..core.types import ChunkResult, InferenceRequest
 
@@ -43,6 +44,10 @@ class SimulatedEngine(Engine):
         self._t = np.arange(chunk_size, dtype=np.float64)[:, None]
         self._decay = 0.5 ** np.arange(steps, dtype=np.float64)
         self._decay /= self._decay.sum()
+
+    def example_observation(self, rng: np.random.Generator) -> Observation:
+        """A synthetic observation (this engine reads only task and round): for profiling."""
+        return Observation(joints=rng.standard_normal(self.action_dim).astype(np.float32))
 
     def infer(self, batch: Sequence[InferenceRequest]) -> list[ChunkResult]:
         if self.realtime and batch:
