@@ -1,0 +1,351 @@
+"""LeRobot async-inference compatibility: the allow-list unpickler, the gRPC endpoint, and
+LeRobot's own RobotClient (unmodified, as a subprocess) driving a fake plugin robot."""
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+grpc = pytest.importorskip("grpc")
+pytest.importorskip("lerobot")
+
+from robotserve_ros.engines.torch_env import import_lerobot_policies, import_torch  # noqa: E402
+
+import_lerobot_policies()
+torch = import_torch()
+
+from lerobot.async_inference.helpers import RemotePolicyConfig, TimedAction, TimedObservation  # noqa: E402
+from lerobot.configs.types import FeatureType, PolicyFeature  # noqa: E402
+from lerobot.transport import services_pb2 as pb  # noqa: E402
+from lerobot.transport import services_pb2_grpc as pb_grpc  # noqa: E402
+from lerobot.transport.utils import send_bytes_in_chunks  # noqa: E402
+
+from robotserve_ros.transport import safe_pickle  # noqa: E402
+from robotserve_ros.transport.lerobot_compat import CompatConfig, LeRobotCompatServer  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+PLUGINS = REPO / "test" / "fixtures" / "lerobot_plugins"
+JOINTS = [f"j{i}.pos" for i in range(6)]
+FEATURES = {
+    "observation.state": {"dtype": "float32", "shape": (6,), "names": JOINTS},
+    "observation.images.cam0": {"dtype": "image", "shape": (24, 40, 3), "names": ["height", "width", "channels"]},
+}
+
+
+# --- payloads ------------------------------------------------------------------------------
+def timed_obs(step: int, q=None, must_go: bool = True, stamp: float | None = None) -> TimedObservation:
+    q = np.arange(6) * 0.1 if q is None else q
+    raw = {n: float(v) for n, v in zip(JOINTS, q)}
+    raw["cam0"] = np.full((24, 40, 3), step % 256, np.uint8)
+    raw["task"] = "pick up the cube"
+    return TimedObservation(timestamp=time.time() if stamp is None else stamp, timestep=step, observation=raw,
+                            must_go=must_go)
+
+
+def policy_setup(path="/policies/dp", ptype="diffusion", apc=4) -> pb.PolicySetup:
+    return pb.PolicySetup(data=pickle.dumps(RemotePolicyConfig(ptype, str(path), FEATURES, apc, "cpu")))
+
+
+class _Reduce:
+    """An object whose unpickling would call fn(*args)."""
+
+    def __init__(self, fn, *args) -> None:
+        self.fn, self.args = fn, args
+
+    def __reduce__(self):
+        return (self.fn, self.args)
+
+
+def malicious(kind: str, marker: Path) -> bytes:
+    """A pickle that touches `marker` if anything in it runs."""
+    if kind == "os.system":
+        return pickle.dumps(_Reduce(os.system, f"touch {marker}"))
+    if kind == "builtins.eval":
+        return pickle.dumps(_Reduce(eval, f"open({str(marker)!r}, 'w').close()"))
+    if kind == "subprocess.Popen":
+        return pickle.dumps(_Reduce(subprocess.Popen, ["touch", str(marker)]))
+    # hidden inside an otherwise valid observation
+    obs = timed_obs(0)
+    obs.observation["task"] = _Reduce(os.system, f"touch {marker}")
+    return pickle.dumps(obs)
+
+
+MALICIOUS = ["os.system", "builtins.eval", "subprocess.Popen", "nested"]
+GLOBAL_NAMED = {"os.system": "posix.system", "builtins.eval": "builtins.eval",
+                "subprocess.Popen": "subprocess.Popen", "nested": "posix.system"}
+
+
+# --- in-process server and stubs ------------------------------------------------------------
+@pytest.fixture
+def sim_server():
+    """The compat server on a free port with the profile-driven stand-in engine (no model)."""
+    cfg = CompatConfig(port=0, engine="simulated", engine_params={"chunk_size": 8}, profile_ms={1: 5.0, 4: 8.0},
+                       get_actions_timeout_s=1.0, keep_trace=True, max_payload_bytes=1 << 20,
+                       policy_dirs=("/policies",))
+    srv = LeRobotCompatServer(cfg)
+    yield srv
+    srv.stop(0)
+
+
+class Client:
+    """One gRPC connection = one peer = one LeRobot client, as robot_client.py connects from
+    its own process (channels in one process otherwise share a connection, hence one peer)."""
+
+    def __init__(self, port: int) -> None:
+        self.channel = grpc.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.use_local_subchannel_pool", 1)])
+        self.stub = pb_grpc.AsyncInferenceStub(self.channel)
+
+    def start(self, **setup) -> None:
+        self.stub.Ready(pb.Empty())
+        self.stub.SendPolicyInstructions(policy_setup(**setup))
+
+    def send(self, obs_or_bytes) -> None:
+        data = obs_or_bytes if isinstance(obs_or_bytes, bytes) else pickle.dumps(obs_or_bytes)
+        self.stub.SendObservations(send_bytes_in_chunks(data, pb.Observation, silent=True))
+
+    def actions(self) -> list:
+        reply = self.stub.GetActions(pb.Empty())
+        return pickle.loads(reply.data) if reply.data else []
+
+    def close(self) -> None:
+        self.channel.close()
+
+
+def _refused(call, code) -> str:
+    with pytest.raises(grpc.RpcError) as e:
+        call()
+    assert e.value.code() == code, e.value.details()
+    return e.value.details()
+
+
+# --- the allow-list unpickler ------------------------------------------------------------------
+@pytest.mark.parametrize("protocol", [0, 2, 4, 5])
+def test_allowed_payloads_round_trip(protocol):
+    obs = timed_obs(7, must_go=False)
+    back = safe_pickle.loads(pickle.dumps(obs, protocol=protocol))
+    assert isinstance(back, TimedObservation) and back.timestep == 7 and back.must_go is False
+    assert back.observation["j3.pos"] == obs.observation["j3.pos"]
+    assert np.array_equal(back.observation["cam0"], obs.observation["cam0"])
+    acts = [TimedAction(timestamp=1.5, timestep=i, action=torch.arange(6, dtype=torch.float32) * i) for i in range(3)]
+    back = safe_pickle.loads(pickle.dumps(acts, protocol=protocol))
+    assert [a.timestep for a in back] == [0, 1, 2] and torch.equal(back[2].action, acts[2].action)
+    cfg = RemotePolicyConfig("act", "/p", {"x": PolicyFeature(FeatureType.VISUAL, (3, 8, 8)), **FEATURES}, 5, "cpu",
+                             {"a": "b"})
+    assert safe_pickle.loads(pickle.dumps(cfg, protocol=protocol)) == cfg
+
+
+@pytest.mark.parametrize("kind", MALICIOUS)
+def test_unpickler_refuses_other_globals_and_runs_nothing(kind, tmp_path):
+    marker = tmp_path / "pwned"
+    with pytest.raises(safe_pickle.UnsafePickle, match=GLOBAL_NAMED[kind].replace(".", r"\.")):
+        safe_pickle.loads(malicious(kind, marker))
+    assert not marker.exists()
+
+
+def test_unpickler_refuses_unlisted_names_of_allowed_modules_and_garbage():
+    # the module holds allowed classes, but get_logger is not one of them
+    bad = pickle.dumps(_Reduce(__import__("lerobot.async_inference.helpers", fromlist=["_"]).get_logger, "x"))
+    with pytest.raises(safe_pickle.UnsafePickle, match="helpers.get_logger"):
+        safe_pickle.loads(bad)
+    with pytest.raises(safe_pickle.UnsafePickle, match="_codecs.encode with encoding 'rot13'"):
+        safe_pickle.loads(b"c_codecs\nencode\n(Vabc\nVrot13\ntR.")
+    with pytest.raises(safe_pickle.UnsafePickle, match="not a valid LeRobot pickle"):
+        safe_pickle.loads(pickle.dumps(timed_obs(1))[:-20])
+    with pytest.raises(safe_pickle.PayloadTooLarge):
+        safe_pickle.loads(b"x" * 101, max_bytes=100)
+
+
+# --- the endpoint ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", MALICIOUS)
+@pytest.mark.parametrize("rpc", ["SendPolicyInstructions", "SendObservations"])
+def test_malicious_pickle_rejected_at_endpoint(sim_server, tmp_path, rpc, kind):
+    marker = tmp_path / "pwned"
+    c = Client(sim_server.port)
+    c.start()
+    data = malicious(kind, marker)
+    if rpc == "SendPolicyInstructions":
+        call = lambda: c.stub.SendPolicyInstructions(pb.PolicySetup(data=data))  # noqa: E731
+    else:
+        call = lambda: c.send(data)  # noqa: E731
+    details = _refused(call, grpc.StatusCode.INVALID_ARGUMENT)
+    assert GLOBAL_NAMED[kind] in details
+    assert not marker.exists()
+    assert sim_server.servicer.stats()["errors"] == {"unsafe_pickle": 1}
+    # nothing else lost: the same client is still served
+    if rpc == "SendPolicyInstructions":
+        c.stub.SendPolicyInstructions(policy_setup())
+    c.send(timed_obs(0))
+    assert len(c.actions()) == 4
+    c.close()
+
+
+def test_oversized_and_malformed_transfers_refused(sim_server):
+    c = Client(sim_server.port)
+    c.start()
+    big = [pb.Observation(transfer_state=pb.TRANSFER_BEGIN, data=b"x" * (600 << 10)),
+           pb.Observation(transfer_state=pb.TRANSFER_END, data=b"x" * (600 << 10))]
+    _refused(lambda: c.stub.SendObservations(iter(big)), grpc.StatusCode.RESOURCE_EXHAUSTED)
+    cut = [pb.Observation(transfer_state=pb.TRANSFER_BEGIN, data=pickle.dumps(timed_obs(0)))]
+    assert "TRANSFER_END" in _refused(lambda: c.stub.SendObservations(iter(cut)), grpc.StatusCode.INVALID_ARGUMENT)
+    wrong = pickle.dumps(RemotePolicyConfig("act", "/p", FEATURES, 4))
+    assert "expected a pickled TimedObservation" in _refused(lambda: c.send(wrong), grpc.StatusCode.INVALID_ARGUMENT)
+    obs = timed_obs(0)
+    del obs.observation["j2.pos"]
+    assert "'j2.pos' missing" in _refused(lambda: c.send(obs), grpc.StatusCode.INVALID_ARGUMENT)
+    obs = timed_obs(0)
+    obs.observation["cam0"] = obs.observation["cam0"].astype(np.float32)
+    assert "uint8" in _refused(lambda: c.send(obs), grpc.StatusCode.INVALID_ARGUMENT)
+    assert sim_server.servicer.stats()["errors"] == {"payload_too_large": 1, "bad_transfer": 1, "bad_payload": 1,
+                                                     "bad_observation": 2}
+    stranger = Client(sim_server.port)  # never said Ready
+    _refused(lambda: stranger.send(timed_obs(0)), grpc.StatusCode.FAILED_PRECONDITION)
+    _refused(lambda: stranger.stub.GetActions(pb.Empty()), grpc.StatusCode.FAILED_PRECONDITION)
+    c.close()
+    stranger.close()
+
+
+def test_policy_instructions_checked(sim_server):
+    c = Client(sim_server.port)
+    c.stub.Ready(pb.Empty())
+    assert "outside" in _refused(lambda: c.stub.SendPolicyInstructions(policy_setup(path="/etc/dp")),
+                                 grpc.StatusCode.PERMISSION_DENIED)
+    assert "not one LeRobot" in _refused(lambda: c.stub.SendPolicyInstructions(policy_setup(ptype="nope")),
+                                         grpc.StatusCode.INVALID_ARGUMENT)
+    assert "actions_per_chunk" in _refused(lambda: c.stub.SendPolicyInstructions(policy_setup(apc=0)),
+                                           grpc.StatusCode.INVALID_ARGUMENT)
+    c.close()
+
+
+def test_two_clients_are_two_tasks_with_lerobot_timing(sim_server):
+    srv = sim_server.servicer
+    a, b = Client(sim_server.port), Client(sim_server.port)
+    a.start()
+    b.start(apc=6)
+    t0 = time.time()
+    a.send(timed_obs(0, stamp=t0))
+    b.send(timed_obs(3, stamp=t0))
+    ca, cb = a.actions(), b.actions()
+    # LeRobot's server timing: action i at obs timestep + i, obs timestamp + i / fps
+    assert [x.timestep for x in ca] == [0, 1, 2, 3] and [x.timestep for x in cb] == list(range(3, 9))
+    assert [x.timestamp for x in ca] == pytest.approx([t0 + i / 30.0 for i in range(4)])
+    assert all(isinstance(x.action, torch.Tensor) and x.action.shape == (6,) for x in ca + cb)
+    st = srv.stats()
+    assert len(st["clients"]) == 2 and len(st["policies"]) == 1
+    (pol,) = st["policies"].values()
+    assert pol["tasks"] == 2 and pol["served"] == 2
+    task_a, task_b = (owner(sim_server, np.stack([x.action.numpy() for x in c])) for c in (ca, cb))
+    assert task_a != task_b
+
+    # The robot executed two of its four actions: the next round carries that as exec info.
+    core = next(iter(srv.groups.values())).core
+    a.send(timed_obs(2, q=np.ones(6) * 5))
+    assert [x.timestep for x in a.actions()] == [2, 3, 4, 5]
+    rec = core.ledger.tasks[task_a]
+    assert rec.rounds == 2 and rec.execs[0] is not None
+    # 3 - 2 = 1 action still queued at 30 Hz when round 1 was sent
+    assert rec.execs[0].end - rec.gens[1].start == pytest.approx(1 / 30.0, abs=0.02)
+    # LeRobot's filter: a timestep already predicted, not must_go, is skipped
+    a.send(timed_obs(2, q=np.ones(6) * 9, must_go=False))
+    assert srv.stats()["clients"][task_a]["filtered"] == 1 and rec.rounds == 2
+    # Ready again restarts the task: a new task id, the old one leaves the scheduler
+    a.stub.Ready(pb.Empty())
+    assert task_a not in core.ledger.tasks
+    a.close()
+    b.close()
+
+
+# --- LeRobot's own RobotClient, unmodified, end to end --------------------------------------------
+@pytest.fixture(scope="module")
+def policies(tmp_path_factory):
+    from lerobot_policies import make_policy_dir
+
+    root = tmp_path_factory.mktemp("policies")
+    return {"diffusion": make_policy_dir("diffusion", root / "dp", n_obs_steps=2),
+            "act": make_policy_dir("act", root / "act")}
+
+
+@pytest.fixture(scope="module")
+def lerobot_server(policies):
+    cfg = CompatConfig(port=0, engine="lerobot", scheduler="kairos", keep_trace=True, client_timeout_s=2.0,
+                       policy_dirs=(str(Path(policies["act"]).parent),))
+    srv = LeRobotCompatServer(cfg)
+    for kind, path in policies.items():  # load now, so the clients' timing starts warm
+        srv.servicer._group(kind, str(path), 6)
+    yield srv
+    srv.stop(0)
+
+
+def start_robot_client(tmp_path: Path, i: int, port: int, kind: str, path: Path) -> tuple:
+    name = f"robot{i}"
+    rec = tmp_path / f"{name}.jsonl"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(PLUGINS), str(REPO)]), HF_HUB_OFFLINE="1",
+               HF_LEROBOT_HOME=str(tmp_path / "hf"), OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "lerobot.async_inference.robot_client", "--robot.type=rsfake", f"--robot.id={name}",
+           f"--robot.record_path={rec}", f"--robot.seed={i}", "--task=pick up the cube",
+           f"--server_address=127.0.0.1:{port}", f"--policy_type={kind}", f"--pretrained_name_or_path={path}",
+           "--actions_per_chunk=4", "--chunk_size_threshold=0.5", "--aggregate_fn_name=latest_only", "--fps=30"]
+    log = open(tmp_path / f"{name}.log", "w")
+    # cwd: LeRobot's client writes a logs/ folder where it starts
+    return subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT), rec
+
+
+def executed(rec: Path) -> np.ndarray:
+    if not rec.exists():
+        return np.zeros((0, 6), np.float32)
+    return np.array([json.loads(line)["action"] for line in rec.read_text().splitlines() if line.endswith("}")],
+                    np.float32).reshape(-1, 6)
+
+
+def run_clients(srv, tmp_path, kinds: list, policies, want: int = 20, timeout: float = 25.0) -> list:
+    procs = [start_robot_client(tmp_path, i, srv.port, k, policies[k]) for i, k in enumerate(kinds)]
+    try:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end and min(len(executed(r)) for _, r in procs) < want:
+            for p, _ in procs:
+                assert p.poll() is None, (tmp_path / "robot0.log").read_text()[-3000:]
+            time.sleep(0.25)
+        return [executed(r) for _, r in procs]
+    finally:
+        for p, _ in procs:
+            p.kill()
+            p.wait(10)
+
+
+def owner(srv, actions: np.ndarray) -> str:
+    """The task whose delivered chunks hold every action the robot executed."""
+    st = srv.servicer.stats()["clients"]
+    owners = [t for t in st if (tr := srv.servicer.trace(t)) and
+              all(np.isclose(np.array(tr), a, atol=1e-6).all(1).any() for a in actions)]
+    assert len(owners) == 1, f"executed actions match {len(owners)} tasks' chunks"
+    return owners[0]
+
+
+def test_robot_client_two_diffusion_robots_are_two_tasks(lerobot_server, policies, tmp_path):
+    done = run_clients(lerobot_server, tmp_path, ["diffusion", "diffusion"], policies)
+    for acts in done:
+        assert len(acts) >= 20 and np.all(np.isfinite(acts))
+        assert np.ptp(acts, axis=0).max() > 0.1  # the policy's actions, not a constant
+    assert list((tmp_path / "logs").glob("robot_client_*")), "LeRobot's client logs where it was started"
+    tasks = {owner(lerobot_server, a) for a in done}
+    assert len(tasks) == 2  # one task per client, each robot got only its own chunks
+    st = lerobot_server.servicer.stats()
+    pol = st["policies"][f"diffusion:{Path(policies['diffusion']).resolve()}"]
+    assert pol["tasks"] >= 2 and pol["served"] >= 10 and not pol["errors"] and not st["errors"].get("engine_failure")
+    # Killed clients say nothing: their tasks are reaped after client_timeout_s
+    end = time.monotonic() + 6
+    while time.monotonic() < end and any(t in lerobot_server.servicer.stats()["clients"] for t in tasks):
+        time.sleep(0.25)
+    assert not tasks & set(lerobot_server.servicer.stats()["clients"])
+
+
+def test_robot_client_act(lerobot_server, policies, tmp_path):
+    (acts,) = run_clients(lerobot_server, tmp_path, ["act"], policies)
+    assert len(acts) >= 20 and np.all(np.isfinite(acts))
+    owner(lerobot_server, acts)
