@@ -186,6 +186,14 @@ def build_parser() -> argparse.ArgumentParser:
     fl.add_argument("--trace-server", action="store_true", help="run the server with per-round marks (where lost rounds went)")
     fl.set_defaults(func=lambda a: __import__(f"{__package__}.live.bench_fleet_live", fromlist=["cli"]).cli(a))
 
+    hy = b.add_parser("hybrid", help="edge-only vs cloud-only vs hybrid placement over a shaped link (netns, root)")
+    __import__(f"{__package__}.live.bench_hybrid", fromlist=["_"]).add_arguments(hy)
+    hy.set_defaults(func=lambda a: __import__(f"{__package__}.live.bench_hybrid", fromlist=["_"]).cli(a))
+
+    g = sub.add_parser("gpu-server", help="host an engine behind the gRPC GPU service (a cloud tier)")
+    __import__(f"{__package__}.transport", fromlist=["_"]).add_arguments(g)
+    g.set_defaults(func=lambda a: __import__(f"{__package__}.transport.gpu_server", fromlist=["_"]).cli(a))
+
     d = sub.add_parser("demo", help="live fleet on this machine: server + simulated robots, FIFO then Kairos")
     d.add_argument("--robots", type=int, default=8)
     d.add_argument("--tasks", type=int, default=1, help="tasks per robot")
@@ -208,6 +216,10 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--log-dir", default="log/up")
     u.add_argument("--dry-run", action="store_true", help="print the commands instead")
     u.set_defaults(func=cmd_up)
+
+    from .study.commands import add_parser as add_study  # PushGust task and horizon study (robotserve_ros/study/)
+
+    add_study(sub)
 
     w = sub.add_parser("workload", help="list, generate or check workload files")
     w.add_argument("action", choices=("list", "gen", "check"))

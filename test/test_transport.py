@@ -164,3 +164,44 @@ def test_failed_server_requests_served_elsewhere_once():
     assert all(got[(f"t{i}", k)] == 1 for i in range(n_tasks) for k in range(rounds))
     assert core.stats.completed == n_tasks * rounds and got["cloud"] > 0 and got["edge"] > 0
     assert runner.failures["cloud"] >= 1 and core.stats.requeued >= 1  # the kill did cost batches
+
+
+def test_call_across_veth_tbf_and_relay_pays_the_configured_delay(tmp_path):
+    """Two namespaces, veth + tbf, the GPU server on one side and the delaying relay on the
+    other: a Health round trip through the relay is slower than the direct one by at least
+    the relay's 2 x one-way delay."""
+    import sys
+
+    from robotserve_ros.net.netns import NetnsLink, netns_available
+
+    why = netns_available()
+    if why:
+        pytest.skip(why)
+    delay = 0.04  # one way: +80 ms per round trip
+    with NetnsLink(rate_mbit=100) as link:
+        ready = tmp_path / "ready"
+        link.popen("b", [sys.executable, "-m", "robotserve_ros.transport.gpu_server", "--address", f"{link.addr_b}:50061",
+                         "--latency-ms", "1", "1", "1", "1", "1", "--ready-file", str(ready)],
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        end = time.monotonic() + 20
+        while not ready.exists():
+            assert time.monotonic() < end, "gpu-server did not start"
+            time.sleep(0.05)
+        probe = f"""
+import json, statistics
+from robotserve_ros.net.relay import DelayRelay
+from robotserve_ros.transport.remote_engine import RemoteEngine
+def med(addr):
+    eng = RemoteEngine(address=addr, ping_interval_s=0, connect_timeout_s=10)
+    rtts = [eng.ping() for _ in range(6)][1:]
+    eng.close()
+    return statistics.median(rtts)
+with DelayRelay("127.0.0.1:0", "{link.addr_b}:50061", {delay}) as relay:
+    print(json.dumps({{"direct": med("{link.addr_b}:50061"), "relayed": med(relay.address), "conns": relay.connections}}))
+"""
+        r = link.run("a", [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr[-2000:]
+        got = __import__("json").loads(r.stdout.strip().splitlines()[-1])
+    assert got["conns"] >= 1
+    assert got["relayed"] - got["direct"] >= 2 * delay, got
+    assert shutil.which("ip") and link.ns_a not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout

@@ -28,13 +28,18 @@ class LinkEstimate:
     observe_rtt: a ping's round trip (no payload to speak of).
     observe_call: a call that moved `nbytes` and spent `net_s` on the network (its wall
     time minus the server's engine time); what the round trip does not explain is transfer.
-    A failed call marks the link down for `down_s`; a later success or ping brings it back.
+    A call of probe_bytes or more always measures bandwidth (else an estimate far too high
+    would never learn). A failed call marks the link down for `down_s`; a later success or ping brings it back.
     """
 
-    def __init__(self, rtt_s: float = 0.1, bandwidth_bps: float = 125e6, alpha: float = 0.3, down_s: float = 2.0) -> None:
+    def __init__(
+        self, rtt_s: float = 0.1, bandwidth_bps: float = 125e6, alpha: float = 0.3, down_s: float = 2.0,
+        probe_bytes: int = 64 << 10,
+    ) -> None:
         if not (rtt_s >= 0 and bandwidth_bps > 0 and 0 < alpha <= 1):
             raise ValueError("rtt_s >= 0, bandwidth_bps > 0 and 0 < alpha <= 1 are needed")
         self.rtt_s, self.bandwidth_bps, self.alpha, self.down_s = float(rtt_s), float(bandwidth_bps), alpha, down_s
+        self.probe_bytes = probe_bytes  # a call this large always measures bandwidth
         self.rtt_samples = 0
         self.bw_samples = 0
         self.down_until = -math.inf
@@ -51,15 +56,15 @@ class LinkEstimate:
     def observe_call(self, nbytes: int, net_s: float) -> None:
         if not (math.isfinite(net_s) and net_s >= 0):
             return
-        extra = net_s - self.rtt_s
-        # Transfer measurable against round-trip jitter: a bandwidth sample.
-        if nbytes > 0 and extra > max(0.1 * self.rtt_s, 1e-3):
-            bw = nbytes / extra
+        transfer = self.transfer_s(nbytes)
+        if nbytes < self.probe_bytes and transfer < 0.2 * self.rtt_s:
+            # A small payload: the call was a round trip (what little transfer it had aside).
+            self.observe_rtt(net_s - transfer)
+        elif net_s > self.rtt_s:
+            # What the round trip does not explain was transfer: a bandwidth sample.
+            bw = nbytes / (net_s - self.rtt_s)
             self.bandwidth_bps = bw if self.bw_samples == 0 else self.bandwidth_bps + self.alpha * (bw - self.bandwidth_bps)
             self.bw_samples += 1
-        elif self.transfer_s(nbytes) <= 0.5 * net_s:
-            # The payload explains little of the call: the rest was a round trip.
-            self.observe_rtt(net_s - self.transfer_s(nbytes))
 
     def mark_down(self, now: float) -> None:
         self.down_until = now + self.down_s

@@ -22,9 +22,11 @@ from rclpy.qos import QoSProfile, ReliabilityPolicy
 
 from ..core.errors import RequestError
 from ..core.observation import ObservationSpec
+from ..core.placement import PLACEMENTS, LinkEstimate, make_placement
 from ..core.profile import EngineProfile
 from ..core.schedulers import SCHEDULERS, make_scheduler
 from ..core.serving import ServingCore, Tier
+from ..transport.tier_runner import TierRunner
 from ..core.types import ExecInfo
 from ..engines import ENGINES, make_engine
 from ..msg import ExecutionProgress
@@ -54,6 +56,12 @@ DEFAULTS = {
     "max_request_bytes": 8 << 20,
     "diagnostics_hz": 1.0,
     "threads": 128,
+    # Cloud tiers: a JSON list of GPU servers (robotserve gpu-server), each an object with
+    # "address" and optionally "name", "token_file", "root_cert", "server_name",
+    # "deadline_s", "slots", "max_batch", "rtt_s", "bandwidth_bps" (starting guesses).
+    "remote_tiers": "[]",
+    "placement": "fill_in_order",  # shortest_delay: Algorithm 1 phase 3 (seed 000 §3.2.3)
+    "placement_params": "{}",
 }
 WHY = {
     "scheduler": f"one of {', '.join(SCHEDULERS.names())}",
@@ -63,6 +71,9 @@ WHY = {
     "horizon_params": "a JSON object: policy name -> its keyword parameters",
     "engine_latency_ms": "as many positive latencies as engine_batch_sizes, batch 1 first",
     "threads": "Infer calls served at once (>= 4)",
+    "remote_tiers": "a JSON list of objects, each with an 'address' (host:port of a robotserve gpu-server)",
+    "placement": f"one of {', '.join(PLACEMENTS.names())}",
+    "placement_params": "a JSON object of the placement's keyword parameters",
 }
 
 
@@ -71,6 +82,14 @@ def _json_obj(s) -> bool:
         return isinstance(json.loads(s), dict)
     except (TypeError, ValueError):
         return False
+
+
+def _json_remote_tiers(s) -> bool:
+    try:
+        v = json.loads(s)
+    except (TypeError, ValueError):
+        return False
+    return isinstance(v, list) and all(isinstance(t, dict) and isinstance(t.get("address"), str) for t in v)
 
 
 CHECKS = {
@@ -87,6 +106,9 @@ CHECKS = {
     "max_request_bytes": lambda v: v > 0,
     "diagnostics_hz": lambda v: v > 0,
     "threads": lambda v: v >= 4,
+    "remote_tiers": lambda v: _json_remote_tiers(v),
+    "placement": lambda v: v in PLACEMENTS,
+    "placement_params": _json_obj,
 }
 
 
@@ -122,19 +144,34 @@ class InferenceServerNode(Node):
         )
         self.clock = NodeClock(self)
         tier = Tier("edge", profile, max_batch=p["max_batch"] or None)
+        tiers, self.engines = [tier], {"edge": self.engine}
+        try:  # cloud tiers: remote GPU servers, profiles fetched from them
+            links = {}
+            for i, rt in enumerate(json.loads(p["remote_tiers"])):
+                rt = dict(rt)
+                name, slots, mb = rt.pop("name", f"cloud{i}"), int(rt.pop("slots", 1)), rt.pop("max_batch", None)
+                link = LinkEstimate(**{k: float(rt.pop(k)) for k in ("rtt_s", "bandwidth_bps") if k in rt})
+                eng = self.engines[name] = make_engine("remote", None, link=link, **rt)
+                tiers.append(Tier(name, eng.profile, slots=slots, max_batch=mb))
+                links[name] = link
+            pp = json.loads(p["placement_params"])
+            if p["placement"] == "shortest_delay":
+                pp = {"links": links, "edge_tiers": [tier], **pp}
+            placement = make_placement(p["placement"], **pp)
+        except (TypeError, ValueError, KeyError, RuntimeError) as e:  # a bad tier or an unreachable server
+            for eng in self.engines.values():
+                eng.close()
+            raise ParamError(f"cannot build the cloud tiers/placement from parameters: {e}") from e
         self.core = ServingCore(
-            scheduler, [tier], self.clock, horizon_params=json.loads(p["horizon_params"]),
-            refresher=self._refresh, stale_obs_s=p["stale_obs_s"],
+            scheduler, tiers, self.clock, horizon_params=json.loads(p["horizon_params"]),
+            placement=placement, refresher=self._refresh, stale_obs_s=p["stale_obs_s"],
         )
         self.lock = threading.Lock()  # guards core, waiters, last_seen
         self.waiters: dict = {}
         self.last_seen: dict = {}
         self.refresh_service: dict = {}
         self.finished = Counter()
-        self.busy_s = 0.0
         self._t0 = time.monotonic()
-        self._work = threading.Event()
-        self._stop = threading.Event()
         self._fetch_clients: dict = {}  # (rclpy's Node keeps its own _clients)
         self._group = ReentrantCallbackGroup()
         self.create_service(Infer, p["service"], self._on_infer, qos_profile=service_qos(), callback_group=self._group)
@@ -144,8 +181,10 @@ class InferenceServerNode(Node):
         self.diag = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
         self.create_timer(1.0 / p["diagnostics_hz"], self._publish_diagnostics)
         self.create_timer(min(1.0, p["task_timeout_s"] / 4), self._reap)
-        self._worker = threading.Thread(target=self._serve_loop, name="engine-worker", daemon=True)
-        self._worker.start()
+        # One thread per tier slot: edge and cloud batches run at once (transport/tier_runner.py).
+        self.runner = TierRunner(self.core, self.engines, self.lock, self._deliver, run_batch=self._run,
+                                 on_error=lambda d, e: self.get_logger().error(
+                                     f"tier {d.tier} failed a batch of {len(d.requests)}: {e!r}; requeued"))
         self.get_logger().info(
             f"serving on {p['service']}: scheduler {p['scheduler']}, engine {p['engine']} "
             f"(saturation batch {profile.saturation_batch})"
@@ -169,7 +208,7 @@ class InferenceServerNode(Node):
         except RequestError as e:
             fill_status(response.status, e.code, e.message)
             return response
-        self._work.set()
+        self.runner.kick()
         w.event.wait()  # this executor thread only; other robots' calls run on others
         if w.error is not None:
             fill_status(response.status, *w.error)
@@ -210,50 +249,17 @@ class InferenceServerNode(Node):
             w.event.set()
 
     # --- the engine worker ------------------------------------------------------------
-    def _serve_loop(self) -> None:
-        while not self._stop.is_set():
-            self._work.wait(0.05)
-            self._work.clear()
-            while not self._stop.is_set():
-                with self.lock:
-                    ds = self.core.dispatch()
-                if not ds:
-                    break
-                for d in ds:
-                    try:
-                        self._run(d)
-                    except Exception as e:  # the worker must outlive any one batch
-                        self.get_logger().error(f"serving a batch failed: {e!r}; requeued")
-                        with self.lock:
-                            self.core.stats.errors["internal"] += 1
-                            if d.id in self.core.inflight:
-                                self.core.requeue(d.id)
-                        time.sleep(0.1)
-
     def _run(self, d) -> None:
-        self.core.refresh_stale(d)  # outside the lock: a refresh is a round trip to the robot
-        t = time.monotonic()
-        try:
-            results = self.engine.infer([p.request for p in d.requests])
-        except Exception as e:  # an engine fault costs no robot its round: requeue, report
-            self.get_logger().error(f"engine failed on a batch of {len(d.requests)}: {e!r}; requeued")
-            with self.lock:
-                self.core.stats.errors["engine_failure"] += 1
-                self.core.requeue(d.id)
-            time.sleep(0.1)
-            return
-        self.busy_s += time.monotonic() - t
-        with self.lock:
-            try:
-                replies = self.core.complete(d.id, results)
-            except ValueError as e:
-                self.get_logger().error(str(e))
-                return
-            for r in replies:
-                w = self.waiters.pop((r.task_id, r.round_id), None)
-                if w is not None:
-                    w.reply = r
-                    w.event.set()
+        """Run one dispatched batch on its tier; the replies wake their waiting calls."""
+        self.runner.run_batch(d)
+
+    def _deliver(self, replies) -> None:
+        """Under the lock (TierRunner.deliver): hand each reply to its waiting call."""
+        for r in replies:
+            w = self.waiters.pop((r.task_id, r.round_id), None)
+            if w is not None:
+                w.reply = r
+                w.event.set()
 
     def _refresh(self, req):
         """Algorithm 1 lines 20-21 over srv/FetchObservation; None if the robot cannot answer."""
@@ -289,7 +295,9 @@ class InferenceServerNode(Node):
                 "tasks": len(self.core.ledger.tasks),
                 "served": s.completed,
                 "batches": s.batches,
-                "engine_utilization": self.busy_s / max(1e-9, time.monotonic() - self._t0),
+                "engine_utilization": self.runner.busy_s["edge"] / max(1e-9, time.monotonic() - self._t0),
+                "tier_failures": dict(self.runner.failures),
+                "late_replies_discarded": self.runner.late_replies,
                 "errors": dict(s.errors),
                 "refreshes": s.refreshes,
                 "refresh_failures": s.refresh_failures,
@@ -312,14 +320,14 @@ class InferenceServerNode(Node):
         self.diag.publish(msg)
 
     def close(self) -> None:
-        self._stop.set()
         with self.lock:
             for w in self.waiters.values():
                 w.error = ("shutting_down", "the server is shutting down")
                 w.event.set()
             self.waiters.clear()
-        self._worker.join(timeout=2.0)
-        self.engine.close()
+        self.runner.close()
+        for eng in self.engines.values():
+            eng.close()
 
 
 def main(argv=None) -> int:

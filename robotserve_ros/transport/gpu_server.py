@@ -26,12 +26,10 @@ import grpc
 
 from ..core.errors import RequestError
 from ..core.profile import EngineProfile
-from . import stubs
+from . import DEFAULT_MAX_MESSAGE, TOKEN_ENV, add_arguments, stubs  # noqa: F401 (re-exported)
 from .tensors import request_from_pb, result_to_pb
 
 log = logging.getLogger("robotserve.gpu_server")
-DEFAULT_MAX_MESSAGE = 64 << 20
-TOKEN_ENV = "ROBOTSERVE_GPU_TOKEN"
 
 
 def channel_options(max_message_bytes: int) -> list:
@@ -162,20 +160,6 @@ def build_engine(name: str, params: dict, batch_sizes=None, latency_ms=None):
 
     profile = EngineProfile(dict(zip(batch_sizes, latency_ms))) if batch_sizes else None
     return make_engine(name, profile, **params)
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--address", default="127.0.0.1:50051", help="host:port to listen on (port 0: any free one)")
-    p.add_argument("--engine", default="simulated", help="engine registry name")
-    p.add_argument("--engine-params", default='{"realtime": true, "updates": true}', help="JSON object of the engine's parameters")
-    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 2, 4, 8, 16])
-    p.add_argument("--latency-ms", type=float, nargs="+", help="engine profile, one per batch size (simulated engine)")
-    p.add_argument("--token-file", help=f"file holding the token every call must carry (default: ${TOKEN_ENV}; none: no check)")
-    p.add_argument("--tls-cert", help="server certificate (PEM); with --tls-key turns TLS on")
-    p.add_argument("--tls-key")
-    p.add_argument("--max-message-mb", type=float, default=DEFAULT_MAX_MESSAGE / (1 << 20))
-    p.add_argument("--workers", type=int, default=8, help="calls accepted at once (the engine runs one batch at a time)")
-    p.add_argument("--ready-file", help="write the bound address here once serving")
 
 
 def cli(a) -> int:

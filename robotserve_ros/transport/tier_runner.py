@@ -30,12 +30,14 @@ class TierRunner:
         *,
         on_error: Optional[Callable[[object, Exception], None]] = None,
         retry_pause_s: float = 0.1,
+        run_batch: Optional[Callable[[object], None]] = None,
     ) -> None:
         missing = [t.name for t in core.tiers if t.name not in engines]
         if missing:
             raise ValueError(f"no engine for tier(s) {missing}")
         self.core, self.engines, self.lock = core, dict(engines), lock
         self.on_replies, self.on_error, self.retry_pause_s = on_replies, on_error, retry_pause_s
+        self._run_batch = run_batch or self.run_batch  # a node may wrap it (instrumentation)
         self.busy_s: Counter = Counter()
         self.failures: Counter = Counter()
         self.late_replies = 0
@@ -71,7 +73,7 @@ class TierRunner:
             if d is None:
                 return
             try:
-                self.run_batch(d)
+                self._run_batch(d)
             except Exception as e:  # the slot must outlive any one batch
                 log.exception("serving a batch on %s failed", tier)
                 with self.lock:
