@@ -217,10 +217,6 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--dry-run", action="store_true", help="print the commands instead")
     u.set_defaults(func=cmd_up)
 
-    from .study.commands import add_parser as add_study  # PushGust task and horizon study (robotserve_ros/study/)
-
-    add_study(sub)
-
     w = sub.add_parser("workload", help="list, generate or check workload files")
     w.add_argument("action", choices=("list", "gen", "check"))
     w.add_argument("name", nargs="?", help="built-in name (gen) or file (check)")
