@@ -20,10 +20,11 @@ scheduler: its knobs are the paper's ranges, listed per workload below.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
-from .workload import TaskSpec, Workload
+from .workload import TaskSpec, Workload, load_workload
 
 # Median ms per chunk at each batch size: LeRobot 0.4.4 policies with random weights,
 # `predict_action_chunk` under torch.inference_mode, torch 2.13.0 CPU with 2 threads, on
@@ -119,7 +120,29 @@ def make_task(rng: np.random.Generator, s: WorkloadShape, tid: str) -> TaskSpec:
     return TaskSpec(tid, s.control_hz, {"static": tuple(static), "dynamic": tuple(dynamic)})
 
 
+# Workloads recorded on a real policy: `robotserve study horizon --workload-out` writes one
+# task per evaluated episode (rounds of the best static H and of the matched confidence t).
+MEASURED = {"pushgust-diffusion": Path(__file__).with_name("measured") / "pushgust-diffusion.json"}
+
+
+def measured_workload(name: str, seed: int = 0, tasks: int | None = None) -> Workload:
+    """Seed 0 without `tasks`: the recorded episodes as they are; else a seeded resample."""
+    w = load_workload(MEASURED[name])
+    if seed == 0 and tasks is None:
+        return w
+    rng = np.random.default_rng([seed, sum(map(ord, name))])
+    pick = rng.integers(0, len(w.tasks), tasks or len(w.tasks))
+    return Workload(name, w.batch_latency_ms,
+                    tuple(TaskSpec(f"{w.tasks[i].id}#{k}", w.tasks[i].control_hz, w.tasks[i].rounds) for k, i in enumerate(pick)))
+
+
+def measured_names() -> list[str]:
+    return list(MEASURED)
+
+
 def builtin_workload(name: str, seed: int = 0, tasks: int | None = None) -> Workload:
+    if name in MEASURED:
+        return measured_workload(name, seed, tasks)
     try:
         s = SHAPES[name]
     except KeyError:

@@ -1,0 +1,128 @@
+"""PushGust (pymunk) task, expert, demo collection, and the horizon study's runner (seed 000 §5.2)."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from robotserve_ros.study.collect import collect, load_demos, save_demos
+from robotserve_ros.study.pushgust import ACTION_DIM, STATE_DIM, PushGustEnv, expert_action, run_expert
+
+
+def rollout(seed: int, actions) -> np.ndarray:
+    env = PushGustEnv()
+    out = [env.reset(seed)]
+    for a in actions:
+        out.append(env.step(a)[0])
+    return np.stack(out)
+
+
+def test_env_is_deterministic_per_seed_and_physics_moves_things():
+    acts = [np.array([256.0, 256.0])] * 15
+    a, b, c = rollout(3, acts), rollout(3, acts), rollout(4, acts)
+    assert a.shape == (16, STATE_DIM) and a.dtype == np.float32
+    np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(a[0], c[0])  # another seed, another arena
+    # The PD controller drives the agent towards the commanded target.
+    assert np.linalg.norm(a[-1, :2] - 256.0) < 0.3 * np.linalg.norm(a[0, :2] - 256.0)
+
+
+def test_pushing_moves_the_puck_and_gusts_blow_only_in_the_band():
+    env = PushGustEnv()
+    obs = env.reset(0)
+    puck0 = obs[2:4].copy()
+    for _ in range(40):
+        obs, _ = env.step(expert_action(obs))
+    assert np.linalg.norm(obs[2:4] - puck0) > 20  # contact through Chipmunk moved it
+    # A puck parked in the calm region is never kicked; in the band it is, sometimes.
+    env.reset(1)
+    env.puck.position = (256.0, 450.0)
+    assert not any(env.step(env.observe()[:2])[1].gust for _ in range(40))
+    env.reset(1)
+    gusts = 0
+    for _ in range(40):
+        env.puck.position, env.puck.velocity = (256.0, 260.0), (0.0, 0.0)
+        gusts += env.step(env.observe()[:2])[1].gust
+    assert 0 < gusts < 40
+
+
+def test_expert_succeeds_on_most_seeds():
+    results = [run_expert(s) for s in range(10)]
+    assert sum(ok for _, _, ok in results) >= 8
+    obs, act, _ = results[0]
+    assert obs.shape[1] == STATE_DIM and act.shape == (len(obs), ACTION_DIM)
+
+
+def test_collect_writes_the_expected_arrays(tmp_path):
+    path = save_demos(tmp_path / "d.npz", collect(3, seed=5))
+    d = load_demos(path)
+    n = d["episode_len"].sum()
+    assert d["state"].shape == (n, STATE_DIM) and d["action"].shape == (n, ACTION_DIM)
+    assert d["state"].dtype == np.float32 and d["action"].dtype == np.float32
+    assert len(d["episode_seed"]) == 3 and int(d["attempts"]) >= 3
+    assert np.array_equal(np.bincount(d["episode_index"]), d["episode_len"])
+    # Frames are the expert's own: replaying episode 0's seed gives the same first episode.
+    obs, act, _ = run_expert(int(d["episode_seed"][0]))
+    np.testing.assert_array_equal(d["state"][: len(obs)], obs)
+    np.testing.assert_array_equal(d["action"][: len(act)], act)
+
+
+@pytest.fixture(scope="module")
+def tiny_policy(tmp_path_factory):
+    """A barely trained, tiny DiffusionPolicy written the way `robotserve study train` writes one."""
+    pytest.importorskip("torch")
+    from robotserve_ros.study.train import TrainConfig, train
+
+    root = tmp_path_factory.mktemp("study")
+    demos = save_demos(root / "d.npz", collect(2, seed=1))
+    cfg = TrainConfig(steps=2, batch_size=8, warmup=1, horizon=8, n_action_steps=8, down_dims=(8, 16), kernel_size=3,
+                      n_groups=2, diffusion_step_embed_dim=8, num_train_timesteps=10, num_inference_steps=3)
+    train(demos, root / "policy", cfg, log=lambda *_: None)
+    return root / "policy"
+
+
+def test_horizon_study_writes_the_schema_with_consistent_numbers(tiny_policy, tmp_path):
+    from robotserve_ros.sim.workload import load_workload
+    from robotserve_ros.study.horizon import StudyConfig, run_study, write_reports
+
+    cfg = StudyConfig(static_h=(3,), thresholds=(0.5,), seeds=(0,), episodes=2, max_steps=10, profile_batches=(1, 2))
+    rows, meta = run_study(tiny_policy, cfg, log=lambda *_: None)
+    out = tmp_path / "hs.json"
+    write_reports(rows, meta, out, workload_out=tmp_path / "wl.json")
+    data = json.loads(out.read_text())
+    assert isinstance(data, list) and [r["policy"] for r in data] == ["static", "confidence"]
+    for r in data:
+        assert {"policy", "param", "episodes", "success", "mean_horizon", "rounds_per_episode"} <= set(r)
+        assert r["episodes"] == 2 == len(r["rounds"]) == len(r["episode_success"])
+        flat = [n for ep in r["rounds"] for n in ep]
+        assert r["mean_horizon"] == pytest.approx(np.mean(flat))
+        assert r["rounds_per_episode"] == pytest.approx(np.mean([len(ep) for ep in r["rounds"]]))
+        assert r["success"] == pytest.approx(np.mean(r["episode_success"]))
+        assert all(1 <= n <= meta["chunk"] for n in flat)
+        for ep, ok in zip(r["rounds"], r["episode_success"]):
+            assert sum(ep) <= 10 and (ok or sum(ep) == 10)  # a failed episode ran to the step limit
+    static = data[0]
+    assert static["param"] == 3
+    for ep in static["rounds"]:  # every round H, except a final partial one
+        assert all(n == 3 for n in ep[:-1]) and 1 <= ep[-1] <= 3
+    assert data[1]["param"] == 0.5 and all(n >= cfg.confidence_h_min for ep in data[1]["rounds"] for n in ep[:-1])
+    assert (tmp_path / "hs.md").read_text().count("| static |") == 1
+    assert (tmp_path / "hs.png").stat().st_size > 0
+    w = load_workload(tmp_path / "wl.json")
+    assert len(w.tasks) == 2 and set(w.batch_latency_ms) == {1, 2}
+    assert [list(t.rounds["static"]) for t in w.tasks] == static["rounds"]
+    assert [list(t.rounds["dynamic"]) for t in w.tasks] == data[1]["rounds"]
+
+
+def test_measured_workload_is_registered_and_seeded():
+    from robotserve_ros.sim.workloads import MEASURED, builtin_workload, measured_names
+
+    for name in measured_names():
+        if not MEASURED[name].exists():
+            pytest.skip(f"{MEASURED[name]} not written yet (robotserve study horizon --workload-out)")
+        a = builtin_workload(name)
+        assert a == builtin_workload(name) and a.tasks
+        b = builtin_workload(name, seed=1, tasks=50)
+        assert len(b.tasks) == 50 and len({t.id for t in b.tasks}) == 50
+        assert {t.rounds["static"] for t in b.tasks} <= {t.rounds["static"] for t in a.tasks}
