@@ -194,6 +194,10 @@ def build_parser() -> argparse.ArgumentParser:
     __import__(f"{__package__}.transport", fromlist=["_"]).add_arguments(g)
     g.set_defaults(func=lambda a: __import__(f"{__package__}.transport.gpu_server", fromlist=["_"]).cli(a))
 
+    lr = sub.add_parser("lerobot-server", help="serve unmodified LeRobot robot_clients (async inference) by the fleet scheduler")
+    __import__(f"{__package__}.transport.lerobot_compat", fromlist=["_"]).add_arguments(lr)
+    lr.set_defaults(func=lambda a: __import__(f"{__package__}.transport.lerobot_compat", fromlist=["_"]).cli(a))
+
     d = sub.add_parser("demo", help="live fleet on this machine: server + simulated robots, FIFO then Kairos")
     d.add_argument("--robots", type=int, default=8)
     d.add_argument("--tasks", type=int, default=1, help="tasks per robot")

@@ -35,6 +35,7 @@ from __future__ import annotations
 import logging
 import math
 import signal
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -140,6 +141,13 @@ class LeRobotCompatServicer:
     """transport.AsyncInference over the fleet scheduler (see the module docstring)."""
 
     def __init__(self, cfg: CompatConfig, clock=None) -> None:
+        from ..engines import ENGINES
+
+        if cfg.engine not in ENGINES:
+            raise ValueError(f"unknown engine '{cfg.engine}'; known: {', '.join(ENGINES.names())}")
+        make_scheduler(cfg.scheduler, **cfg.scheduler_params)  # a bad name or knob fails here, not per client
+        if not cfg.fps > 0:
+            raise ValueError(f"fps must be > 0, got {cfg.fps}")
         self.cfg = cfg
         self.helpers, constants, self.pb, _ = _lerobot()
         self.torch = __import__("torch")
@@ -598,8 +606,8 @@ class LeRobotCompatServer:
     def __init__(self, cfg: CompatConfig) -> None:
         from concurrent import futures
 
-        _, _, _, pb_grpc = _lerobot()
-        self.servicer = LeRobotCompatServicer(cfg)
+        self.servicer = LeRobotCompatServicer(cfg)  # checks the config before the slow LeRobot import
+        pb_grpc = _lerobot()[3]
         # A piece of an observation is at most 2 MiB (LeRobot's CHUNK_SIZE); the joined payload is capped separately.
         opts = [("grpc.max_receive_message_length", 8 << 20), ("grpc.max_send_message_length", 8 << 20)]
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=cfg.threads), options=opts)
@@ -614,22 +622,45 @@ class LeRobotCompatServer:
         self.server.stop(grace).wait()
 
 
+def add_arguments(p) -> None:
+    d = CompatConfig()
+    p.add_argument("--host", default=d.host)
+    p.add_argument("--port", type=int, default=d.port)
+    p.add_argument("--fps", type=float, default=d.fps, help="the clients' control rate (LeRobot's server --fps)")
+    p.add_argument("--scheduler", default=d.scheduler)
+    p.add_argument("--scheduler-param", action="append", metavar="KEY=VALUE")
+    p.add_argument("--engine", default=d.engine, help="lerobot (the checkpoint each client names) or simulated")
+    p.add_argument("--engine-param", action="append", metavar="KEY=VALUE", help="e.g. device=cuda, profile_file=F")
+    p.add_argument("--latency-ms", help="engine profile as BATCH:MS,...; default: the engine's own")
+    p.add_argument("--max-batch", type=int)
+    p.add_argument("--policy-dir", action="append", help="load policies only from under this directory (repeatable)")
+    p.add_argument("--client-timeout", type=float, default=d.client_timeout_s, help="seconds of silence before a client's task is dropped")
+    p.add_argument("--threads", type=int, default=d.threads)
+    p.add_argument("--stats-every", type=float, default=0.0, help="print the server's stats as JSON every N seconds")
+
+
 def cli(a) -> int:
     """`robotserve lerobot-server`: serve LeRobot robot_clients until Ctrl-C or SIGTERM."""
     import json
 
     from ..cli import _params
+    from ..core.profile import EngineProfile
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    profile = None
-    if a.latency_ms:
-        profile = {int(b): float(ms) for b, ms in (p.split(":") for p in a.latency_ms.split(","))}
-    cfg = CompatConfig(
-        host=a.host, port=a.port, fps=a.fps, scheduler=a.scheduler, scheduler_params=_params(a.scheduler_param),
-        engine=a.engine, engine_params=_params(a.engine_param), profile_ms=profile, max_batch=a.max_batch,
-        policy_dirs=tuple(a.policy_dir or ()), client_timeout_s=a.client_timeout, threads=a.threads,
-    )
-    srv = LeRobotCompatServer(cfg)
+    try:
+        profile = None
+        if a.latency_ms:
+            profile = {int(b): float(ms) for b, _, ms in (x.partition(":") for x in a.latency_ms.split(","))}
+            EngineProfile(profile)
+        cfg = CompatConfig(
+            host=a.host, port=a.port, fps=a.fps, scheduler=a.scheduler, scheduler_params=_params(a.scheduler_param),
+            engine=a.engine, engine_params=_params(a.engine_param), profile_ms=profile, max_batch=a.max_batch,
+            policy_dirs=tuple(a.policy_dir or ()), client_timeout_s=a.client_timeout, threads=a.threads,
+        )
+        srv = LeRobotCompatServer(cfg)
+    except (KeyError, TypeError, ValueError, OSError, RuntimeError) as e:  # RuntimeError: grpc cannot bind
+        print(f"robotserve lerobot-server: {e.args[0] if isinstance(e, KeyError) else e}", file=sys.stderr)
+        return 2
     print(f"serving LeRobot async inference on {a.host}:{srv.port} (scheduler {a.scheduler}, engine {a.engine}); "
           f"Ctrl-C stops", flush=True)
     signal.signal(signal.SIGTERM, signal.default_int_handler)
