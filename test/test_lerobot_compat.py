@@ -261,6 +261,20 @@ def test_two_clients_are_two_tasks_with_lerobot_timing(sim_server):
     b.close()
 
 
+def test_client_id_metadata_separates_clients_on_one_connection(sim_server):
+    ch = grpc.insecure_channel(f"127.0.0.1:{sim_server.port}")
+    stub = pb_grpc.AsyncInferenceStub(ch)
+    for who in ("left-arm", "right-arm"):
+        md = [("robotserve-client", who)]
+        stub.Ready(pb.Empty(), metadata=md)
+        stub.SendPolicyInstructions(policy_setup(), metadata=md)
+        stub.SendObservations(send_bytes_in_chunks(pickle.dumps(timed_obs(0)), pb.Observation), metadata=md)
+        assert len(pickle.loads(stub.GetActions(pb.Empty(), metadata=md).data)) == 4
+    peers = {c["peer"] for c in sim_server.servicer.stats()["clients"].values()}
+    assert peers == {"id:left-arm", "id:right-arm"}
+    ch.close()
+
+
 def test_cli_serves_until_sigterm(tmp_path):
     import signal
 
@@ -377,3 +391,25 @@ def test_robot_client_act(lerobot_server, policies, tmp_path):
     (acts,) = run_clients(lerobot_server, tmp_path, ["act"], policies)
     assert len(acts) >= 20 and np.all(np.isfinite(acts))
     owner(lerobot_server, acts)
+
+
+def test_policy_checked_against_the_checkpoint(lerobot_server, policies):
+    c = Client(lerobot_server.port)
+    c.stub.Ready(pb.Empty())
+    assert "holds a 'diffusion' policy" in _refused(
+        lambda: c.stub.SendPolicyInstructions(policy_setup(policies["diffusion"], ptype="act")),
+        grpc.StatusCode.INVALID_ARGUMENT)
+    # the robot calls its camera "front"; the policy's is "cam0": refused, then mapped by rename_map
+    feats = {"observation.state": FEATURES["observation.state"],
+             "observation.images.front": FEATURES["observation.images.cam0"]}
+    spec = RemotePolicyConfig("act", str(policies["act"]), feats, 3)
+    assert "rename_map" in _refused(lambda: c.stub.SendPolicyInstructions(pb.PolicySetup(data=pickle.dumps(spec))),
+                                    grpc.StatusCode.INVALID_ARGUMENT)
+    spec.rename_map = {"observation.images.front": "observation.images.cam0"}
+    c.stub.SendPolicyInstructions(pb.PolicySetup(data=pickle.dumps(spec)))
+    obs = timed_obs(4)
+    obs.observation["front"] = obs.observation.pop("cam0")  # 24x40: resized to the policy's 32x32
+    c.send(obs)
+    acts = c.actions()
+    assert [a.timestep for a in acts] == [4, 5, 6] and all(torch.isfinite(a.action).all() for a in acts)
+    c.close()

@@ -256,8 +256,11 @@ class LeRobotCompatServicer:
 
     def _group(self, ptype: str, path: str, n_joints: int) -> _Group:
         cfg = self.cfg
-        local = Path(path).expanduser()
-        resolved = local.resolve() if local.exists() else local
+        try:
+            local = Path(path).expanduser()
+            resolved = local.resolve() if local.exists() else local
+        except (OSError, RuntimeError) as e:  # an unknown ~user, a symlink loop
+            raise _Fail("bad_policy", grpc.StatusCode.INVALID_ARGUMENT, f"policy path {path!r}: {e}") from None
         if cfg.policy_dirs and not any(resolved.is_relative_to(Path(d).expanduser().resolve()) for d in cfg.policy_dirs):
             raise _Fail("policy_not_allowed", grpc.StatusCode.PERMISSION_DENIED,
                         f"policy path {path!r} is outside the directories this server loads policies from")
