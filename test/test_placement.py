@@ -1,4 +1,4 @@
-"""Algorithm 1 phase 3 (seed 000 §3.2.3): edge first, cloud when it beats the edge queue."""
+"""Algorithm 1 phase 3 (seed 000 §3.2.3): edge first, cloud when it beats the edge delay."""
 from __future__ import annotations
 
 import numpy as np
@@ -31,9 +31,10 @@ def setup(rtt=0.1, bw=125e6):
 def test_short_edge_queue_stays_on_edge():
     edge, cloud, _, pl = setup()
     out = pl.place(pending(5), [edge, cloud], 0.0)
-    # 4 fit the edge batch; the 5th would wait 200 ms at the edge, the cloud takes 130 ms.
+    # 4 fit the edge batch; the 5th would complete at the edge after 200 + 100 ms, the cloud
+    # takes 130 ms.
     assert [(t.name, len(b)) for t, b in out] == [("edge", 4), ("cloud", 1)]
-    edge2, cloud2, _, pl2 = setup(rtt=0.3)  # a slower link: the 5th waits for the edge
+    edge2, cloud2, _, pl2 = setup(rtt=0.3)  # a slower link (330 ms): the 5th waits for the edge
     out = pl2.place(pending(5), [edge2, cloud2], 0.0)
     assert [(t.name, len(b)) for t, b in out] == [("edge", 4)]
     out = pl2.place(pending(3), [edge2, cloud2], 0.0)
@@ -41,12 +42,13 @@ def test_short_edge_queue_stays_on_edge():
 
 
 def test_long_edge_queue_offloads_to_cloud():
-    edge, cloud, _, pl = setup(rtt=0.3)
+    edge, cloud, _, pl = setup(rtt=0.4)
     ordered = pending(20)
     out = dict((t.name, b) for t, b in pl.place(ordered, [edge, cloud], 0.0))
     assert out["edge"] == ordered[:4]  # line 15: the head of the priority order stays on the edge
-    # Requests 5-8 would start at 200 ms (< 360 ms cloud): they stay queued for the edge;
-    # the next ones would wait >= 400 ms, so the cloud takes a full batch of them.
+    # Requests 5-8 would complete on the edge at 300-400 ms (< 430 ms cloud): they stay
+    # queued for the edge; the next ones would complete >= 500 ms, so the cloud takes a
+    # full batch of them (430-460 ms).
     assert out["cloud"] == ordered[8:12]
     # The edge is busy until 200 ms: with only the cloud free, t4-t7 still wait for the edge.
     edge.busy = 1
@@ -54,8 +56,23 @@ def test_long_edge_queue_offloads_to_cloud():
     assert [p.task_id for _, b in out for p in b] == [f"t{i}" for i in range(8, 12)]
 
 
+def test_edge_delay_counts_edge_compute_not_only_queueing():
+    # Algorithm 1 line 17 compares the cloud latency with the delay until the request would
+    # COMPLETE on the edge: the edge frees at 200 ms, then computes it for 100 ms.
+    edge, cloud, _, pl = setup(rtt=0.1)
+    pl.place(pending(4), [edge], 0.0)  # the edge runs a batch of 4 until 200 ms
+    edge.busy = 1
+    # At 150 ms the edge frees in 50 ms (< the 130 ms cloud), but completes at 150 ms (> 130 ms).
+    out = pl.place(pending(1), [cloud], 0.15)
+    assert [(t.name, len(b)) for t, b in out] == [("cloud", 1)]
+    edge2, cloud2, _, slow = setup(rtt=0.3)  # 330 ms cloud: the edge's 150 ms wins
+    slow.place(pending(4), [edge2], 0.0)
+    edge2.busy = 1
+    assert slow.place(pending(1), [cloud2], 0.15) == []
+
+
 def test_transfer_time_counts_against_the_cloud():
-    edge, cloud, _, pl = setup(rtt=0.05, bw=1e6)  # 1 MB/s: a 150 KB image costs 150 ms
+    edge, cloud, _, pl = setup(rtt=0.05, bw=0.5e6)  # 0.5 MB/s: a 150 KB image costs 300 ms
     out = pl.place(pending(6, side=224), [edge, cloud], 0.0)
     assert [t.name for t, _ in out] == ["edge"]
     edge2, cloud2, _, fast = setup(rtt=0.05, bw=1e9)

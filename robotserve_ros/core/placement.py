@@ -4,8 +4,9 @@
 `shortest_delay` is Kairos' hybrid edge-cloud placement (§3.2.3, Algorithm 1 lines 15-19):
 the first N_e requests of the priority order go to the edge; each later one goes to the
 cloud when the estimated cloud latency -- the cloud profile at that batch size + the
-network round trip + the batch's bytes at the measured bandwidth -- is below the queueing
-delay it would see at the edge, while the cloud has room (|S_c| < N_c).
+network round trip + the batch's bytes at the measured bandwidth -- is below its estimated
+edge delay -- the wait until an edge slot frees plus the edge compute of the batch it would
+join, i.e. when it would complete there -- while the cloud has room (|S_c| < N_c).
 
 The round trip and the bandwidth are LinkEstimates moved by measurements at run time
 (pings and call timings fed by the transport), starting from configured guesses.
@@ -91,7 +92,7 @@ def payload_bytes(req: InferenceRequest) -> int:
 
 class ShortestDelay:
     """Algorithm 1 phase 3: prefer the edge, offload a request to the cloud when the cloud
-    gets it back sooner than the edge would start it.
+    gets it back sooner than the edge would.
 
     links: cloud tier name -> LinkEstimate; every other tier is edge. edge_tiers: the edge
     Tier objects the serving core owns (busy ones too: their expected free time is the
@@ -142,7 +143,7 @@ class ShortestDelay:
         self.kept += i
         if not clouds or i >= len(ordered):
             return out
-        # Lines 16-19: each later request to the cloud when it beats its edge queueing delay.
+        # Lines 16-19: each later request to the cloud when it beats its edge delay.
         edge = max(self.edge_tiers, key=lambda t: t.batch_limit)
         b_e, l_e = edge.batch_limit, edge.profile.latency_s(edge.batch_limit)
         free_at = self._edge_free_at(now, {t.name for t, _ in out})
@@ -153,7 +154,9 @@ class ShortestDelay:
                 break
             t = clouds[ci]
             link = self.links[t.name]
-            edge_delay = max(0.0, free_at - now) + (queued // b_e) * l_e
+            # Line 17 "edge delay", phase 3 "shortest estimated delay": until it would complete
+            # on the edge (queueing + the compute of the batch it joins), not only until it starts.
+            edge_delay = max(0.0, free_at - now) + (queued // b_e) * l_e + edge.profile.latency_s(queued % b_e + 1)
             nb = self.bytes_of(p.request) + self.reply_bytes + self.overhead_bytes
             cloud = t.profile.latency_s(len(cloud_batch) + 1) + link.rtt_s + link.transfer_s(cloud_bytes + nb)
             if cloud < edge_delay:
