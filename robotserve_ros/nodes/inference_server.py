@@ -134,14 +134,10 @@ class InferenceServerNode(Node):
             self.engine = make_engine(p["engine"], profile, **json.loads(p["engine_params"]))
         except (TypeError, ValueError, OSError) as e:  # a bad knob or a missing model: say which
             raise ParamError(f"cannot build scheduler/engine from parameters: {e}") from e
-        self.spec = ObservationSpec(
-            cameras=p["obs_cameras"] if p["obs_cameras"] >= 0 else None,
-            width=p["obs_width"] if p["obs_width"] > 0 else None,
-            height=p["obs_height"] if p["obs_height"] > 0 else None,
-            encodings=tuple(p["obs_encodings"]),
-            joints=p["obs_joints"] if p["obs_joints"] >= 0 else None,
-            max_bytes=p["max_request_bytes"],
-        )
+        profile = self.engine.profile  # the given one, or one the engine measured (profile_file)
+        self.spec = self._observation_spec(p, getattr(self.engine, "observation_spec", None))
+        if not self.spec.encodings:
+            raise ParamError(f"parameter 'obs_encodings': none of {p['obs_encodings']} is an image encoding the engine takes")
         self.clock = NodeClock(self)
         tier = Tier("edge", profile, max_batch=p["max_batch"] or None)
         tiers, self.engines = [tier], {"edge": self.engine}
@@ -171,6 +167,7 @@ class InferenceServerNode(Node):
         self.last_seen: dict = {}
         self.refresh_service: dict = {}
         self.finished = Counter()
+        self.served_by_tier = Counter()  # replies per tier: how much the placement offloaded
         self._t0 = time.monotonic()
         self._fetch_clients: dict = {}  # (rclpy's Node keeps its own _clients)
         self._group = ReentrantCallbackGroup()
@@ -238,9 +235,26 @@ class InferenceServerNode(Node):
                 self.finished["reaped"] += 1
                 self._forget(tid, ("task_dropped", f"task '{tid}' was reaped after {self.p['task_timeout_s']} s of silence"))
 
+    @staticmethod
+    def _observation_spec(p, engine_spec: Optional[ObservationSpec]) -> ObservationSpec:
+        """The checks a request passes before it is queued: the obs_* parameters where set,
+        else what the engine's policy takes. A bad observation found only by the engine would
+        fail its whole batch, and come back with every requeue."""
+        e = engine_spec or ObservationSpec()
+        return ObservationSpec(
+            cameras=p["obs_cameras"] if p["obs_cameras"] >= 0 else e.cameras,
+            width=p["obs_width"] if p["obs_width"] > 0 else e.width,
+            height=p["obs_height"] if p["obs_height"] > 0 else e.height,
+            encodings=tuple(x for x in p["obs_encodings"] if x in e.encodings),
+            joints=p["obs_joints"] if p["obs_joints"] >= 0 else e.joints,
+            max_bytes=p["max_request_bytes"],
+        )
+
     def _forget(self, tid: str, error: tuple) -> None:
         """Under the lock: drop the task; answer its waiting calls with `error`."""
         self.core.drop_task(tid)
+        for eng in self.engines.values():
+            eng.forget(tid)  # per-task observation history (n_obs_steps) goes with the task
         self.last_seen.pop(tid, None)
         self.refresh_service.pop(tid, None)
         for key in [k for k in self.waiters if k[0] == tid]:
@@ -256,6 +270,7 @@ class InferenceServerNode(Node):
     def _deliver(self, replies) -> None:
         """Under the lock (TierRunner.deliver): hand each reply to its waiting call."""
         for r in replies:
+            self.served_by_tier[r.tier] += 1
             w = self.waiters.pop((r.task_id, r.round_id), None)
             if w is not None:
                 w.reply = r
@@ -294,6 +309,7 @@ class InferenceServerNode(Node):
                 "in_flight": len(self.core.inflight),
                 "tasks": len(self.core.ledger.tasks),
                 "served": s.completed,
+                "served_by_tier": dict(self.served_by_tier),
                 "batches": s.batches,
                 "engine_utilization": self.runner.busy_s["edge"] / max(1e-9, time.monotonic() - self._t0),
                 "tier_failures": dict(self.runner.failures),
@@ -309,7 +325,8 @@ class InferenceServerNode(Node):
 
     def _publish_diagnostics(self) -> None:
         st = self.stats()
-        kv = [KeyValue(key=k, value=str(v)) for k, v in st.items() if k not in ("errors", "wait_ratio")]
+        kv = [KeyValue(key=k, value=str(v)) for k, v in st.items() if k not in ("errors", "wait_ratio", "served_by_tier")]
+        kv += [KeyValue(key=f"served_by_tier/{k}", value=str(v)) for k, v in sorted(st["served_by_tier"].items())]
         kv += [KeyValue(key=f"errors/{k}", value=str(v)) for k, v in sorted(st["errors"].items())]
         kv += [KeyValue(key=f"wait_ratio/{t}", value=f"{w:.4f}") for t, w in sorted(st["wait_ratio"].items())]
         level = DiagnosticStatus.WARN if st["errors"] else DiagnosticStatus.OK
