@@ -205,3 +205,34 @@ with DelayRelay("127.0.0.1:0", "{link.addr_b}:50061", {delay}) as relay:
     assert got["conns"] >= 1
     assert got["relayed"] - got["direct"] >= 2 * delay, got
     assert shutil.which("ip") and link.ns_a not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+
+
+def test_relay_closes_quietly_with_a_connection_open():
+    """close() lets the relay's open connections unwind: no 'Task was destroyed but it is
+    pending', no unclosed sockets or loop (run in a child so GC-time warnings are seen)."""
+    import sys
+
+    probe = """
+import socket, threading, warnings, gc
+warnings.simplefilter("always")
+from robotserve_ros.net.relay import DelayRelay
+srv = socket.socket(); srv.bind(("127.0.0.1", 0)); srv.listen()
+def echo():
+    c, _ = srv.accept()
+    with c:
+        while (d := c.recv(100)):
+            c.sendall(d)
+threading.Thread(target=echo, daemon=True).start()
+r = DelayRelay("127.0.0.1:0", f"127.0.0.1:{srv.getsockname()[1]}", 0.01)
+s = socket.create_connection(("127.0.0.1", r.port))
+s.sendall(b"hi")
+assert s.recv(10) == b"hi"
+r.close()
+del r
+gc.collect()
+s.close(); srv.close()
+print("ok")
+"""
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
+    assert r.stderr == "", r.stderr[-2000:]

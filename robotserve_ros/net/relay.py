@@ -74,9 +74,13 @@ class DelayRelay:
         except OSError:
             cw.close()
             return
-        await asyncio.gather(_pump(cr, uw, self.delay_s), _pump(ur, cw, self.delay_s), return_exceptions=True)
-        for w in (cw, uw):
-            w.close()
+        try:
+            await asyncio.gather(_pump(cr, uw, self.delay_s), _pump(ur, cw, self.delay_s), return_exceptions=True)
+        except asyncio.CancelledError:  # close(): the relay goes away, quietly
+            pass
+        finally:
+            for w in (cw, uw):
+                w.close()
 
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
@@ -90,20 +94,28 @@ class DelayRelay:
         finally:
             self._ready.set()
         self._loop.run_forever()
+        self._loop.close()
 
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
 
     def close(self) -> None:
-        def stop() -> None:
+        async def stop() -> None:
             if self._server is not None:
                 self._server.close()
-            for t in asyncio.all_tasks(self._loop):
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in tasks:
                 t.cancel()
-            self._loop.stop()
+            # Let the cancelled connections unwind before the loop stops (else asyncio warns
+            # "Task was destroyed but it is pending").
+            await asyncio.gather(*tasks, return_exceptions=True)
 
-        self._loop.call_soon_threadsafe(stop)
+        try:
+            asyncio.run_coroutine_threadsafe(stop(), self._loop).result(timeout=2.0)
+        except Exception:  # a stuck connection must not keep the relay open
+            pass
+        self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=2.0)
 
     def __enter__(self) -> "DelayRelay":
