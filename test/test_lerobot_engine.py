@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("lerobot")
 
 from lerobot_policies import make_policy_dir  # noqa: E402
-from rosutil import REPO_ROOT, requires_rclpy, start_node  # noqa: E402
+from rosutil import REPO_ROOT, requires_rclpy, ros_ctx, start_node  # noqa: E402,F401 - ros_ctx is a fixture
 
 from robotserve_ros.core.observation import BadObservation, Observation  # noqa: E402
 from robotserve_ros.core.types import InferenceRequest  # noqa: E402
@@ -218,3 +218,33 @@ def test_server_start_with_a_missing_policy_dir_exits_2_naming_it():
         node.stop()
     assert code == 2, node.output()
     assert "/nonexistent/policy" in node.stderr() and "does not exist" in node.stderr(), node.output()
+
+
+@requires_rclpy
+def test_server_serves_a_simulated_robot_with_a_lerobot_diffusion_policy(ros_ctx, tmp_path):
+    """The whole path with a real policy: sim_robot's camera and joints -> robot_client ->
+    inference_server (LeRobot engine, observation checks taken from the policy, confidence
+    horizon from captured denoising updates) -> commands on the robot's topic."""
+    from test_nodes import fleet_params
+    from trajectory_msgs.msg import JointTrajectory
+    from rclpy.qos import QoSProfile, ReliabilityPolicy
+
+    from robotserve_ros.msg import ExecutionProgress
+
+    dp = make_policy_dir("diffusion", tmp_path / "dp", n_obs_steps=2, image_hw=(96, 96), horizon=16, n_action_steps=12)
+    params = fleet_params(
+        tmp_path, tasks=2, task_actions=30,
+        server={"engine": "lerobot", "engine_params": json.dumps({"policy_dir": str(dp)}),
+                "horizon_params": json.dumps({"static": {"h": 8}, "confidence": {"t": 0.4, "h_min": 2}})})
+    ros_ctx.start_node(["robotserve_ros.nodes.inference_server", "--ros-args", "--params-file", params])
+    ros_ctx.start_node(["robotserve_ros.nodes.sim_robot", "--robots", "1", "--ros-args", "--params-file", params])
+    client = ros_ctx.start_node(["robotserve_ros.nodes.robot_client", "--robots", "1", "--ros-args", "--params-file", params])
+    progress = ros_ctx.collect(ExecutionProgress, "/robotserve/progress", QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE))
+    commands = ros_ctx.collect(JointTrajectory, "/robot_0/command", 10)
+    done = lambda: [m for m in progress if m.task_done]  # noqa: E731
+    assert ros_ctx.wait_for(lambda: len(done()) >= 1, 90), client.output()
+    first = done()[0]
+    assert first.timestep >= 30 and first.chunks >= 3, first  # 12-action chunks, trimmed by confidence
+    assert len(commands) >= 20 and all(len(c.points[0].positions) == 6 for c in commands)  # some before the match
+    assert all(np.isfinite(c.points[0].positions).all() for c in commands)
+    assert client.stop() == 0, client.output()
