@@ -56,6 +56,9 @@ def test_cloud_tier_serves_part_of_a_burst(ros_ctx, tmp_path):
         srv = ros_ctx.start_node(["robotserve_ros.nodes.inference_server", "--ros-args", "--params-file", str(path)])
         diags = ros_ctx.collect(DiagnosticArray, "/diagnostics", 10)
         c = Caller(ros_ctx)
+        # One call first: wait_for_service matches the request path only, and a burst sent
+        # before the reply path has matched can lose its replies (a DDS discovery race).
+        assert c.call(make_request("warmup/task0", 0)).status.reason == "ok"
         futs = [c.send(make_request(f"robot_{i}/task0", 0)) for i in range(ROBOTS)]
         assert ros_ctx.wait_for(lambda: all(f.done() for f in futs), 15), srv.output()
         for i, f in enumerate(futs):
@@ -67,7 +70,7 @@ def test_cloud_tier_serves_part_of_a_burst(ros_ctx, tmp_path):
         def served():
             for m in reversed(diags):
                 vals = {kv.key: kv.value for kv in m.status[0].values}
-                if vals.get("served") == str(ROBOTS):
+                if vals.get("served") == str(ROBOTS + 1):
                     return vals
             return None
 
@@ -76,7 +79,7 @@ def test_cloud_tier_serves_part_of_a_burst(ros_ctx, tmp_path):
         by_tier = {k.split("/", 1)[1]: int(v) for k, v in vals.items() if k.startswith("served_by_tier/")}
         # The edge keeps the head of the order (line 15); the overflow beats its edge delay on the cloud.
         assert by_tier.get("edge", 0) >= 1 and by_tier.get("cloud", 0) >= 1, vals
-        assert sum(by_tier.values()) == ROBOTS and vals["tier_failures"] == "{}", vals
+        assert sum(by_tier.values()) == ROBOTS + 1 and vals["tier_failures"] == "{}", vals
         assert srv.stop() == 0, srv.output()
     finally:
         gpu.terminate()
