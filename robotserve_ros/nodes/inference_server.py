@@ -147,7 +147,8 @@ class InferenceServerNode(Node):
                 rt = dict(rt)
                 name, slots, mb = rt.pop("name", f"cloud{i}"), int(rt.pop("slots", 1)), rt.pop("max_batch", None)
                 link = LinkEstimate(**{k: float(rt.pop(k)) for k in ("rtt_s", "bandwidth_bps") if k in rt})
-                eng = self.engines[name] = make_engine("remote", None, link=link, **rt)
+                # The link's down-until times must be on the core's clock: the placement reads them.
+                eng = self.engines[name] = make_engine("remote", None, link=link, clock=self.clock.now, **rt)
                 tiers.append(Tier(name, eng.profile, slots=slots, max_batch=mb))
                 links[name] = link
             pp = json.loads(p["placement_params"])
