@@ -9,11 +9,11 @@ from pathlib import Path
 
 def _load_workload(arg: str):
     from .sim.workload import load_workload
-    from .sim.workloads import builtin_names, builtin_workload
+    from .sim.workloads import builtin_names, builtin_workload, measured_names
 
     if Path(arg).exists() or arg.endswith(".json"):
         return load_workload(arg)
-    if arg in builtin_names():
+    if arg in builtin_names() or arg in measured_names():
         return builtin_workload(arg)
     raise SystemExit(f"robotserve: --workload {arg!r} is neither a file nor a built-in ({', '.join(builtin_names())})")
 
@@ -74,7 +74,9 @@ def cmd_workload(a) -> int:
     from .sim.workloads import builtin_names, builtin_workload
 
     if a.action == "list":
-        print("\n".join(builtin_names()))
+        from .sim.workloads import measured_names
+
+        print("\n".join(builtin_names() + measured_names()))
     elif a.action == "gen":
         if not a.name or not a.out:
             raise SystemExit("robotserve workload gen NAME --out FILE")
@@ -220,6 +222,10 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--log-dir", default="log/up")
     u.add_argument("--dry-run", action="store_true", help="print the commands instead")
     u.set_defaults(func=cmd_up)
+
+    from .study.commands import add_parser as add_study  # PushGust task and horizon study (robotserve_ros/study/)
+
+    add_study(sub)
 
     w = sub.add_parser("workload", help="list, generate or check workload files")
     w.add_argument("action", choices=("list", "gen", "check"))
