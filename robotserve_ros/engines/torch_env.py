@@ -47,4 +47,27 @@ def import_lerobot_policies():
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for the hub at run time
     import lerobot.policies  # noqa: F401
 
+    _allow_state_only_diffusion()
     return sys.modules["lerobot.policies"]
+
+
+def _allow_state_only_diffusion() -> None:
+    """Let LeRobot 0.4.4's DiffusionConfig take `observation.state` as its only input.
+
+    Its `validate_features` asks for a camera or an `observation.environment_state`, yet the
+    model conditions on the robot state alone without trouble (global_cond = state): the
+    horizon study's state-only policy (models/pushgust_diffusion) needs this to load. The
+    check still runs for every config without `observation.state`. Idempotent."""
+    from lerobot.policies.diffusion.configuration_diffusion import DiffusionConfig
+
+    check = DiffusionConfig.validate_features
+    if getattr(check, "_state_only_ok", False):
+        return
+
+    def validate_features(self) -> None:
+        if not self.image_features and self.env_state_feature is None and self.robot_state_feature is not None:
+            return
+        check(self)
+
+    validate_features._state_only_ok = True
+    DiffusionConfig.validate_features = validate_features

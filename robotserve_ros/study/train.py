@@ -46,28 +46,10 @@ class TrainConfig:
 
 
 def allow_state_only_diffusion() -> None:
-    """Let LeRobot 0.4.4's DiffusionConfig take `observation.state` as its only input.
-
-    Its `validate_features` asks for a camera or an `observation.environment_state`, yet the
-    model conditions on the robot state alone without trouble (global_cond = state). The
-    engine fills `observation.state` and cameras only, so a state-only task needs this. The
-    check is kept for every config that lacks `observation.state` too. Idempotent."""
+    """State-only DiffusionPolicy configs load (see engines.torch_env); kept for callers."""
     from ..engines.torch_env import import_lerobot_policies
 
     import_lerobot_policies()
-    from lerobot.policies.diffusion.configuration_diffusion import DiffusionConfig
-
-    check = DiffusionConfig.validate_features
-    if getattr(check, "_state_only_ok", False):
-        return
-
-    def validate_features(self) -> None:
-        if not self.image_features and self.env_state_feature is None and self.robot_state_feature is not None:
-            return
-        check(self)
-
-    validate_features._state_only_ok = True
-    DiffusionConfig.validate_features = validate_features
 
 
 def dataset_stats(demos: dict) -> dict:
