@@ -116,7 +116,8 @@ def test_confidence_param_and_constructor_checks():
     assert pol.check_param(None) is None
     assert pol.check_param(0.0) is None
     assert pol.check_param(0.4) is None
-    for bad in (-0.1, float("nan"), float("inf")):
+    assert pol.check_param(-0.85) is None  # (1 + t) > 0 is all the rule needs
+    for bad in (-1.0, -1.5, float("nan"), float("inf")):
         assert pol.check_param(bad)
     with pytest.raises(ValueError):
         ConfidenceHorizon(t=-1.0)
