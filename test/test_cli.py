@@ -7,7 +7,7 @@ import json
 import pytest
 
 from robotserve_ros.cli import main
-from robotserve_ros.sim.workloads import builtin_names, builtin_workload
+from robotserve_ros.sim.workloads import MEASURED, SHAPES, builtin_names, builtin_workload, measured_names
 
 REQUIRED = {"avg_latency_s", "p25_latency_s", "p95_latency_s", "tasks", "rounds", "mean_wait_ratio", "engine_utilization"}
 
@@ -57,12 +57,32 @@ def test_workload_gen_check_and_bad_file(tmp_path, capsys):
 
 
 def test_builtin_workloads_are_seeded_and_valid():
-    for name in builtin_names():
+    for name in builtin_names() + measured_names():
         a, b = builtin_workload(name), builtin_workload(name)
         assert a == b  # same seed, same workload
         assert builtin_workload(name, seed=1) != a
-        for t in a.tasks:  # the same physical task under both horizon policies
+    # Generated shapes only: a recorded episode may end at a different step under each
+    # horizon policy, so a measured task's totals legitimately differ.
+    for name in SHAPES:
+        for t in builtin_workload(name).tasks:  # the same physical task under both horizon policies
             assert sum(t.rounds["static"]) == sum(t.rounds["dynamic"])
+
+
+def test_measured_workload_loads_validates_and_simulates(tmp_path, capsys):
+    assert "pushgust-diffusion" in measured_names()
+    assert main(["workload", "check", str(MEASURED["pushgust-diffusion"])]) == 0
+    w = builtin_workload("pushgust-diffusion")
+    assert w.name == "pushgust-diffusion" and len(w.tasks) >= 10
+    out = tmp_path / "m.json"
+    assert main(["sim", "--workload", "pushgust-diffusion", "--scheduler", "kairos", "--horizon", "dynamic",
+                 "--rate", "1", "--tasks", "20", "--seed", "0", "--out", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert REQUIRED <= set(r) and r["workload"] == "pushgust-diffusion" and r["tasks"] == 20
+    # 20 tasks drawn from the recorded episodes: between the fewest and most rounds any has.
+    per_task = [len(t.rounds["dynamic"]) for t in w.tasks]
+    assert 20 * min(per_task) <= r["rounds"] <= 20 * max(per_task)
+    assert 0 < r["lower_bound_avg_s"] <= r["avg_latency_s"] and r["p25_latency_s"] <= r["p95_latency_s"]
+    assert 0 < r["engine_utilization"] <= 1
 
 
 def test_bench_scheduler_writes_its_json(tmp_path, capsys):
@@ -76,14 +96,21 @@ def test_bench_scheduler_writes_its_json(tmp_path, capsys):
 
 def test_bench_fleet_end_to_end_small(tmp_path, capsys):
     out = tmp_path / "fleet"
-    assert main(["bench", "fleet", "--out", str(out), "--workloads", "metaworld-smolvla", "--seeds", "0",
-                 "--tasks", "40", "--workers", "1"]) == 0
+    assert main(["bench", "fleet", "--out", str(out), "--workloads", "metaworld-smolvla", "pushgust-diffusion",
+                 "--seeds", "0", "--tasks", "40", "--workers", "1"]) == 0
     data = json.loads((out / "fleet_bench.json").read_text())
+    # The measured workload's Hz and engine profile come from its file, not a generated shape.
+    m, w = data["workloads"]["pushgust-diffusion"], builtin_workload("pushgust-diffusion")
+    assert m["shape"]["measured"] and not data["workloads"]["metaworld-smolvla"]["shape"]["measured"]
+    assert m["shape"]["control_hz"] == w.tasks[0].control_hz
+    assert {int(b): v for b, v in m["shape"]["batch_latency_ms"].items()} == w.batch_latency_ms
+    assert m["peak"]["rate"] > 0 and m["online"]["Kairos"][-1]["tasks"] == 40
     wd = data["workloads"]["metaworld-smolvla"]
     assert {"FIFO", "Autellix", "Kairos static", "Kairos", "FIFO dynamic", "Autellix dynamic"} <= set(wd["online"])
     assert [r["robots"] for r in wd["fleet"]["Kairos"]] == [10, 50, 100]
     report = (out / "report.md").read_text()
     assert "Table 2 (a) vs FIFO" in report and "Table 2 (b) vs Autellix" in report and "LB" in report
+    assert "pushgust-diffusion (measured)" in report and "measured on a real policy (reports/horizon_study.md)" in report
     for png in ("latency_vs_rate.png", "latency_vs_fleet.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     printed = capsys.readouterr().out

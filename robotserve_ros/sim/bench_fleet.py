@@ -1,4 +1,5 @@
-"""`robotserve bench fleet`: seed 000 §5.3 in simulation, on every built-in workload.
+"""`robotserve bench fleet`: seed 000 §5.3 in simulation, on every built-in workload: the
+generated shapes and the workloads measured on a real policy (workloads.MEASURED).
 
 For each workload: FIFO, Autellix and Kairos with static horizons, Kairos with the dynamic
 horizon, and the Table 2 ablations (baseline schedulers with the dynamic horizon), over
@@ -9,8 +10,10 @@ Peak load: the arrival rate at which FIFO with static horizons offers the engine
 (0.9) of its maximum request throughput, the throughput at the profile's saturation batch.
 Busy time is no measure of load for a batching engine: FIFO-static keeps it 90% busy while
 batches are still small and most of the capacity unused (the report shows the utilisation
-at every sweep point). One point past peak, OVERLOAD_FRACTION, shows the overloaded regime
-where static horizons are unstable; targets are read at peak.
+at every sweep point). The engine profile is the workload's own engine block, so a measured
+workload's peak comes from its measured batch latencies. One point past peak,
+OVERLOAD_FRACTION, shows the overloaded regime where static horizons are unstable; targets
+are read at peak.
 """
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ import numpy as np
 
 from ..machine import machine_info
 from .runner import RunSpec, pooled, run_many
-from .workloads import PROFILES, SHAPES, builtin_names, builtin_workload
+from .workloads import SHAPES, builtin_names, builtin_workload, measured_names
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,11 @@ BY_LABEL = {c.label: c for c in CONFIGS}
 RATE_FRACTIONS = (0.2, 0.4, 0.6, 0.8, 1.0)
 OVERLOAD_FRACTION = 1.25
 FLEETS = (10, 50, 100)
+MEASURED_NOTE = "measured on a real policy (reports/horizon_study.md)"
+
+
+def default_workloads() -> list[str]:
+    return builtin_names() + measured_names()
 
 
 def peak_rate(workload: str, load: float = 0.9) -> float:
@@ -69,7 +77,7 @@ def reduction(base: float, new: float) -> float:
 def run_bench(out_dir: Path, seeds=(0, 1, 2), tasks: int = 400, peak_load: float = 0.9,
               workloads=None, workers=None) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
-    names = list(workloads or builtin_names())
+    names = list(workloads or default_workloads())
     t0 = time.time()
     peaks = {}
     for n in names:
@@ -105,22 +113,34 @@ def run_bench(out_dir: Path, seeds=(0, 1, 2), tasks: int = 400, peak_load: float
 
 
 def _shape(name: str) -> dict:
-    s, w = SHAPES[name], builtin_workload(name)
+    """What the report says about a workload: a generated one from its WorkloadShape, a
+    measured one from the workload file alone (engine block, tasks' control_hz, rounds)."""
+    w = builtin_workload(name)
     st = np.concatenate([t.rounds["static"] for t in w.tasks])
     dy = np.concatenate([t.rounds["dynamic"] for t in w.tasks])
+    # Seconds one round executes, per task's own control rate.
+    phase = np.concatenate([np.asarray(t.rounds[m]) / t.control_hz for t in w.tasks for m in ("static", "dynamic")])
+    if name in SHAPES:
+        s = SHAPES[name]
+        info = {"measured": False, "shaped_like": s.shaped_like, "profile": s.profile, "control_hz": s.control_hz,
+                "chunk": s.chunk}
+    else:
+        hz = sorted({t.control_hz for t in w.tasks})
+        # The file records no chunk size; its largest round is what the simulator's engine
+        # generates per request (SimulatedEngine chunk_size = Workload.max_round()).
+        info = {"measured": True, "shaped_like": MEASURED_NOTE, "profile": "measured",
+                "control_hz": hz[0] if len(hz) == 1 else hz, "chunk": None}
     return {
-        "shaped_like": s.shaped_like,
-        "profile": s.profile,
-        "batch_latency_ms": PROFILES[s.profile],
+        **info,
+        "batch_latency_ms": dict(w.batch_latency_ms),
         "saturation_batch": w.profile.saturation_batch,
-        "control_hz": s.control_hz,
-        "chunk": s.chunk,
+        "max_round": w.max_round(),
         "tasks": len(w.tasks),
         "mean_static_h": float(st.mean()),
         "mean_dynamic_h": float(dy.mean()),
         "rounds_static_per_task": float(len(st) / len(w.tasks)),
         "rounds_dynamic_per_task": float(len(dy) / len(w.tasks)),
-        "exec_phase_s": [float(min(st.min(), dy.min()) / s.control_hz), float(max(st.max(), dy.max()) / s.control_hz)],
+        "exec_phase_s": [float(phase.min()), float(phase.max())],
     }
 
 

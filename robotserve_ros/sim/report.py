@@ -33,6 +33,28 @@ def _fleet(wd: dict, label: str, robots: int) -> dict:
     return next(r for r in wd["fleet"][label] if r["robots"] == robots)
 
 
+def _label(data: dict, n: str) -> str:
+    """The workload's name in tables: a measured one says so (its data is a real policy's)."""
+    return f"{n} (measured)" if data["workloads"][n]["shape"].get("measured") else n
+
+
+def _measured_note(data: dict) -> list[str]:
+    names = [n for n, wd in data["workloads"].items() if wd["shape"].get("measured")]
+    if not names:
+        return []
+    wd = data["workloads"][names[0]]
+    return [
+        "",
+        f"**(measured)**: {', '.join(names)} is {wd['shape']['shaped_like']}, not generated: one task per "
+        "evaluated episode, the rounds of the best static H and of the confidence threshold the study picked, and the "
+        "policy's measured batch latencies as the engine profile (Hz, engine profile and chunk above come from "
+        "the workload file; the file records no chunk size, so its largest round stands in). An episode may end "
+        "at a different step under each horizon policy, so its static and dynamic rounds need not add up to the "
+        f"same actions. Fleet mode runs its {wd['shape']['tasks']} recorded tasks, so no more robots than that "
+        "are ever busy at once.",
+    ]
+
+
 def targets(data: dict) -> list[tuple[str, str, float, float, bool]]:
     """(workload, target, measured, threshold, met) for every target of the issue."""
     rows = []
@@ -74,15 +96,18 @@ def write_fleet_report(data: dict, out_dir: Path) -> Path:
     for n, wd in data["workloads"].items():
         s = wd["shape"]
         prof = ", ".join(f"{b}: {v:g}" for b, v in s["batch_latency_ms"].items())
+        hz = " / ".join(f"{h:g}" for h in (s["control_hz"] if isinstance(s["control_hz"], list) else [s["control_hz"]]))
+        chunk = s["chunk"] if s.get("chunk") is not None else f"{s['max_round']} (largest round)"
         L.append(
-            f"| {n} | {s['shaped_like']} | {s['profile']} ({prof}) | {s['saturation_batch']} | {s['control_hz']:g} | {s['chunk']} "
+            f"| {_label(data, n)} | {s['shaped_like']} | {s['profile']} ({prof}) | {s['saturation_batch']} | {hz} | {chunk} "
             f"| {s['mean_static_h']:.1f} / {s['mean_dynamic_h']:.1f} | {s['rounds_static_per_task']:.1f} / {s['rounds_dynamic_per_task']:.1f} "
             f"| {s['exec_phase_s'][0]:.2f}-{s['exec_phase_s'][1]:.2f} | {wd['peak']['rate']:.3g} "
             f"| {' / '.join('%.2f' % r['engine_utilization'] for r in wd['online']['FIFO'])} |"
         )
+    L += _measured_note(data)
     L += ["", "## Targets", "", "| workload | target | measured | met |", "|---|---|---|---|"]
     for n, t, v, thr, ok in targets(data):
-        L.append(f"| {n} | {t} | {v:+.1f}% | {'yes' if ok else '**no**'} |")
+        L.append(f"| {_label(data, n)} | {t} | {v:+.1f}% | {'yes' if ok else '**no**'} |")
     L += _limits(data)
     for title, idx in (("(a) vs FIFO", 1), ("(b) vs Autellix", 2)):
         base_label = "FIFO" if idx == 1 else "Autellix"
@@ -92,7 +117,7 @@ def write_fleet_report(data: dict, out_dir: Path) -> Path:
         for n, wd in data["workloads"].items():
             b = _peak(wd, base_label)
             cells = [f"{_red(b, _peak(wd, r[idx]), k):.1f}%" for r in TABLE2 for _, k in METRICS]
-            L.append(f"| {n} | " + " | ".join(cells) + " |")
+            L.append(f"| {_label(data, n)} | " + " | ".join(cells) + " |")
     L += ["", "## Peak load, absolute", ""]
     L += _abs_table(data, lambda wd, c: _peak(wd, c), "rate")
     ov = m["overload_fraction_of_peak"]
@@ -105,7 +130,7 @@ def write_fleet_report(data: dict, out_dir: Path) -> Path:
         for r in data["meta"]["fleets"]:
             f, a, k = _fleet(wd, "FIFO", r), _fleet(wd, "Autellix", r), _fleet(wd, "Kairos", r)
             L.append(
-                f"| {n} | {r} | {_red(f, k, 'avg_latency_s'):.1f}% | {_red(a, k, 'avg_latency_s'):.1f}% "
+                f"| {_label(data, n)} | {r} | {_red(f, k, 'avg_latency_s'):.1f}% | {_red(a, k, 'avg_latency_s'):.1f}% "
                 f"| {_red(f, k, 'p95_latency_s'):.1f}% | {_red(a, k, 'p95_latency_s'):.1f}% "
                 f"| {f['avg_latency_s']:.2f} | {k['avg_latency_s']:.2f} | {k['lower_bound_avg_s']:.2f} |"
             )
@@ -148,7 +173,7 @@ def _limits(data: dict) -> list[str]:
             got = _red(f, k, "avg_latency_s")
             share = got / ceiling if ceiling > 0 else float("nan")
             L.append(
-                f"| {n} | {setting} | {f['avg_latency_s'] / f['lower_bound_avg_s']:.2f} | {ceiling:.1f}% | {got:.1f}% "
+                f"| {_label(data, n)} | {setting} | {f['avg_latency_s'] / f['lower_bound_avg_s']:.2f} | {ceiling:.1f}% | {got:.1f}% "
                 f"| {share:.0%} | {_red(f, ks, 'avg_latency_s'):+.1f}% | {_red(f, fd, 'avg_latency_s'):+.1f}% "
                 f"| {_red(f, ss, 'avg_latency_s'):+.1f}% | {_red(f, sd, 'avg_latency_s'):+.1f}% |"
             )
@@ -164,7 +189,7 @@ def _abs_table(data, pick, load_key) -> list[str]:
         for c in wd["online"]:
             r = pick(wd, c)
             L.append(
-                f"| {n} | {c} | {r[load_key]:.4g} | {r['avg_latency_s']:.2f} | {r['p25_latency_s']:.2f} | {r['p95_latency_s']:.2f} "
+                f"| {_label(data, n)} | {c} | {r[load_key]:.4g} | {r['avg_latency_s']:.2f} | {r['p25_latency_s']:.2f} | {r['p95_latency_s']:.2f} "
                 f"| {r['lower_bound_avg_s']:.2f} | {r['slowdown_vs_lower_bound']:.2f} | {r['mean_wait_ratio']:.3f} "
                 f"| {r['engine_utilization']:.3f} | {r['mean_batch']:.2f} | {r['rounds']} |"
             )
@@ -197,7 +222,7 @@ def _plot_rates(data: dict, path: Path) -> None:
             err = [[r["avg_latency_s"] - r["p25_latency_s"] for r in rows], [r["p95_latency_s"] - r["avg_latency_s"] for r in rows]]
             ax.errorbar(x, y, yerr=err, marker="o", ms=3, capsize=2, lw=1.2, label=c)
         ax.axvline(wd["peak"]["rate"], color="grey", ls=":", lw=1)
-        ax.set_title(f"{n} (dotted: peak load)")
+        ax.set_title(f"{_label(data, n)} (dotted: peak load)")
         ax.set_xlabel("task arrival rate (tasks/s)")
         ax.set_ylabel("end-to-end latency (s), avg with P25-P95")
 
@@ -209,7 +234,7 @@ def _plot_fleet(data: dict, path: Path) -> None:
         for c, rows in wd["fleet"].items():
             ax.plot([r["robots"] for r in rows], [r["avg_latency_s"] for r in rows], marker="o", ms=3, label=c)
         ax.axhline(wd["fleet"]["Kairos"][0]["lower_bound_avg_s"], color="grey", ls=":", lw=1)
-        ax.set_title(f"{n} (dotted: contention-free bound, dynamic)")
+        ax.set_title(f"{_label(data, n)} (dotted: contention-free bound, dynamic)")
         ax.set_xlabel("robots in the fleet")
         ax.set_ylabel("average end-to-end latency (s)")
 
