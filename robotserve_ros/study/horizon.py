@@ -228,8 +228,8 @@ def markdown(rows: list, meta: dict) -> str:
         lines.append(f"- Confidence t = {conf['param']:g} matches it (success {conf['success']:.3f}) at mean horizon "
                      f"{conf['mean_horizon']:.2f}: {ratio:.2f}x the static horizon, {fewer:.0%} fewer rounds per "
                      f"episode. Target (>= 1.5x): {'met' if ratio >= 1.5 else 'NOT met'}.")
-    acc = [r for r in rows if r["policy"] == "confidence" and r.get("param_accepted_by_server", True)]
-    ext = [r for r in rows if r["policy"] == "confidence" and not r.get("param_accepted_by_server", True)]
+    pos = [r for r in rows if r["policy"] == "confidence" and r["param"] >= 0]
+    neg = [r for r in rows if r["policy"] == "confidence" and r["param"] < 0]
     ratios = [r["final_update_ratio_median"] for r in rows if r.get("final_update_ratio_median", {}).get("calm")]
     if ratios:
         bands = [x["band"] for x in ratios if x["band"] is not None]
@@ -238,14 +238,13 @@ def markdown(rows: list, meta: dict) -> str:
         p90 = np.median([r["final_update_ratio_p90"]["calm"] for r in rows if r.get("final_update_ratio_p90", {}).get("calm")])
         lines.append(f"- The last DDIM step's update is small next to the earlier steps' mean: median ratio {calm:.2f} "
                      f"with the puck in calm air, {band:.2f} in the gusty band (90th percentile {p90:.2f}). The §3.1 rule "
-                     f"cuts the chunk where the ratio exceeds 1 + t, so with t >= 0 (all the server accepts) it almost "
-                     f"never cuts: " + ", ".join(f"t = {r['param']:g} executes {r['mean_horizon']:.1f} of "
-                                                 f"{meta['chunk']} actions per round" for r in acc) + ".")
-        if ext:
-            lines.append("- Rows with t < 0 put the cut inside the ratio's range, through the same `choose()`; a client "
-                         "cannot ask for them (check_param refuses t < 0). They show whether the signal, rescaled, "
-                         "tells stale actions apart: " + ", ".join(
-                             f"t = {r['param']:g}: success {r['success']:.2f} at mean H {r['mean_horizon']:.1f}" for r in ext)
+                     f"cuts the chunk where the ratio exceeds 1 + t, so with t >= 0 it almost never cuts: "
+                     + ", ".join(f"t = {r['param']:g} executes {r['mean_horizon']:.1f} of {meta['chunk']} actions per round"
+                                 for r in pos) + ".")
+        if neg:
+            lines.append("- Thresholds t < 0 (the rule needs only 1 + t > 0) put the cut inside the ratio's range. They "
+                         "show whether the signal, rescaled, tells stale actions apart: " + ", ".join(
+                             f"t = {r['param']:g}: success {r['success']:.2f} at mean H {r['mean_horizon']:.1f}" for r in neg)
                          + ". Compare the static row with the nearest mean horizon to see whether it sits above the "
                            "static curve.")
         if bands and band <= calm:
