@@ -225,7 +225,7 @@ def test_server_serves_a_simulated_robot_with_a_lerobot_diffusion_policy(ros_ctx
     """The whole path with a real policy: sim_robot's camera and joints -> robot_client ->
     inference_server (LeRobot engine, observation checks taken from the policy, confidence
     horizon from captured denoising updates) -> commands on the robot's topic."""
-    from test_nodes import fleet_params
+    from test_nodes import fleet_params, start_fleet_of_one
     from trajectory_msgs.msg import JointTrajectory
     from rclpy.qos import QoSProfile, ReliabilityPolicy
 
@@ -236,13 +236,13 @@ def test_server_serves_a_simulated_robot_with_a_lerobot_diffusion_policy(ros_ctx
         tmp_path, tasks=2, task_actions=30,
         server={"engine": "lerobot", "engine_params": json.dumps({"policy_dir": str(dp)}),
                 "horizon_params": json.dumps({"static": {"h": 8}, "confidence": {"t": 0.4, "h_min": 2}})})
-    ros_ctx.start_node(["robotserve_ros.nodes.inference_server", "--ros-args", "--params-file", params])
-    ros_ctx.start_node(["robotserve_ros.nodes.sim_robot", "--robots", "1", "--ros-args", "--params-file", params])
-    client = ros_ctx.start_node(["robotserve_ros.nodes.robot_client", "--robots", "1", "--ros-args", "--params-file", params])
+    client, diagnostics = start_fleet_of_one(ros_ctx, params)
     progress = ros_ctx.collect(ExecutionProgress, "/robotserve/progress", QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE))
     commands = ros_ctx.collect(JointTrajectory, "/robot_0/command", 10)
     done = lambda: [m for m in progress if m.task_done]  # noqa: E731
     assert ros_ctx.wait_for(lambda: len(done()) >= 1, 90), client.output()
+    assert ros_ctx.wait_for(lambda: int(diagnostics().get("served_by_tier/edge", 0)) >= 3, 10), diagnostics()
+    assert not [k for k in diagnostics() if k.startswith("errors/")], diagnostics()  # every request was good
     first = done()[0]
     assert first.timestep >= 30 and first.chunks >= 3, first  # 12-action chunks, trimmed by confidence
     assert len(commands) >= 20 and all(len(c.points[0].positions) == 6 for c in commands)  # some before the match
