@@ -164,8 +164,7 @@ class ServingCore:
                 raise RoundOutOfOrder(
                     f"task '{req.task_id}' round {req.round_id} arrived after round {last}; round ids must increase"
                 )
-            g = rec.gens[-1]
-            if g is not None and g.end is None:
+            if self.generating(req.task_id):
                 raise RoundInFlight(
                     f"task '{req.task_id}' round {last} is being generated; send round {req.round_id} after its chunk"
                 )
@@ -305,6 +304,12 @@ class ServingCore:
             raise UnknownTask(f"task '{task_id}' is not known")
         self.ledger.record_finish(task_id, self.clock.now(), exec_info)
         return self.ledger.tasks[task_id]
+
+    def generating(self, task_id: str) -> bool:
+        """True while the task's latest round is being generated (dispatched, not complete)."""
+        rec = self.ledger.tasks.get(task_id)
+        g = rec.gens[-1] if rec is not None and rec.gens else None
+        return g is not None and g.end is None
 
     def drop_task(self, task_id: str) -> bool:
         """Forget a task (robot gone): its queued request goes, replies in flight are dropped."""

@@ -414,8 +414,7 @@ class LeRobotCompatServicer:
         ):
             c.counts["filtered"] += 1
             return
-        rec = c.group.core.ledger.tasks.get(c.task_id)
-        if rec is not None and rec.gens and rec.gens[-1] is not None and rec.gens[-1].end is None:
+        if c.group.core.generating(c.task_id):
             c.held = (step, stamp, obs)  # its round is generating: this one goes next (newest wins)
             return
         self._submit(c, step, stamp, obs)
