@@ -126,3 +126,55 @@ def test_simulator_rejects_bad_arguments():
         Simulator(wl, "fifo").run_online(rate=0.0, n_tasks=3)
     with pytest.raises(ValueError):
         Simulator(wl, "fifo").run_fleet(robots=0)
+
+
+# --- the same Runner steps over several tiers, on the virtual clock ----------------------------
+
+
+def test_hybrid_placement_offloads_on_the_virtual_clock():
+    """An edge tier plus a faster cloud tier behind a link: under load the placement sends
+    part of the work to the cloud (Algorithm 1 phase 3), every round is served once, and
+    the cloud relieves the edge (lower average latency than edge alone)."""
+    from robotserve_ros.sim.simulator import SimTier
+
+    w = small_workload()
+    edge_only = Simulator(w, "kairos", seed=1).run_online(rate=8.0, n_tasks=60).summary()
+    sim = Simulator(w, "kairos", seed=1, tiers=[SimTier("edge"), SimTier("cloud", speedup=2.0, rtt_s=0.05)])
+    res = sim.run_online(rate=8.0, n_tasks=60)
+    s = res.summary()
+    assert s["tasks"] == 60 and s["rounds"] == sum(o.rounds for o in res.outcomes)
+    assert res.served_by_tier.get("cloud", 0) > 0 and res.served_by_tier.get("edge", 0) > 0
+    assert sum(res.served_by_tier.values()) == s["rounds"]  # each round once, on one tier
+    assert s["avg_latency_s"] < edge_only["avg_latency_s"]
+
+
+def test_failing_tier_requeues_and_nothing_is_lost_on_the_virtual_clock():
+    """The cloud fails every batch for 2 s: its batches are requeued (the runner's fail
+    step), the link is marked down so the placement keeps to the edge, and every task still
+    finishes with every round served exactly once."""
+    from robotserve_ros.sim.simulator import SimTier, TierFault
+
+    w = small_workload()
+    tiers = [SimTier("edge"), SimTier("cloud", speedup=2.0, rtt_s=0.05)]
+    res = Simulator(w, "kairos", seed=1, tiers=tiers, faults=(TierFault("cloud", 1.0, 3.0, after_s=0.2),)).run_online(8.0, 60)
+    s = res.summary()
+    assert s["tasks"] == 60
+    assert res.tier_failures.get("cloud", 0) >= 1 and res.requeued >= 1
+    assert sum(res.served_by_tier.values()) == s["rounds"]
+    again = Simulator(w, "kairos", seed=1, tiers=tiers, faults=(TierFault("cloud", 1.0, 3.0, after_s=0.2),)).run_online(8.0, 60)
+    assert again.summary() == s  # deterministic, faults included
+
+
+def test_single_edge_tier_is_the_default_and_bad_tiers_are_refused():
+    from robotserve_ros.sim.simulator import SimTier, TierFault
+
+    w = small_workload()
+    a = Simulator(w, "fifo", seed=3).run_fleet(4).summary()
+    b = Simulator(w, "fifo", seed=3, tiers=[SimTier("edge")]).run_fleet(4).summary()
+    assert a == b
+    with pytest.raises(ValueError, match="unique"):
+        Simulator(w, "fifo", tiers=[SimTier("edge"), SimTier("edge")])
+    with pytest.raises(ValueError, match="unknown tier"):
+        Simulator(w, "fifo", faults=(TierFault("cloud", 0, 1),))
+    with pytest.raises(ValueError, match="speedup"):
+        SimTier("edge", speedup=0)

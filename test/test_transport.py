@@ -20,7 +20,7 @@ from robotserve_ros.engines.simulated import SimulatedEngine
 from robotserve_ros.transport import stubs
 from robotserve_ros.transport.gpu_server import GpuServer
 from robotserve_ros.transport.remote_engine import RemoteEngine, RemoteEngineError
-from robotserve_ros.transport.tier_runner import TierRunner
+from robotserve_ros.core.runner import Runner
 
 TOKEN = "s3cret-token"
 FAST = {1: 1.0, 2: 1.5, 4: 2.0}
@@ -104,16 +104,14 @@ def test_deadline_expiry_requeues_and_late_reply_is_discarded():
         lock, replies, done = threading.Lock(), [], threading.Event()
         first = {}
 
-        def on_replies(rs):
+        def on_replies(rs, _d, _res):
             replies.extend(rs)
             done.set()
 
-        runner = TierRunner(core, {"cloud": remote, "edge": edge}, lock, on_replies, retry_pause_s=1.0,
-                            on_error=lambda d, e: first.setdefault("dispatch", d))
+        runner = Runner(core, {"cloud": remote, "edge": edge}, on_replies, lock=lock, retry_pause_s=1.0,
+                        on_error=lambda d, e: first.setdefault("dispatch", d)).start()
         try:
-            with lock:
-                core.submit(InferenceRequest("robot/t", 0, observation=obs(0)))
-            runner.kick()
+            runner.submit(InferenceRequest("robot/t", 0, observation=obs(0)))
             assert done.wait(5.0)
             time.sleep(0.5)  # the server finishes the timed-out batch meanwhile: nothing more arrives
             assert [(r.task_id, r.round_id, r.tier) for r in replies] == [("robot/t", 0, "edge")]
@@ -121,7 +119,7 @@ def test_deadline_expiry_requeues_and_late_reply_is_discarded():
             assert srv.counts["requests"] == 1  # the server did run it: only its reply was lost
             # A late reply for the requeued batch (as a slow transport would bring it) is dropped.
             late = edge.infer([first["dispatch"].requests[0].request])
-            assert runner.deliver(first["dispatch"].id, late) is False
+            assert runner.finish(first["dispatch"], late, core.clock.now()) is False
             assert runner.late_replies == 1 and len(replies) == 1 and core.stats.completed == 1
         finally:
             runner.close()
@@ -139,21 +137,19 @@ def test_failed_server_requests_served_elsewhere_once():
     lock, got = threading.Lock(), Counter()
     cond = threading.Condition(lock)
 
-    def on_replies(rs):
+    def on_replies(rs, _d, _res):
         for r in rs:
             got[(r.task_id, r.round_id)] += 1
             got[r.tier] += 1
         cond.notify_all()
 
-    runner = TierRunner(core, {"edge": edge, "cloud": remote}, lock, on_replies, retry_pause_s=0.2)
+    runner = Runner(core, {"edge": edge, "cloud": remote}, on_replies, lock=lock, retry_pause_s=0.2).start()
     n_tasks, rounds = 6, 6
     try:
         for k in range(rounds):
-            with lock:
-                for i in range(n_tasks):
-                    info = None if k == 0 else ExecInfo(time.monotonic(), 0, 10.0)
-                    core.submit(InferenceRequest(f"t{i}", k, info))
-            runner.kick()
+            for i in range(n_tasks):
+                info = None if k == 0 else ExecInfo(time.monotonic(), 0, 10.0)
+                runner.submit(InferenceRequest(f"t{i}", k, info))
             if k == 2:
                 srv.stop(None)  # mid-run: batches in flight there fail
             with cond:

@@ -258,7 +258,7 @@ class ServingCore:
                 f"engine returned {len(results)} results for a batch of {len(d.requests)}; the batch was requeued"
             )
         del self.inflight[dispatch_id]
-        self._tier(d.tier).busy -= 1
+        self.tier(d.tier).busy -= 1
         now = self.clock.now()
         replies = []
         for p, res in zip(d.requests, results):
@@ -286,7 +286,7 @@ class ServingCore:
     def requeue(self, dispatch_id: int) -> int:
         """A batch failed or timed out: its requests wait again, none lost, none twice."""
         d = self.inflight.pop(dispatch_id)
-        self._tier(d.tier).busy -= 1
+        self.tier(d.tier).busy -= 1
         back = 0
         for p in d.requests:
             if not self._live(p):
@@ -320,7 +320,7 @@ class ServingCore:
     def _live(self, p: PendingRequest) -> bool:
         return self.ledger.tasks.get(p.task_id) is p.record
 
-    def _tier(self, name: str) -> Tier:
+    def tier(self, name: str) -> Tier:
         for t in self.tiers:
             if t.name == name:
                 return t

@@ -2,7 +2,7 @@
 in small, over a real (shaped) link.
 
 Setting (§5.1, §5.3): the edge tier is a profile-driven engine in this process with the
-CPU-measured diffusion profile (sim/workloads.PROFILES["diffusion_arm"]); the cloud tier is
+CPU-measured diffusion profile (the profile of record diffusion_arm); the cloud tier is
 ONE `robotserve gpu-server` engine instance (one batch of up to its saturation batch in
 flight, its round trip included) in another network namespace with a CLOUD_SPEEDUP x faster
 profile, behind a veth pair shaped by tbf (1 Gbit/s) and a delaying TCP relay adding the
@@ -65,9 +65,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 # Profiles and tasks
 # --------------------------------------------------------------------------------------
 def profiles():
-    from ..sim.workloads import PROFILES
+    from ..profiles import batch_latency_ms
 
-    edge = dict(PROFILES["diffusion_arm"])
+    edge = batch_latency_ms("diffusion_arm")
     return edge, {b: ms / CLOUD_SPEEDUP for b, ms in edge.items()}
 
 
@@ -86,7 +86,7 @@ def draw_tasks(rate: float, duration: float, seed: int):
 
 
 # --------------------------------------------------------------------------------------
-# A fleet of simulated robots on the wall clock, driving a ServingCore through a TierRunner
+# A fleet of simulated robots on the wall clock, driving a ServingCore through the core's Runner
 # --------------------------------------------------------------------------------------
 class LiveFleet:
     def __init__(self, core, lock, tasks, l1_s: float, image: int, seed: int) -> None:
@@ -113,7 +113,7 @@ class LiveFleet:
             heapq.heappush(self.events, (t, next(self._seq), kind, data))
             self.cv.notify()
 
-    def on_replies(self, replies) -> None:  # under the core lock, from a tier slot thread
+    def on_replies(self, replies, _dispatch=None, _results=None) -> None:  # under the core lock, from a tier slot thread
         now = time.monotonic()
         for r in replies:
             self.answers[(r.task_id, r.round_id)] += 1
@@ -125,10 +125,8 @@ class LiveFleet:
 
         rb = self.robots[tid]
         req = InferenceRequest(tid, k, info, HorizonChoice("static", float(rb["rounds"][k])), observation=self.obs)
-        with self.lock:
-            self.core.submit(req)
+        self.runner.submit(req)
         self.requested.add((tid, k))
-        self.runner.kick()
 
     def run(self, timeout_s: float) -> None:
         from ..core.types import ExecInfo
@@ -180,7 +178,7 @@ def run_mode(mode: str, rate: float, a, edge_profile, remote, kill=None) -> dict
     from ..core.schedulers import make_scheduler
     from ..core.serving import ServingCore, Tier
     from ..engines.simulated import SimulatedEngine
-    from ..transport.tier_runner import TierRunner
+    from ..core.runner import Runner
 
     tasks = draw_tasks(rate, a.duration, a.seed)
     chunk = max(max(t[2]) for t in tasks)
@@ -198,7 +196,7 @@ def run_mode(mode: str, rate: float, a, edge_profile, remote, kill=None) -> dict
     core = ServingCore(make_scheduler("kairos"), tiers, WallClock(), placement=placement)
     lock = threading.Lock()
     fleet = LiveFleet(core, lock, tasks, prof.latency_s(1), a.image, a.seed)
-    runner = fleet.runner = TierRunner(core, engines, lock, fleet.on_replies, retry_pause_s=0.2)
+    runner = fleet.runner = Runner(core, engines, fleet.on_replies, lock=lock, retry_pause_s=0.2).start()
     killer, killed = None, {}
     if kill is not None:
         killer = threading.Thread(target=_kill_when_busy, args=(kill, core, lock, killed), daemon=True)

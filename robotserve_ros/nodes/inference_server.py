@@ -13,6 +13,7 @@ import json
 import threading
 import time
 from collections import Counter
+from pathlib import Path
 from typing import Optional
 
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
@@ -25,8 +26,8 @@ from ..core.observation import ObservationSpec
 from ..core.placement import PLACEMENTS, LinkEstimate, make_placement
 from ..core.profile import EngineProfile
 from ..core.schedulers import SCHEDULERS, make_scheduler
+from ..core.runner import Runner, StageTrace
 from ..core.serving import ServingCore, Tier
-from ..transport.tier_runner import TierRunner
 from ..core.types import ExecInfo
 from ..engines import ENGINES, make_engine
 from ..msg import ExecutionProgress
@@ -62,6 +63,9 @@ DEFAULTS = {
     "remote_tiers": "[]",
     "placement": "fill_in_order",  # shortest_delay: Algorithm 1 phase 3 (seed 000 §3.2.3)
     "placement_params": "{}",
+    # Per-round stage times (CLOCK_MONOTONIC ns: received, submit, dispatch, engine_start,
+    # engine_end, reply, answered) written here as JSON when the server stops; "" = off.
+    "stage_trace_file": "",
 }
 WHY = {
     "scheduler": f"one of {', '.join(SCHEDULERS.names())}",
@@ -163,13 +167,13 @@ class InferenceServerNode(Node):
             scheduler, tiers, self.clock, horizon_params=json.loads(p["horizon_params"]),
             placement=placement, refresher=self._refresh, stale_obs_s=p["stale_obs_s"],
         )
-        self.lock = threading.Lock()  # guards core, waiters, last_seen
+        self.lock = threading.Lock()  # guards core (through the runner), waiters, last_seen
         self.waiters: dict = {}
         self.last_seen: dict = {}
         self.refresh_service: dict = {}
         self.finished = Counter()
         self.served_by_tier = Counter()  # replies per tier: how much the placement offloaded
-        self._t0 = time.monotonic()
+        self._t0 = self.clock.now()  # engine time is measured on the core's clock too
         self._fetch_clients: dict = {}  # (rclpy's Node keeps its own _clients)
         self._group = ReentrantCallbackGroup()
         self.create_service(Infer, p["service"], self._on_infer, qos_profile=service_qos(), callback_group=self._group)
@@ -179,10 +183,11 @@ class InferenceServerNode(Node):
         self.diag = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
         self.create_timer(1.0 / p["diagnostics_hz"], self._publish_diagnostics)
         self.create_timer(min(1.0, p["task_timeout_s"] / 4), self._reap)
-        # One thread per tier slot: edge and cloud batches run at once (transport/tier_runner.py).
-        self.runner = TierRunner(self.core, self.engines, self.lock, self._deliver, run_batch=self._run,
-                                 on_error=lambda d, e: self.get_logger().error(
-                                     f"tier {d.tier} failed a batch of {len(d.requests)}: {e!r}; requeued"))
+        # The core's one serving loop (core/runner.py): a thread per tier slot, edge and cloud at once.
+        self.trace = StageTrace(time.monotonic_ns) if p["stage_trace_file"] else None
+        self.runner = Runner(self.core, self.engines, self._deliver, lock=self.lock, observer=self.trace,
+                             on_error=lambda d, e: self.get_logger().error(
+                                 f"tier {d.tier} failed a batch of {len(d.requests)}: {e!r}; requeued")).start()
         self.get_logger().info(
             f"serving on {p['service']}: scheduler {p['scheduler']}, engine {p['engine']} "
             f"(saturation batch {profile.saturation_batch})"
@@ -190,29 +195,34 @@ class InferenceServerNode(Node):
 
     # --- requests in (executor threads) --------------------------------------------
     def _on_infer(self, request, response):
+        if self.trace is not None:
+            self.trace("received", [(request.task_id, request.round_id)])
         try:
             req = request_from_msg(request, self.spec)
-        except RequestError as e:  # malformed before it reaches the core: count it here
-            with self.lock:
-                self.core.stats.errors[e.code] += 1
+        except RequestError as e:  # malformed before it reaches the core: count it there
+            self.runner.count_error(e)
             fill_status(response.status, e.code, e.message)
             return response
+        w = _Waiter(int(request.observation.timestep))
+
+        def register(_pending) -> None:  # under the runner's lock, before any batch can take it
+            self.waiters[(req.task_id, req.round_id)] = w
+            self.last_seen[req.task_id] = time.monotonic()
+            self.refresh_service[req.task_id] = request.refresh_service
+
         try:
-            with self.lock:
-                self.core.submit(req)  # counts the errors it raises
-                w = self.waiters[(req.task_id, req.round_id)] = _Waiter(int(request.observation.timestep))
-                self.last_seen[req.task_id] = time.monotonic()
-                self.refresh_service[req.task_id] = request.refresh_service
+            self.runner.submit(req, then=register)  # the core counts the errors it raises
         except RequestError as e:
             fill_status(response.status, e.code, e.message)
             return response
-        self.runner.kick()
         w.event.wait()  # this executor thread only; other robots' calls run on others
         if w.error is not None:
             fill_status(response.status, *w.error)
             return response
         fill_status(response.status, "ok")
         fill_chunk(response.chunk, w.reply, w.first_timestep, self.clock.now())
+        if self.trace is not None:
+            self.trace("answered", [(req.task_id, req.round_id)])
         return response
 
     def _on_progress(self, m) -> None:
@@ -263,13 +273,9 @@ class InferenceServerNode(Node):
             w.error = error
             w.event.set()
 
-    # --- the engine worker ------------------------------------------------------------
-    def _run(self, d) -> None:
-        """Run one dispatched batch on its tier; the replies wake their waiting calls."""
-        self.runner.run_batch(d)
-
-    def _deliver(self, replies) -> None:
-        """Under the lock (TierRunner.deliver): hand each reply to its waiting call."""
+    # --- replies (engine threads) ----------------------------------------------------------
+    def _deliver(self, replies, _dispatch, _results) -> None:
+        """Under the lock (Runner.finish): hand each reply to its waiting call."""
         for r in replies:
             self.served_by_tier[r.tier] += 1
             w = self.waiters.pop((r.task_id, r.round_id), None)
@@ -312,7 +318,7 @@ class InferenceServerNode(Node):
                 "served": s.completed,
                 "served_by_tier": dict(self.served_by_tier),
                 "batches": s.batches,
-                "engine_utilization": self.runner.busy_s["edge"] / max(1e-9, time.monotonic() - self._t0),
+                "engine_utilization": self.runner.busy_s["edge"] / max(1e-9, self.clock.now() - self._t0),
                 "tier_failures": dict(self.runner.failures),
                 "late_replies_discarded": self.runner.late_replies,
                 "errors": dict(s.errors),
@@ -346,6 +352,8 @@ class InferenceServerNode(Node):
         self.runner.close()
         for eng in self.engines.values():
             eng.close()
+        if self.trace is not None:
+            Path(self.p["stage_trace_file"]).write_text(json.dumps(self.trace.snapshot()))
 
 
 def main(argv=None) -> int:

@@ -1,14 +1,17 @@
 """Virtual-clock discrete-event fleet simulator.
 
-It drives the real serving loop (core.ServingCore: ledger, scheduler, batching, horizon
-policy, action manager) on a VirtualClock; only the robots and the engine's timing are
-simulated. Online mode: Poisson task arrivals; fleet mode: N robots run the workload's
-tasks back to back (seed 000 §5.3).
+It drives the real serving loop (core.ServingCore through core.Runner's steps: ledger,
+scheduler, placement over tiers, batching, horizon policy, action manager, requeue of a
+failed batch) on a VirtualClock; only the robots and the engines' timing are simulated.
+A batch on a tier takes its engine profile's latency, plus the link's round trip and
+transfer for a cloud tier (seed 000 §3.2.3). Online mode: Poisson task arrivals; fleet
+mode: N robots run the workload's tasks back to back (seed 000 §5.3).
 """
 from __future__ import annotations
 
 import heapq
 import itertools
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -16,6 +19,9 @@ import numpy as np
 
 from ..core.clock import VirtualClock
 from ..core.ledger import wait_ratio
+from ..core.placement import LinkEstimate, ShortestDelay, payload_bytes
+from ..core.profile import EngineProfile
+from ..core.runner import Runner
 from ..core.schedulers import make_scheduler
 from ..core.serving import ServingCore, Tier
 from ..core.types import ExecInfo, HorizonChoice, InferenceRequest
@@ -23,7 +29,46 @@ from ..engines.simulated import SimulatedEngine
 from .robot import alone_latency, exec_start, request_after, trigger_actions
 from .workload import HORIZON_MODES, TaskSpec, Workload
 
-_ARRIVE, _REQUEST, _DONE_GEN, _DONE_TASK = range(4)
+_ARRIVE, _REQUEST, _DONE_GEN, _DONE_TASK, _COOLED = range(5)
+
+
+@dataclass(frozen=True)
+class SimTier:
+    """A place batches run in the simulator. profile None: the workload's engine profile,
+    scaled by `speedup` (a cloud GPU 1.75x faster: speedup=1.75). A tier with `rtt_s` is a
+    cloud tier behind a link: each batch also pays the round trip and its bytes at
+    `bandwidth_bps`, and the placement (shortest_delay) weighs that against the edge."""
+
+    name: str
+    profile: Optional[EngineProfile] = None
+    speedup: float = 1.0
+    slots: int = 1
+    max_batch: Optional[int] = None
+    rtt_s: Optional[float] = None
+    bandwidth_bps: float = 125e6
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ValueError("a tier needs a name")
+        if not (self.speedup > 0 and self.slots >= 1 and self.bandwidth_bps > 0):
+            raise ValueError(f"tier '{self.name}': speedup > 0, slots >= 1 and bandwidth_bps > 0 are needed")
+        if self.rtt_s is not None and not self.rtt_s >= 0:
+            raise ValueError(f"tier '{self.name}': rtt_s must be >= 0")
+
+
+@dataclass(frozen=True)
+class TierFault:
+    """Every batch a tier starts in [start_s, end_s) fails after `after_s` (a server down:
+    the call's deadline passes); its requests are requeued, as the live runner does."""
+
+    tier: str
+    start_s: float
+    end_s: float
+    after_s: float = 0.1
+
+
+class _Failed(RuntimeError):
+    pass
 
 
 @dataclass
@@ -56,6 +101,9 @@ class SimResult:
     makespan_s: float = 0.0
     batches: int = 0
     dispatched: int = 0
+    served_by_tier: dict = field(default_factory=dict)
+    requeued: int = 0
+    tier_failures: dict = field(default_factory=dict)
 
     def summary(self) -> dict:
         lat = np.array([o.latency for o in self.outcomes])
@@ -103,6 +151,9 @@ class Simulator:
         horizon: str = "static",
         seed: int = 0,
         scheduler_params: Optional[dict] = None,
+        tiers: Optional[list] = None,
+        faults: tuple = (),
+        retry_pause_s: float = 0.1,
     ) -> None:
         if horizon not in HORIZON_MODES:
             raise ValueError(f"horizon must be one of {HORIZON_MODES}, got {horizon!r}")
@@ -110,7 +161,17 @@ class Simulator:
         self.scheduler_params = dict(scheduler_params or {})
         make_scheduler(scheduler, **self.scheduler_params)  # fail early on a bad name/param
         self.profile = workload.profile
-        self.l1 = self.profile.latency_s(1)
+        self.l1 = self.profile.latency_s(1)  # robots trigger on the edge's batch-1 latency
+        self.tiers = list(tiers) if tiers else [SimTier("edge")]
+        names = [t.name for t in self.tiers]
+        if len(set(names)) != len(names):
+            raise ValueError(f"tier names must be unique, got {names}")
+        if all(t.rtt_s is not None for t in self.tiers) and len(self.tiers) > 1:
+            raise ValueError("shortest_delay placement needs at least one edge tier (a tier without rtt_s)")
+        unknown = [f.tier for f in faults if f.tier not in names]
+        if unknown:
+            raise ValueError(f"fault on unknown tier(s) {unknown}; tiers: {names}")
+        self.faults, self.retry_pause_s = tuple(faults), retry_pause_s
 
     # --- public modes ------------------------------------------------------------
     def run_online(self, rate: float, n_tasks: int) -> SimResult:
@@ -146,15 +207,26 @@ class _Run:
     def __init__(self, sim: Simulator, mode: str, load: float) -> None:
         self.sim = sim
         self.clock = VirtualClock()
-        self.tier = Tier("edge", sim.profile)
-        self.core = ServingCore(make_scheduler(sim.scheduler_name, **sim.scheduler_params), [self.tier], self.clock)
-        self.engine = SimulatedEngine(sim.profile, chunk_size=sim.workload.max_round())
+        tiers, engines, self.links = [], {}, {}
+        for st in sim.tiers:
+            prof = st.profile or EngineProfile({b: ms / st.speedup for b, ms in sim.profile.to_dict().items()})
+            tiers.append(Tier(st.name, prof, slots=st.slots, max_batch=st.max_batch))
+            engines[st.name] = SimulatedEngine(prof, chunk_size=sim.workload.max_round())
+            if st.rtt_s is not None:
+                self.links[st.name] = LinkEstimate(st.rtt_s, st.bandwidth_bps)
+        placement = ShortestDelay(self.links, [t for t in tiers if t.name not in self.links]) if self.links else None
+        scheduler = make_scheduler(sim.scheduler_name, **sim.scheduler_params)
+        self.core = ServingCore(scheduler, tiers, self.clock, placement=placement)
+        self._replies: list = []
+        self.runner = Runner(self.core, engines, lambda replies, d, res: self._replies.extend(replies),
+                             retry_pause_s=sim.retry_pause_s)
         self.result = SimResult(sim.workload.name, sim.scheduler_name, sim.horizon, mode, load, sim.seed)
         self.events: list = []
         self._seq = itertools.count()
         self.robots: dict[str, _Robot] = {}
         self.backlog: list = []
         self._alone: dict[str, float] = {}
+        self.served_by_tier: Counter = Counter()
 
     def push(self, t: float, kind: int, data) -> None:
         heapq.heappush(self.events, (t, next(self._seq), kind, data))
@@ -169,14 +241,20 @@ class _Run:
             elif kind == _REQUEST:
                 self._request(*data)
             elif kind == _DONE_GEN:
-                self._generated(data)
+                self._generated(*data)
+            elif kind == _COOLED:
+                self.runner.end_cooldown(data)
             else:
                 self._task_done(data)
-            if self.tier.free and self.core.pending:
+            if self.core.pending and any(t.free for t in self.core.tiers):
                 self._dispatch()
         r = self.result
         r.makespan_s = max(o.end for o in r.outcomes) - min(o.arrival for o in r.outcomes)
         r.batches, r.dispatched = self.core.stats.batches, self.core.stats.dispatched
+        slots = sum(t.slots for t in self.core.tiers)
+        r.engine_busy_s = sum(self.runner.busy_s.values()) / slots  # busy share of all slots
+        r.served_by_tier = dict(self.served_by_tier)
+        r.requeued, r.tier_failures = self.core.stats.requeued, dict(self.runner.failures)
         return r
 
     # --- robot side ----------------------------------------------------------------
@@ -230,14 +308,31 @@ class _Run:
             v = self._alone[rb.spec.id] = alone_latency(rb.rounds, rb.spec.control_hz, self.sim.l1)
         return v
 
-    # --- engine side -----------------------------------------------------------------
+    # --- engine side: core.Runner's steps, on the virtual clock -------------------------
     def _dispatch(self) -> None:
-        for d in self.core.dispatch():
-            dur = self.sim.profile.latency_s(len(d.requests))
-            self.result.engine_busy_s += dur
-            self.push(self.clock.now() + dur, _DONE_GEN, d)
+        for d in self.runner.dispatch():
+            started = self.runner.begin(d)
+            now = self.clock.now()
+            fault = next((f for f in self.sim.faults if f.tier == d.tier and f.start_s <= now < f.end_s), None)
+            if fault is not None:
+                self.push(now + fault.after_s, _DONE_GEN, (d, started, True))
+                continue
+            dur = self.core.tier(d.tier).profile.latency_s(len(d.requests))
+            link = self.links.get(d.tier)
+            if link is not None:
+                dur += link.rtt_s + link.transfer_s(sum(payload_bytes(p.request) for p in d.requests))
+            self.push(now + dur, _DONE_GEN, (d, started, False))
 
-    def _generated(self, d) -> None:
-        results = self.engine.infer([p.request for p in d.requests])
-        for reply in self.core.complete(d.id, results):
+    def _generated(self, d, started: float, failed: bool) -> None:
+        if failed:
+            self.runner.fail(d, _Failed(f"tier {d.tier} is down"), started)
+            link = self.links.get(d.tier)
+            if link is not None:
+                link.mark_down(self.clock.now())  # as RemoteEngine does on a failed call
+            self.push(self.clock.now() + self.sim.retry_pause_s, _COOLED, d.tier)
+            return
+        self.runner.finish(d, self.runner.engines[d.tier].infer([p.request for p in d.requests]), started)
+        replies, self._replies = self._replies, []
+        for reply in replies:
+            self.served_by_tier[reply.tier] += 1
             self._chunk(self.robots[reply.task_id], reply.horizon)
