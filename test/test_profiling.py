@@ -94,3 +94,15 @@ def test_bad_inputs_are_clear(tmp_path):
     (tmp_path / "p.json").write_text('{"name": 1}')
     with pytest.raises(ValueError, match="batch_latency_ms"):
         load_profile_file(tmp_path / "p.json")
+
+
+def test_profiles_of_record_load_by_name():
+    """One data folder holds the profiles of record; everything names them."""
+    from robotserve_ros import profiles
+
+    assert {"smolvla_tiny", "diffusion_arm", "diffusion_pusht"} <= set(profiles.names())
+    for name in profiles.names():
+        prof = profiles.profile_of_record(name)
+        assert prof.latency_ms(1) > 0 and load_profile_file(name).to_dict() == prof.to_dict()
+    with pytest.raises(ValueError, match="unknown engine profile 'nosuch'; profiles of record: act_small"):
+        profiles.record("nosuch")

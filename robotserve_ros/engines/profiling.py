@@ -29,7 +29,12 @@ SCHEMA = "robotserve.engine_profile/1"
 
 
 def load_profile_file(path) -> EngineProfile:
-    """The EngineProfile in a `robotserve profile` JSON (or a workload file's engine block)."""
+    """The EngineProfile in a `robotserve profile` JSON (or a workload file's engine block),
+    or a profile of record by name (robotserve_ros/profiles/NAME.json)."""
+    from .. import profiles
+
+    if str(path) in profiles.names():
+        return profiles.profile_of_record(str(path))
     p = Path(path)
     try:
         obj = json.loads(p.read_text())

@@ -14,7 +14,7 @@ enough while k < tau of the phase it executes in.
   short more often than long) and floored at H_min (§3.1).
 
 Generation latencies are engine profiles of real policies measured on this machine's CPU
-(2 cores, torch 2.13.0 CPU, lerobot 0.4.4; see PROFILES). The generator is not tuned to any
+(2 cores, torch 2.13.0 CPU, lerobot 0.4.4; robotserve_ros/profiles/). The generator is not tuned to any
 scheduler: its knobs are the paper's ranges, listed per workload below.
 """
 from __future__ import annotations
@@ -24,20 +24,15 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import profiles
 from .workload import TaskSpec, Workload, load_workload
 
-# Median ms per chunk at each batch size: LeRobot 0.4.4 policies with random weights,
-# `predict_action_chunk` under torch.inference_mode, torch 2.13.0 CPU with 2 threads, on
-# this project's 2-core dev machine (2026-11-21; 2 warm-up + 9 timed runs, normalisation
-# excluded). Weights do not change the compute, so the timing is the real policy's.
-PROFILES = {
-    # SmolVLA, tiny SmolVLM config (0.53M params, one 64x64 camera, chunk 50, 10 flow steps).
-    "smolvla_tiny": {1: 24.0, 2: 28.5, 4: 34.5, 8: 46.6, 16: 69.4},
-    # DiffusionPolicy 16.1M (down_dims 64/128/256, resnet18, 96x96), horizon 16, DDIM 10 steps.
-    "diffusion_pusht": {1: 62.2, 2: 81.6, 4: 98.5, 8: 147.8, 16: 249.0},
-    # DiffusionPolicy 16.1M, 6-dof arm, horizon 64 (chunk of 50 actions), DDIM 10 steps.
-    "diffusion_arm": {1: 71.4, 2: 137.8, 4: 184.6, 8: 254.0, 16: 317.5},
-}
+# Each shape names an engine profile of record (robotserve_ros/profiles/NAME.json): median
+# ms per chunk of a LeRobot 0.4.4 policy with random weights on this project's 2-core CPU
+# (weights do not change the compute, so the timing is the real policy's):
+# - smolvla_tiny: SmolVLA, tiny SmolVLM config, one 64x64 camera, chunk 50, 10 flow steps;
+# - diffusion_pusht: DiffusionPolicy 16.1M (resnet18, 96x96), horizon 16, DDIM 10 steps;
+# - diffusion_arm: DiffusionPolicy 16.1M, 6-dof arm, horizon 64 (chunk 50), DDIM 10 steps.
 
 
 @dataclass(frozen=True)
@@ -149,7 +144,7 @@ def builtin_workload(name: str, seed: int = 0, tasks: int | None = None) -> Work
         raise KeyError(f"unknown built-in workload '{name}'; known: {', '.join(SHAPES)}") from None
     rng = np.random.default_rng([seed, sum(map(ord, name))])
     n = tasks or s.tasks
-    return Workload(name, dict(PROFILES[s.profile]), tuple(make_task(rng, s, f"{name}-{i:03d}") for i in range(n)))
+    return Workload(name, profiles.batch_latency_ms(s.profile), tuple(make_task(rng, s, f"{name}-{i:03d}") for i in range(n)))
 
 
 def builtin_names() -> list[str]:

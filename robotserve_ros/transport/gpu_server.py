@@ -169,10 +169,10 @@ def cli(a) -> int:
     if lat is not None and len(lat) != len(a.batch_sizes):
         raise SystemExit("robotserve gpu-server: --latency-ms needs one value per --batch-sizes entry")
     if lat is None and a.engine == "simulated":
-        from ..sim.workloads import PROFILES
+        from ..profiles import batch_latency_ms
 
-        lat = [PROFILES["smolvla_tiny"][b] for b in (1, 2, 4, 8, 16)]
-        a.batch_sizes = [1, 2, 4, 8, 16]
+        prof = batch_latency_ms("smolvla_tiny")  # a profile of record (robotserve_ros/profiles)
+        a.batch_sizes, lat = list(prof), list(prof.values())
     engine = build_engine(a.engine, json.loads(a.engine_params), a.batch_sizes if lat else None, lat)
     srv = GpuServer(engine, a.address, token=token, tls_cert=a.tls_cert, tls_key=a.tls_key,
                     max_message_bytes=int(a.max_message_mb * (1 << 20)), workers=a.workers)
