@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from robotserve_ros.sim.robot import alone_latency, exec_start, request_after, trigger_actions
+from robotserve_ros.core.robot_timing import alone_latency, exec_start, request_after, trigger_actions
 from robotserve_ros.sim.simulator import Simulator
 from robotserve_ros.sim.workload import parse_workload
 
@@ -178,3 +178,14 @@ def test_single_edge_tier_is_the_default_and_bad_tiers_are_refused():
         Simulator(w, "fifo", faults=(TierFault("cloud", 0, 1),))
     with pytest.raises(ValueError, match="speedup"):
         SimTier("edge", speedup=0)
+
+
+def test_trigger_rule_is_one_function_for_simulated_and_real_robots():
+    """0.07 s x 100 Hz is 7.000000000000001 in floats: both sides must ask at 7 actions left."""
+    assert trigger_actions(0.07, 100.0) == 7
+    import ast
+    import pathlib
+
+    src = pathlib.Path(__file__).resolve().parents[1] / "robotserve_ros" / "nodes" / "robot_client.py"
+    calls = {n.func.id for n in ast.walk(ast.parse(src.read_text())) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+    assert "trigger_actions" in calls  # robot_client computes its trigger with core's rule

@@ -91,7 +91,7 @@ def draw_tasks(rate: float, duration: float, seed: int):
 class LiveFleet:
     def __init__(self, core, lock, tasks, l1_s: float, image: int, seed: int) -> None:
         from ..core.observation import Observation
-        from ..sim.robot import trigger_actions
+        from ..core.robot_timing import trigger_actions
 
         self.core, self.lock, self.tasks = core, lock, tasks
         self.trigger = trigger_actions
@@ -130,7 +130,7 @@ class LiveFleet:
 
     def run(self, timeout_s: float) -> None:
         from ..core.types import ExecInfo
-        from ..sim.robot import exec_start, request_after
+        from ..core.robot_timing import exec_start, request_after
 
         t0 = time.monotonic() + 0.2
         for at, tid, rounds, hz in self.tasks:
@@ -208,7 +208,7 @@ def run_mode(mode: str, rate: float, a, edge_profile, remote, kill=None) -> dict
         runner.close()
         if killer is not None:
             killer.join(timeout=1.0)
-    from ..sim.robot import alone_latency
+    from ..core.robot_timing import alone_latency
 
     lat = np.array(list(fleet.latency.values())) if fleet.latency else np.array([np.nan])
     # Contention-free latency of the same tasks (every round served at once at edge batch 1):

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
@@ -33,6 +32,7 @@ from std_msgs.msg import Float64MultiArray
 from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
 from ..core.action_queue import AGGREGATES, ActionQueue
+from ..core.robot_timing import trigger_actions
 from ..msg import ExecutionProgress
 from ..srv import FetchObservation, Infer
 from .common import NodeClock, ParamError, declare, lean_node_kwargs, run_nodes, service_qos, to_time
@@ -49,7 +49,7 @@ DEFAULTS = {
     "command_type": "trajectory",
     "horizon_policy": "confidence",
     "horizon_param": -1.0,  # < 0: the server's default knob
-    "trigger_actions": -1,  # < 0: ceil(expected_latency_s x control_hz)
+    "trigger_actions": -1,  # < 0: core.robot_timing.trigger_actions(expected_latency_s, control_hz)
     "expected_latency_s": 0.1,
     "aggregate": "weighted_average",
     "instruction": "",
@@ -178,7 +178,7 @@ class RobotClientNode(Node):
         p = self.p = declare(self, DEFAULTS, CHECKS, WHY)
         self.robot = p["robot_name"] or (self.get_namespace().strip("/") or self.get_name())
         self.hz = p["control_hz"]
-        self.trigger = p["trigger_actions"] if p["trigger_actions"] >= 0 else math.ceil(p["expected_latency_s"] * self.hz)
+        self.trigger = p["trigger_actions"] if p["trigger_actions"] >= 0 else trigger_actions(p["expected_latency_s"], self.hz)
         self.mix = None
         if p["workload"]:
             from ..sim.workloads import builtin_names, builtin_workload

@@ -26,7 +26,7 @@ from ..core.schedulers import make_scheduler
 from ..core.serving import ServingCore, Tier
 from ..core.types import ExecInfo, HorizonChoice, InferenceRequest
 from ..engines.simulated import SimulatedEngine
-from .robot import alone_latency, exec_start, request_after, trigger_actions
+from ..core.robot_timing import alone_latency, exec_start, request_after, trigger_actions
 from .workload import HORIZON_MODES, TaskSpec, Workload
 
 _ARRIVE, _REQUEST, _DONE_GEN, _DONE_TASK, _COOLED = range(5)

@@ -1,4 +1,6 @@
-"""The robot side of asynchronous inference, as timing (seed 000 §2.1, §5.1).
+"""The robot side of asynchronous inference, as timing (seed 000 §2.1, §5.1): one set of
+pure functions that the simulator, robot_client and bench hybrid all call, so a simulated
+robot and a real one trigger their next request at the same action.
 
 A round's chunk starts executing when it has arrived and the previous round's actions
 have run out; the next request goes out when the actions left fall to the trigger point,
