@@ -19,6 +19,7 @@ from robotserve_ros.core import (
     VirtualClock,
     make_scheduler,
 )
+from robotserve_ros.core.observation import BadObservation
 from robotserve_ros.core.errors import (
     RoundInFlight,
     BadExecInfo,
@@ -66,6 +67,7 @@ BAD_REQUESTS = [
     ("bad confidence t", InferenceRequest("a", 2, ExecInfo(1.0, 4, 8.0), HorizonChoice("confidence", -1.0)), BadPolicyParam),
     ("empty task id", InferenceRequest("", 0), RequestError),
     ("later round without exec info", InferenceRequest("a", 2), BadExecInfo),
+    ("NaN observation stamp", InferenceRequest("a", 2, ExecInfo(1.0, 4, 8.0), obs_stamp=NAN), BadObservation),
 ]
 
 

@@ -92,5 +92,5 @@ def check_size(nbytes: int, spec: ObservationSpec) -> None:
 
 
 def check_stamp(t: float) -> None:
-    if not math.isfinite(t):
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t):
         raise BadObservation("observation stamp is not finite")

@@ -27,6 +27,7 @@ from .errors import (
     UnknownTask,
 )
 from .horizon import HORIZON_POLICIES, HorizonPolicy
+from .observation import check_stamp
 from .ledger import TaskLedger
 from .profile import EngineProfile
 from .schedulers import Scheduler, SchedulingContext
@@ -175,6 +176,8 @@ class ServingCore:
         rr = req.remaining_rounds
         if rr is not None and (isinstance(rr, bool) or not isinstance(rr, int) or rr < 1):
             raise RequestError(f"remaining_rounds must be a whole number >= 1 or absent, got {rr!r}")
+        if req.obs_stamp is not None:
+            check_stamp(req.obs_stamp)  # a NaN capture time would poison every observation age
         if req.exec_info is not None:
             problems = req.exec_info.problems()
             if problems:

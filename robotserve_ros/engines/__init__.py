@@ -9,10 +9,26 @@ from ..core.registry import Registry
 from .simulated import SimulatedEngine
 
 ENGINES: Registry = Registry("engine")
+
+
+def _remote(profile, **kw):
+    """A GPU server over gRPC. Imported on use, so a server without remote tiers never
+    loads the gRPC stubs."""
+    from ..transport.remote_engine import RemoteEngine
+
+    return RemoteEngine(profile, **kw)
+
+
+def _lerobot(profile, **kw):
+    """Imported on use: torch and LeRobot load only when a server asks for this engine."""
+    from .lerobot_engine import LeRobotEngine
+
+    return LeRobotEngine(profile, **kw)
+
+
 ENGINES.register("simulated", lambda profile, **kw: SimulatedEngine(profile, **kw))
-ENGINES.register("remote", lambda profile, **kw: __import__(f"{__package__.rpartition('.')[0]}.transport.remote_engine", fromlist=["_"]).RemoteEngine(profile, **kw))  # a GPU server over gRPC
-# Imported on use: torch and LeRobot load only when a server asks for this engine.
-ENGINES.register("lerobot", lambda profile, **kw: __import__(f"{__name__}.lerobot_engine", fromlist=["_"]).LeRobotEngine(profile, **kw))
+ENGINES.register("remote", _remote)
+ENGINES.register("lerobot", _lerobot)
 
 
 def make_engine(name: str, profile: EngineProfile, **params):
