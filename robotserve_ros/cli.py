@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -15,7 +16,7 @@ def _load_workload(arg: str):
         return load_workload(arg)
     if arg in builtin_names() or arg in measured_names():
         return builtin_workload(arg)
-    raise SystemExit(f"robotserve: --workload {arg!r} is neither a file nor a built-in ({', '.join(builtin_names())})")
+    raise UsageError(f"--workload {arg!r} is neither a file nor a built-in ({', '.join(builtin_names() + measured_names())})")
 
 
 def _params(items) -> dict:
@@ -35,7 +36,10 @@ def cmd_sim(a) -> int:
     from .sim.simulator import Simulator
 
     wl = _load_workload(a.workload)
-    sim = Simulator(wl, a.scheduler, a.horizon, a.seed, _params(a.scheduler_param))
+    try:
+        sim = Simulator(wl, a.scheduler, a.horizon, a.seed, _params(a.scheduler_param))
+    except (TypeError, ValueError) as e:  # a scheduler knob it does not take, or a bad value
+        raise UsageError(f"--scheduler-param for '{a.scheduler}': {e}") from None
     res = sim.run_online(a.rate, a.tasks) if a.rate is not None else sim.run_fleet(a.robots)
     summary = res.summary()
     text = json.dumps(summary, indent=1)
@@ -79,12 +83,12 @@ def cmd_workload(a) -> int:
         print("\n".join(builtin_names() + measured_names()))
     elif a.action == "gen":
         if not a.name or not a.out:
-            raise SystemExit("robotserve workload gen NAME --out FILE")
+            raise UsageError("workload gen needs NAME and --out FILE")
         builtin_workload(a.name, a.seed).save(a.out)
         print(f"wrote {a.out}")
     else:
         if not a.name:
-            raise SystemExit("robotserve workload check FILE")
+            raise UsageError("workload check needs FILE")
         w = load_workload(a.name)
         print(f"ok: '{w.name}', {len(w.tasks)} tasks, saturation batch {w.profile.saturation_batch}")
     return 0
@@ -97,6 +101,8 @@ def cmd_up(a) -> int:
     from .launch_description import load_launch_file
     from .live.processes import ProcessGroup, ros_env
 
+    if not Path(a.config).is_file():
+        raise UsageError(f"config {a.config!r}: no such file (a ROS params file, e.g. config/fleet.yaml)")
     mod = load_launch_file(a.launch)
     values = {"params_file": str(Path(a.config).resolve())}
     if a.robots is not None:
@@ -139,19 +145,45 @@ def cmd_demo(a) -> int:
     return 0
 
 
+class UsageError(Exception):
+    """A wrong name or value on the command line: one line to stderr, exit 2."""
+
+
+def positive(kind=float):
+    """argparse type: a finite number > 0 (a whole one for kind=int)."""
+    def parse(v: str):
+        try:
+            x = kind(v)
+        except ValueError:
+            x = None
+        if x is None or not math.isfinite(x) or x <= 0:
+            raise argparse.ArgumentTypeError(f"must be a {'whole ' if kind is int else ''}number > 0, got {v!r}")
+        return x
+
+    return parse
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line naming the argument and what is allowed, no usage dump
+        self.exit(2, f"{self.prog}: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="robotserve", description=__doc__)
+    from .core.schedulers import SCHEDULERS
+
+    p = _Parser(prog="robotserve", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
 
     s = sub.add_parser("sim", help="simulate one scheduler/horizon on a workload (virtual clock)")
     s.add_argument("--workload", required=True, help="workload JSON file or built-in name")
-    s.add_argument("--scheduler", default="kairos")
+    s.add_argument("--scheduler", default="kairos", choices=SCHEDULERS.names(), metavar="NAME",
+                   help=f"one of {', '.join(SCHEDULERS.names())}")
     s.add_argument("--scheduler-param", action="append", metavar="KEY=VALUE", help="e.g. buckets=5")
     s.add_argument("--horizon", choices=("static", "dynamic"), default="static")
     load = s.add_mutually_exclusive_group(required=True)
-    load.add_argument("--rate", type=float, help="online mode: Poisson task arrivals per second")
-    load.add_argument("--robots", type=int, help="fleet mode: robots running the tasks back to back")
-    s.add_argument("--tasks", type=int, default=400, help="online mode: tasks to draw")
+    load.add_argument("--rate", type=positive(), help="online mode: Poisson task arrivals per second")
+    load.add_argument("--robots", type=positive(int), help="fleet mode: robots running the tasks back to back")
+    s.add_argument("--tasks", type=positive(int), default=400, help="online mode: tasks to draw")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--out", help="write the result JSON here")
     s.set_defaults(func=cmd_sim)
@@ -160,29 +192,29 @@ def build_parser() -> argparse.ArgumentParser:
     f = b.add_parser("fleet", help="schedulers x horizons on every built-in workload; Markdown + PNG report")
     f.add_argument("--out", default="reports/fleet")
     f.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    f.add_argument("--tasks", type=int, default=400)
+    f.add_argument("--tasks", type=positive(int), default=400)
     f.add_argument("--workloads", nargs="+")
     f.add_argument("--workers", type=int)
     f.add_argument("--quick", action="store_true", help="one seed, 150 tasks: a smoke run")
     f.set_defaults(func=cmd_bench_fleet)
     sc = b.add_parser("scheduler", help="scheduling decision time at 10/100/1000 pending requests")
     sc.add_argument("--out", default="reports/scheduler_bench.json")
-    sc.add_argument("--sizes", type=int, nargs="+", default=[10, 100, 1000])
-    sc.add_argument("--repeats", type=int, default=300)
+    sc.add_argument("--sizes", type=positive(int), nargs="+", default=[10, 100, 1000])
+    sc.add_argument("--repeats", type=positive(int), default=300)
     sc.set_defaults(func=cmd_bench_scheduler)
     # Live benchmarks on real ROS 2 processes (robotserve_ros/live/bench_transport.py, bench_fleet_live.py).
     tr = b.add_parser("transport", help="latency the inference server adds over a bare rclpy service round trip")
     tr.add_argument("--out", required=True, help="result JSON")
-    tr.add_argument("--rounds", type=int, default=200, help="measured round trips per service (after warm-up)")
+    tr.add_argument("--rounds", type=positive(int), default=200, help="measured round trips per service (after warm-up)")
     tr.add_argument("--warmup", type=int, default=30)
-    tr.add_argument("--image", type=int, default=224, help="side of the square rgb8 image sent each round")
+    tr.add_argument("--image", type=positive(int), default=224, help="side of the square rgb8 image sent each round")
     tr.add_argument("--profile", action="store_true", help="also time each stage of the served path")
     tr.set_defaults(func=lambda a: __import__(f"{__package__}.live.bench_transport", fromlist=["cli"]).cli(a))
     fl = b.add_parser("fleet-live", help="server + simulated robots live on this machine: lost/duplicate chunks, lateness, load")
     fl.add_argument("--out", required=True, help="result JSON")
-    fl.add_argument("--robots", type=int, default=100)
-    fl.add_argument("--duration", type=float, default=60.0, help="seconds, after every robot has started")
-    fl.add_argument("--per-process", type=int, default=25, help="robots per sim_robot / robot_client process")
+    fl.add_argument("--robots", type=positive(int), default=100)
+    fl.add_argument("--duration", type=positive(), default=60.0, help="seconds, after every robot has started")
+    fl.add_argument("--per-process", type=positive(int), default=25, help="robots per sim_robot / robot_client process")
     fl.add_argument("--config", help="ROS params file (default config/fleet.yaml)")
     fl.add_argument("--lost-after", type=float, default=10.0, help="an answer missing longer than this at the stop is lost")
     fl.add_argument("--trace-server", action="store_true", help="run the server with per-round marks (where lost rounds went)")
@@ -201,8 +233,8 @@ def build_parser() -> argparse.ArgumentParser:
     lr.set_defaults(func=lambda a: __import__(f"{__package__}.transport.lerobot_compat", fromlist=["_"]).cli(a))
 
     d = sub.add_parser("demo", help="live fleet on this machine: server + simulated robots, FIFO then Kairos")
-    d.add_argument("--robots", type=int, default=8)
-    d.add_argument("--tasks", type=int, default=1, help="tasks per robot")
+    d.add_argument("--robots", type=positive(int), default=8)
+    d.add_argument("--tasks", type=positive(int), default=1, help="tasks per robot")
     d.add_argument("--workload", default="bimanual-diffusion")
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--config", help="ROS params file (default config/fleet.yaml)")
@@ -214,11 +246,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     u = sub.add_parser("up", help="start the nodes of a launch file as processes (no ros2 launch needed)")
     u.add_argument("config", help="ROS params file, e.g. config/fleet.yaml")
-    u.add_argument("--launch", default="fleet", help="launch/<name>.launch.py to read: fleet, server, robot")
-    u.add_argument("--robots", type=int)
-    u.add_argument("--per-process", type=int)
+    u.add_argument("--launch", default="fleet", choices=("fleet", "server", "robot"), help="launch/<name>.launch.py to read")
+    u.add_argument("--robots", type=positive(int))
+    u.add_argument("--per-process", type=positive(int))
     u.add_argument("--domain-id", type=int)
-    u.add_argument("--duration", type=float, help="stop after this many seconds")
+    u.add_argument("--duration", type=positive(), help="stop after this many seconds")
     u.add_argument("--log-dir", default="log/up")
     u.add_argument("--dry-run", action="store_true", help="print the commands instead")
     u.set_defaults(func=cmd_up)
@@ -237,12 +269,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    from .core.errors import WorkloadError
+    from .core.errors import ConfigError, WorkloadError
 
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except WorkloadError as e:
+    except (WorkloadError, ConfigError, UsageError) as e:
         print(f"robotserve: {e}", file=sys.stderr)
         return 2
 

@@ -3,6 +3,7 @@ end on small settings (they must produce their report files; speed is never asse
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -39,10 +40,10 @@ def test_sim_fleet_and_scheduler_params(small_workload, tmp_path):
     assert r["robots"] == 4 and r["tasks"] == 20
 
 
-def test_sim_rejects_a_bad_scheduler_param(small_workload):
-    with pytest.raises(ValueError, match="buckets"):
-        main(["sim", "--workload", str(small_workload), "--scheduler", "kairos", "--scheduler-param", "buckets=0",
-              "--robots", "2"])
+def test_sim_rejects_a_bad_scheduler_param(small_workload, capsys):
+    assert main(["sim", "--workload", str(small_workload), "--scheduler", "kairos", "--scheduler-param", "buckets=0",
+                 "--robots", "2"]) == 2
+    assert "buckets must be >= 1" in capsys.readouterr().err
 
 
 def test_workload_gen_check_and_bad_file(tmp_path, capsys):
@@ -115,3 +116,29 @@ def test_bench_fleet_end_to_end_small(tmp_path, capsys):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     printed = capsys.readouterr().out
     assert "peak: Kairos avg vs FIFO >= 30%" in printed
+
+
+@pytest.mark.parametrize("argv,names", [
+    (["sim", "--workload", "libero-smolvla", "--scheduler", "nosuch", "--rate", "1"], ["--scheduler", "nosuch", "kairos"]),
+    (["sim", "--workload", "libero-smolvla", "--rate", "-1"], ["--rate", "-1"]),
+    (["sim", "--workload", "libero-smolvla", "--scheduler", "kairos", "--scheduler-param", "buckets=-1", "--rate", "1"], ["buckets"]),
+    (["sim", "--workload", "nosuch", "--rate", "1"], ["nosuch", "libero-smolvla"]),
+    (["bench", "fleet", "--workloads", "nosuch", "--quick"], ["nosuch", "known"]),
+    (["demo", "--robots", "0"], ["--robots", "0"]),
+    (["workload", "gen", "nosuch", "--out", "x.json"], ["nosuch", "known"]),
+    (["bench", "scheduler", "--sizes", "0"], ["--sizes"]),
+    (["up", "no/such.yaml", "--dry-run"], ["no/such.yaml"]),
+    (["up", "config/fleet.yaml", "--launch", "nosuch", "--dry-run"], ["--launch", "nosuch", "fleet"]),
+    (["profile", "--engine", "nosuch", "--out", "p.json"], ["nosuch", "simulated"]),
+])
+def test_a_wrong_name_or_value_is_one_line_and_exit_2(argv, names, capsys, tmp_path, monkeypatch):
+    """Never a traceback: one line naming what was wrong and what is allowed, exit 2."""
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])  # config/fleet.yaml is found, nothing written there
+    argv = [str(tmp_path / a) if a in ("x.json", "p.json") else a for a in argv]
+    try:
+        rc = main(argv)
+    except SystemExit as e:  # argparse exits itself
+        rc = e.code
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1, err
+    assert all(n in err for n in names), err

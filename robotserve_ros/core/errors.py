@@ -46,3 +46,15 @@ class WorkloadError(ValueError):
     def __init__(self, field: str, problem: str) -> None:
         super().__init__(f"workload field '{field}': {problem}")
         self.field = field
+
+
+class ConfigError(ValueError):
+    """A configuration name or value a component cannot take (a CLI flag, a node
+    parameter, a workload name): reported as one line naming it and what is allowed."""
+
+
+class UnknownName(ConfigError, KeyError):
+    """A name no registry entry has. Still a KeyError, for callers that look names up."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import Callable, Generic, TypeVar
 
+from .errors import UnknownName
+
 T = TypeVar("T")
 
 
@@ -26,7 +28,7 @@ class Registry(Generic[T]):
         try:
             factory = self._items[name]
         except KeyError:
-            raise KeyError(f"unknown {self.role} '{name}'; known: {', '.join(self.names())}") from None
+            raise UnknownName(f"unknown {self.role} '{name}'; known: {', '.join(self.names())}") from None
         return factory(**params)
 
     def names(self) -> list[str]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..core.errors import UnknownName
 from ..core.profile import EngineProfile
 
 PROFILES_DIR = Path(__file__).resolve().parent
@@ -23,7 +24,7 @@ def record(name: str) -> dict:
     """The whole profile record (samples, machine, method) of a profile of record."""
     path = PROFILES_DIR / f"{name}.json"
     if not name or "/" in name or not path.is_file():
-        raise ValueError(f"unknown engine profile '{name}'; profiles of record: {', '.join(names())}")
+        raise UnknownName(f"unknown engine profile '{name}'; profiles of record: {', '.join(names())}")
     return json.loads(path.read_text())
 
 

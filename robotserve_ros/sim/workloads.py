@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import profiles
+from ..core.errors import UnknownName
 from .workload import TaskSpec, Workload, load_workload
 
 # Each shape names an engine profile of record (robotserve_ros/profiles/NAME.json): median
@@ -141,7 +142,7 @@ def builtin_workload(name: str, seed: int = 0, tasks: int | None = None) -> Work
     try:
         s = SHAPES[name]
     except KeyError:
-        raise KeyError(f"unknown built-in workload '{name}'; known: {', '.join(SHAPES)}") from None
+        raise UnknownName(f"unknown built-in workload '{name}'; known: {', '.join(SHAPES)}") from None
     rng = np.random.default_rng([seed, sum(map(ord, name))])
     n = tasks or s.tasks
     return Workload(name, profiles.batch_latency_ms(s.profile), tuple(make_task(rng, s, f"{name}-{i:03d}") for i in range(n)))
