@@ -1,8 +1,10 @@
-"""What machine a measurement ran on: every benchmark report records it."""
+"""What machine a measurement ran on (every benchmark report records it), and how busy it
+and a process were while it ran (/proc)."""
 from __future__ import annotations
 
 import os
 import platform
+from typing import Optional
 
 
 def machine_info() -> dict:
@@ -38,3 +40,28 @@ def machine_info() -> dict:
         "rmw": os.environ.get("RMW_IMPLEMENTATION", "rmw_fastrtps_cpp (default)"),
         "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
     }
+
+
+def cpu_times() -> tuple[float, float]:
+    """(busy, total) jiffies of all cores from /proc/stat."""
+    with open("/proc/stat") as f:
+        vals = [float(x) for x in f.readline().split()[1:]]
+    idle = vals[3] + (vals[4] if len(vals) > 4 else 0.0)  # idle + iowait
+    total = sum(vals[:8])  # guest time is already in user
+    return total - idle, total
+
+
+def busy_fraction(a: tuple[float, float], b: tuple[float, float]) -> float:
+    """Fraction of all cores busy between two cpu_times() samples."""
+    dt = b[1] - a[1]
+    return (b[0] - a[0]) / dt if dt > 0 else float("nan")
+
+
+def proc_cpu_s(pid: int) -> Optional[float]:
+    """utime + stime of a process (its threads included), seconds; None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None

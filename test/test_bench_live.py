@@ -41,6 +41,40 @@ def test_transport_small(tmp_path, monkeypatch):
     assert math.isfinite(res["added_median_ms"]) and math.isfinite(res["added_p99_ms"])
     assert res["paired"]["n"] == 30 and res["foreign_nodes_on_domain"] == []
     assert all(code == 0 for code in res["process_exit_codes"].values()), res["process_exit_codes"]
+    assert "profile" not in res
+
+
+def test_transport_profile_has_every_served_stage(tmp_path, monkeypatch):
+    """--profile: the real server writes its stage trace on SIGINT, and every round of the
+    served path comes back split into its stages, client send to client receive."""
+    from robotserve_ros.live.bench_transport import SERVED_STAGES, run_transport
+
+    _apply_env(monkeypatch)
+    res = run_transport(tmp_path / "t.json", rounds=12, image=32, warmup=3, profile=True,
+                        log_dir=tmp_path / "logs", verbose=False)
+    prof = res["profile"]
+    assert prof["stage_trace_missing"] is None, prof
+    spans = [f"{a}->{b}" for a, b in zip(SERVED_STAGES, SERVED_STAGES[1:])] + ["received->answered"]
+    assert SERVED_STAGES[1:-1] == ("received", "submit", "dispatch", "engine_start", "engine_end", "reply", "answered")
+    assert sorted(prof["served_stages"]) == sorted(spans), prof["served_stages"]
+    for name, span in prof["served_stages"].items():
+        assert span["n"] == 12 and span["median_ms"] >= 0, (name, span)
+    # One clock on both sides: each round's time in the server is part of its round trip.
+    assert 0 < prof["served_stages"]["received->answered"]["median_ms"] <= res["served"]["median_ms"]
+    for side in ("raw_stages", "raw_mt_stages"):
+        assert set(prof[side]) == {"send->received", "received->recv"} and prof[side]["send->received"]["n"] == 12
+    assert res["raw_mt"]["n"] == 12 and res["raw_mt"]["errors"] == {}
+    assert all(code == 0 for code in res["process_exit_codes"].values()), res["process_exit_codes"]
+
+
+def test_fleet_engine_profile_read_like_the_node():
+    from robotserve_ros.live.bench_fleet_live import engine_profile_ms
+    from robotserve_ros.profiles import batch_latency_ms
+
+    explicit = {"engine_batch_sizes": [1, 4], "engine_latency_ms": [10.0, 20.0], "engine_profile": "act_small"}
+    assert engine_profile_ms(explicit) == {1: 10.0, 4: 20.0}
+    named = {"engine_batch_sizes": [], "engine_latency_ms": [], "engine_profile": "act_small"}
+    assert engine_profile_ms(named) == batch_latency_ms("act_small") != batch_latency_ms("diffusion_arm")
 
 
 def test_fleet_live_small(tmp_path, monkeypatch):
@@ -48,7 +82,8 @@ def test_fleet_live_small(tmp_path, monkeypatch):
 
     _apply_env(monkeypatch)
     out = tmp_path / "fleet_live.json"
-    res = run_fleet_live(out, robots=4, duration=8.0, per_process=2, log_dir=tmp_path / "logs", verbose=False)
+    res = run_fleet_live(out, robots=4, duration=8.0, per_process=2, log_dir=tmp_path / "logs", trace_server=True,
+                         verbose=False)
     assert json.loads(out.read_text()) == json.loads(json.dumps(res))
     for key in ("chunks_served", "lost_chunks", "duplicate_chunks", "lateness_p50_ms", "lateness_p99_ms", "requests",
                 "errors", "idle_fraction", "server", "cpu", "in_flight_at_stop", "control_ticks", "machine"):
@@ -69,3 +104,7 @@ def test_fleet_live_small(tmp_path, monkeypatch):
     assert res["processes_failed_during_run"] == [] and res["foreign_nodes_on_domain"] == []
     assert res["rmw_replies_dropped_by_process"] == {}, res["rmw_replies_dropped_by_process"]
     assert all(code == 0 for code in res["process_exit_codes"].values()), res["process_exit_codes"]
+    trace = res["server_trace"]  # trace_server: the server's own stage trace
+    assert trace["stage_trace_missing"] is None, trace
+    assert trace["rounds_reaching_server"] >= trace["ok_replies_answered"] >= res["chunks_served"], trace
+    assert 0 <= trace["in_server_ms"]["p50"] <= trace["in_server_ms"]["max"]

@@ -41,17 +41,31 @@ import numpy as np
 import yaml
 
 from ..launch_description import default_config, robots as robot_specs, server as server_specs
-from ..machine import machine_info
-from .bench_transport import _Spec, busy_fraction, cpu_times, foreign_nodes, pct, proc_cpu_s
-from .processes import DomainContext, pick_free_domain, server_diagnostics
-from .processes import ProcessGroup, ros_env
+from ..machine import busy_fraction, cpu_times, machine_info, proc_cpu_s
+from ..profiles import batch_latency_ms
+from .processes import (DomainContext, ProcessGroup, foreign_nodes, pct, pick_free_domain, read_stage_trace, ros_env,
+                        server_diagnostics)
 
 
-def _params_file(base: str, stats_pattern: str, out: Path) -> tuple[str, dict]:
+def _params_file(base: str, stats_pattern: str, out: Path, stage_trace_file: str = "") -> tuple[str, dict]:
     cfg = yaml.safe_load(Path(base).read_text())
     cfg.setdefault("/**/robot_client", {}).setdefault("ros__parameters", {})["stats_file"] = stats_pattern
+    if stage_trace_file:
+        cfg.setdefault("inference_server", {}).setdefault("ros__parameters", {})["stage_trace_file"] = stage_trace_file
     out.write_text(yaml.safe_dump(cfg))
     return str(out), cfg
+
+
+def engine_profile_ms(srv_cfg: dict) -> dict:
+    """batch -> ms of the server's engine as the node reads its parameters: the explicit
+    engine_batch_sizes/engine_latency_ms override where given, else its engine_profile of
+    record (the node's defaults for whatever the file leaves out)."""
+    from ..nodes.inference_server import DEFAULTS
+
+    p = {**DEFAULTS, **srv_cfg}
+    if p.get("engine_batch_sizes") and p.get("engine_latency_ms"):
+        return {int(b): float(ms) for b, ms in zip(p["engine_batch_sizes"], p["engine_latency_ms"])}
+    return batch_latency_ms(p["engine_profile"])
 
 
 def _num(v):
@@ -222,8 +236,11 @@ def run_fleet_live(out: Path, robots: int = 100, duration: float = 60.0, per_pro
     tmp = Path(tempfile.mkdtemp(prefix="robotserve_fleet_live_"))
     log_dir = Path(log_dir) if log_dir else tmp / "logs"
     stats_dir = tmp / "stats"
-    params, cfg = _params_file(base, str(stats_dir / "{robot}.json"), tmp / "params.yaml")
+    trace_file = tmp / "server_stage_trace.json"
+    params, cfg = _params_file(base, str(stats_dir / "{robot}.json"), tmp / "params.yaml",
+                               str(trace_file) if trace_server else "")
     srv_cfg = cfg.get("inference_server", {}).get("ros__parameters", {})
+    engine = engine_profile_ms(srv_cfg)
     rc_cfg = cfg.get("/**/robot_client", {}).get("ros__parameters", {})
     hz = float(rc_cfg.get("control_hz", 30.0))
     domain = domain_id if domain_id is not None else pick_free_domain()
@@ -231,14 +248,10 @@ def run_fleet_live(out: Path, robots: int = 100, duration: float = 60.0, per_pro
     # Every occurrence of rclpy's RuntimeWarnings in the logs (by default Python prints one
     # per call site): "failed to send response (timeout)" is a reply the rmw dropped.
     env["PYTHONWARNINGS"] = "always::RuntimeWarning"
-    marks_file = tmp / "server_marks.json"
     say = (lambda s: print(f"[fleet-live] {s}", flush=True)) if verbose else (lambda s: None)
 
     listener = _Listener(env)
     srv = server_specs(params)
-    if trace_server:  # the real server, with per-round marks (bench_transport's instrumented wrapper)
-        srv = [_Spec("inference_server", "robotserve_ros.live.bench_transport",
-                     ["served-instrumented", "--marks", str(marks_file), "--ros-args", "--params-file", params])]
     base_group = ProcessGroup(srv + [s for s in robot_specs(params, robots, per_process) if s.executable == "sim_robot"],
                               env, log_dir)
     client_group = ProcessGroup([s for s in robot_specs(params, robots, per_process) if s.executable == "robot_client"], env, log_dir)
@@ -260,7 +273,7 @@ def run_fleet_live(out: Path, robots: int = 100, duration: float = 60.0, per_pro
 
     try:
         say(f"domain {domain}: server + {robots} robots ({per_process} per process), {hz:g} Hz control, "
-            f"engine profile {dict(zip(srv_cfg.get('engine_batch_sizes', []), srv_cfg.get('engine_latency_ms', [])))} ms")
+            f"engine profile {engine} ms")
         base_group.start()
         client_group.start()
         deadline = t_launch + startup_timeout
@@ -310,27 +323,31 @@ def run_fleet_live(out: Path, robots: int = 100, duration: float = 60.0, per_pro
             elif "Warning" in line or "[WARN]" in line or "[ERROR]" in line:
                 warnings[f.stem] += 1
     # Where each unanswered request went: the server's ledger at the end (and, with
-    # --trace-server, which rounds reached the server's callback and which replies it sent).
+    # --trace-server, which rounds reached the server's callback and which it answered).
     unanswered = [(task, rnd, age) for a in accounts for task, rnd, age in a["unanswered"]]
     tasks_end = set(tasks_at_end)
     trace = None
     lost_keys = [(t, r) for t, r, age in unanswered if age > lost_after_s]
     where = {"task_in_server_ledger_at_end": sum(t in tasks_end for t, _ in lost_keys),
              "task_not_in_server_ledger_at_end": sum(t not in tasks_end for t, _ in lost_keys)}
-    if trace_server and marks_file.exists():
-        marks = json.loads(marks_file.read_text())
-        lag = marks.pop("__progress_lag_ms__", [])
-        reached = [f"{t}#{r}" in marks and "cb_enter" in marks[f"{t}#{r}"] for t, r in lost_keys]
-        sends = [m["send_response_ms"] for m in marks.values() if "send_response_ms" in m]
-        where.update(reached_server_callback=sum(reached), never_reached_server_callback=len(reached) - sum(reached),
-                     reply_sent_by_server=sum("resp_sent" in marks.get(f"{t}#{r}", {}) for t, r in lost_keys))
-        trace = {"rounds_reaching_server": sum("cb_enter" in m for m in marks.values()),
-                 "ok_replies_sent": len(sends),
-                 "send_response_ms": {"p50": pct(sends, 50), "p99": pct(sends, 99), "max": max(sends) if sends else None,
-                                      "over_90ms": sum(x > 90 for x in sends)},
-                 "progress_reports_handled": len(lag),
-                 "progress_lag_ms": {"p50": pct(lag, 50), "p99": pct(lag, 99), "max": max(lag) if lag else None,
-                                     "note": "server handling time - robot's stamp, per ExecutionProgress message"}}
+    if trace_server:
+        marks, missing = read_stage_trace(trace_file, codes.get("inference_server"))
+        got = [marks.get(f"{t}#{r}", {}) for t, r in lost_keys]
+        where.update(reached_server_callback=sum("received" in m for m in got),
+                     never_reached_server_callback=sum("received" not in m for m in got),
+                     reply_answered_by_server=sum("answered" in m for m in got))
+
+        def span(a, b):
+            xs = [(m[b] - m[a]) / 1e6 for m in marks.values() if a in m and b in m]
+            return {"p50": pct(xs, 50), "p99": pct(xs, 99), "max": max(xs) if xs else None, "n": len(xs)}
+
+        trace = {"rounds_reaching_server": sum("received" in m for m in marks.values()),
+                 "ok_replies_answered": sum("answered" in m for m in marks.values()),
+                 "in_server_ms": span("received", "answered"),
+                 "queued_ms": span("submit", "dispatch"),
+                 "engine_ms": span("engine_start", "engine_end"),
+                 "stage_trace_missing": missing,
+                 "note": "the server's stage trace (its stage_trace_file parameter), CLOCK_MONOTONIC"}
 
     # CPU: whole machine, and each process, over the window (first to last sample).
     cpu = {}
@@ -366,7 +383,6 @@ def run_fleet_live(out: Path, robots: int = 100, duration: float = 60.0, per_pro
     srv_rate = ((served_at[-1][1] - served_at[0][1]) / (served_at[-1][0] - served_at[0][0])
                 if len(served_at) >= 2 and served_at[-1][0] > served_at[0][0] else float("nan"))
     chunks_in_window = agg["lateness"]["in_window"]["n"]
-    engine = dict(zip(srv_cfg.get("engine_batch_sizes", []), srv_cfg.get("engine_latency_ms", [])))
     bmax = max(engine) if engine else None
     res = {
         "benchmark": "fleet-live",

@@ -17,16 +17,15 @@ after round 0, a static horizon so the reply is a fixed-size chunk). added = ser
 per pair; the JSON reports the medians, the paired differences' median and p99, the
 machine and the payload.
 
-With --profile the served server runs under time.perf_counter-style instrumentation
-(CLOCK_MONOTONIC marks, comparable across processes on one machine, wrapped around the
-server's methods from outside; inference_server.py is unchanged), a third service (the
-bare one on a MultiThreadedExecutor of the server's thread count) is measured too, and
-the JSON gets the median of every stage of the served path.
+With --profile the served server is started with its `stage_trace_file` parameter: it
+marks each round at every stage of its serving loop (CLOCK_MONOTONIC ns, comparable with
+this process's send/receive times on one machine) and writes the marks when it stops. A
+third service (the bare one on a MultiThreadedExecutor of the server's thread count) is
+measured too, and the JSON gets the median of every stage of the served path.
 
-Helper processes of this module (started by the benchmark itself):
+Helper process of this module (started by the benchmark itself):
     python -m robotserve_ros.live.bench_transport raw-server [--service S] [--horizon H]
         [--action-dim D] [--threads N]
-    python -m robotserve_ros.live.bench_transport served-instrumented --marks FILE --ros-args ...
 """
 from __future__ import annotations
 
@@ -43,64 +42,15 @@ from typing import Optional
 import numpy as np
 import yaml
 
-from ..machine import machine_info
-from .processes import DomainContext, pick_free_domain
+from ..core.runner import STAGES
+from ..machine import busy_fraction, cpu_times, machine_info
+from .processes import DomainContext, ModuleSpec, foreign_nodes, pct, pick_free_domain, read_stage_trace
 
 RAW_SERVICE = "/robotserve_bench/raw_infer"
 RAW_MT_SERVICE = "/robotserve_bench/raw_infer_mt"
 SERVED_SERVICE = "/robotserve_bench/served_infer"
 HORIZON, ACTION_DIM, JOINTS = 50, 6, 6
 SERVER_THREADS = 128  # inference_server's default `threads`
-
-
-# --------------------------------------------------------------------------------------
-# Machine description and load (shared with bench_fleet_live)
-# --------------------------------------------------------------------------------------
-def cpu_times() -> tuple[float, float]:
-    """(busy, total) jiffies of all cores from /proc/stat."""
-    with open("/proc/stat") as f:
-        vals = [float(x) for x in f.readline().split()[1:]]
-    idle = vals[3] + (vals[4] if len(vals) > 4 else 0.0)  # idle + iowait
-    total = sum(vals[:8])  # guest time is already in user
-    return total - idle, total
-
-
-def busy_fraction(a: tuple[float, float], b: tuple[float, float]) -> float:
-    """Fraction of all cores busy between two cpu_times() samples."""
-    dt = b[1] - a[1]
-    return (b[0] - a[0]) / dt if dt > 0 else float("nan")
-
-
-def proc_cpu_s(pid: int) -> Optional[float]:
-    """utime + stime of a process (its threads included), seconds; None once it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def foreign_nodes(node, ours) -> list:
-    """Nodes on the domain that are not ours (a shared machine: another session's fleet)."""
-    from collections import Counter
-
-    names = Counter(f"{ns.rstrip('/')}/{n}" for n, ns in node.get_node_names_and_namespaces())
-    return sorted(n for n in names if not ours(n)) + sorted(f"{n} (x{k})" for n, k in names.items() if k > 1 and ours(n))
-
-
-def pct(xs, q: float) -> float:
-    return float(np.percentile(np.asarray(xs, dtype=float), q)) if len(xs) else float("nan")
-
-
-class _Spec:
-    """A process for ProcessGroup: `python -m <module> <args...>` (NodeSpec runs nodes only)."""
-
-    def __init__(self, name: str, module: str, args=()) -> None:
-        self.name, self.module, self.args = name, module, list(args)
-
-    def command(self, python: str = sys.executable) -> list[str]:
-        return [python, "-m", self.module, *self.args]
 
 
 # --------------------------------------------------------------------------------------
@@ -146,125 +96,12 @@ def raw_server_main(argv) -> int:
 
 
 # --------------------------------------------------------------------------------------
-# The real server, instrumented from outside (--profile)
-# --------------------------------------------------------------------------------------
-def served_instrumented_main(argv) -> int:
-    """inference_server's main with CLOCK_MONOTONIC marks per (task, round) at each stage,
-    written to --marks on shutdown. The wrappers cost a few microseconds per round."""
-    from ..core.serving import ServingCore
-    from ..engines.simulated import SimulatedEngine
-    from ..nodes import inference_server as srv
-
-    ap = argparse.ArgumentParser(prog="bench_transport served-instrumented")
-    ap.add_argument("--marks", required=True)
-    ns, rest = ap.parse_known_args(argv[1:])
-    marks: dict = {}
-    now = time.monotonic_ns
-
-    def mark(task, rnd, stage):
-        marks.setdefault(f"{task}#{rnd}", {})[stage] = now()
-
-    N = srv.InferenceServerNode
-    on_infer, run, close = N._on_infer, N._run, N.close
-    req_from_msg, fill_chunk = srv.request_from_msg, srv.fill_chunk
-    submit, dispatch, refresh, complete = ServingCore.submit, ServingCore.dispatch, ServingCore.refresh_stale, ServingCore.complete
-    infer = SimulatedEngine.infer
-
-    def _on_infer(self, request, response):
-        t, r = request.task_id, request.round_id
-        mark(t, r, "cb_enter")
-        out = on_infer(self, request, response)
-        mark(t, r, "cb_exit")
-        return out
-
-    def _request_from_msg(r, spec):
-        out = req_from_msg(r, spec)
-        mark(r.task_id, r.round_id, "parsed")
-        return out
-
-    def _submit(self, req):
-        out = submit(self, req)
-        mark(req.task_id, req.round_id, "submitted")
-        return out
-
-    def _dispatch(self):
-        out = dispatch(self)
-        for d in out:
-            for p in d.requests:
-                mark(p.task_id, p.request.round_id, "dispatched")
-        return out
-
-    def _refresh(self, d):
-        out = refresh(self, d)
-        for p in d.requests:
-            mark(p.task_id, p.request.round_id, "refreshed")
-        return out
-
-    def _infer(self, batch):
-        out = infer(self, batch)
-        for q in batch:
-            mark(q.task_id, q.round_id, "engine_done")
-        return out
-
-    def _complete(self, dispatch_id, results):
-        out = complete(self, dispatch_id, results)
-        for rep in out:
-            mark(rep.task_id, rep.round_id, "completed")
-        return out
-
-    def _run(self, d):
-        keys = [(p.task_id, p.request.round_id) for p in d.requests]
-        out = run(self, d)
-        for k in keys:
-            mark(*k, "woken")  # every waiter's event is set when _run returns
-        return out
-
-    def _fill_chunk(c, reply, first_timestep, stamp):
-        mark(reply.task_id, reply.round_id, "waiter_resumed")
-        fill_chunk(c, reply, first_timestep, stamp)
-        mark(reply.task_id, reply.round_id, "filled")
-
-    from rclpy.service import Service
-
-    send_response = Service.send_response
-
-    def _send_response(self, response, header):
-        c = getattr(response, "chunk", None)
-        t0 = now()
-        try:
-            return send_response(self, response, header)
-        finally:
-            if c is not None and c.task_id:  # an ok reply: its chunk names the round
-                rec = marks.setdefault(f"{c.task_id}#{c.round_id}", {})
-                rec["resp_sent"], rec["send_response_ms"] = now(), (now() - t0) / 1e6
-
-    on_progress = N._on_progress
-    progress_lag_ms: list = []
-
-    def _on_progress(self, m):  # how far behind the robots' progress reports the server runs
-        progress_lag_ms.append(round(1000 * time.time() - (m.header.stamp.sec * 1e3 + m.header.stamp.nanosec / 1e6), 2))
-        return on_progress(self, m)
-
-    def _close(self):
-        close(self)
-        Path(ns.marks).write_text(json.dumps(dict(marks, __progress_lag_ms__=progress_lag_ms)))
-
-    Service.send_response = _send_response
-    N._on_progress = _on_progress
-
-    N._on_infer, N._run, N.close = _on_infer, _run, _close
-    srv.request_from_msg, srv.fill_chunk = _request_from_msg, _fill_chunk
-    ServingCore.submit, ServingCore.dispatch, ServingCore.refresh_stale, ServingCore.complete = _submit, _dispatch, _refresh, _complete
-    SimulatedEngine.infer = _infer
-    return srv.main([argv[0]] + rest)
-
-
-# --------------------------------------------------------------------------------------
 # The benchmark
 # --------------------------------------------------------------------------------------
-def _server_params(out: Path, image: int) -> str:
+def _server_params(out: Path, image: int, stage_trace_file: str = "") -> str:
     """Default server parameters, but a zero-cost engine and the bench's observation spec."""
     cfg = {"inference_server": {"ros__parameters": {
+        "stage_trace_file": stage_trace_file,
         "service": SERVED_SERVICE,
         "engine": "simulated",
         "engine_batch_sizes": [1],
@@ -349,23 +186,29 @@ def _stats(xs) -> dict:
             "max_ms": float(np.max(xs)) if len(xs) else float("nan"), "mean_ms": float(np.mean(xs)) if len(xs) else float("nan")}
 
 
+# The served path's stages in order: the client's send, the node's own marks around the
+# serving loop's stages (core/runner.py), the client's receive.
+SERVED_STAGES = ("send", "received", *STAGES, "answered", "recv")
+
+
+def _span(xs) -> dict:
+    return {"median_ms": round(pct(xs, 50), 4), "p99_ms": round(pct(xs, 99), 4), "n": len(xs)}
+
+
 def _stage_breakdown(samples, marks: dict, task: str, first_round: int) -> dict:
     """Median ms of each stage of the served path, from the client's send/receive times and
-    the server's marks (all CLOCK_MONOTONIC)."""
-    order = ["send", "cb_enter", "parsed", "submitted", "dispatched", "refreshed", "engine_done", "completed",
-             "woken", "waiter_resumed", "filled", "cb_exit", "resp_sent", "recv"]
-    spans: dict = {f"{a}->{b}": [] for a, b in zip(order, order[1:])}
+    the server's stage trace (all CLOCK_MONOTONIC), plus the server's whole share."""
+    pairs = list(zip(SERVED_STAGES, SERVED_STAGES[1:])) + [("received", "answered")]
+    spans: dict = {f"{a}->{b}": [] for a, b in pairs}
     for rnd, t0, t1, _ in samples:
-        if rnd < first_round:
-            continue
-        m = marks.get(f"{task}#{rnd}")
+        m = marks.get(f"{task}#{rnd}") if rnd >= first_round else None
         if not m:
             continue
         m = dict(m, send=t0, recv=t1)
-        for a, b in zip(order, order[1:]):
+        for a, b in pairs:
             if a in m and b in m:
                 spans[f"{a}->{b}"].append((m[b] - m[a]) / 1e6)
-    return {k: {"median_ms": round(pct(v, 50), 4), "p99_ms": round(pct(v, 99), 4), "n": len(v)} for k, v in spans.items() if v}
+    return {k: _span(v) for k, v in spans.items() if v}
 
 
 def _raw_breakdown(samples, first_round: int) -> dict:
@@ -375,8 +218,7 @@ def _raw_breakdown(samples, first_round: int) -> dict:
         if rnd >= first_round and t0 <= stamp <= t1:
             req.append((stamp - t0) / 1e6)
             rep.append((t1 - stamp) / 1e6)
-    return {"send->cb_enter": {"median_ms": round(pct(req, 50), 4), "p99_ms": round(pct(req, 99), 4), "n": len(req)},
-            "cb_enter->recv": {"median_ms": round(pct(rep, 50), 4), "p99_ms": round(pct(rep, 99), 4), "n": len(rep)}}
+    return {"send->received": _span(req), "received->recv": _span(rep)}
 
 
 def run_transport(out: Path, rounds: int = 200, image: int = 224, warmup: int = 30, profile: bool = False,
@@ -397,16 +239,13 @@ def run_transport(out: Path, rounds: int = 200, image: int = 224, warmup: int = 
     log_dir = Path(log_dir) if log_dir else tmp / "logs"
     domain = domain_id if domain_id is not None else pick_free_domain()
     env = ros_env(domain, str(tmp / "ros_log"))
-    params = _server_params(tmp / "server.yaml", image)
-    marks_file = tmp / "marks.json"
+    trace_file = tmp / "stage_trace.json"
+    params = _server_params(tmp / "server.yaml", image, str(trace_file) if profile else "")
     this = "robotserve_ros.live.bench_transport"
-    specs = [_Spec("raw_server", this, ["raw-server", "--service", RAW_SERVICE])]
+    specs = [ModuleSpec("raw_server", this, ["raw-server", "--service", RAW_SERVICE]),
+             NodeSpec("inference_server", "inference_server", (), params)]
     if profile:
-        specs.append(_Spec("raw_server_mt", this, ["raw-server", "--service", RAW_MT_SERVICE, "--threads", str(SERVER_THREADS)]))
-        specs.append(_Spec("inference_server", this, ["served-instrumented", "--marks", str(marks_file),
-                                                      "--ros-args", "--params-file", params]))
-    else:
-        specs.append(NodeSpec("inference_server", "inference_server", (), params))
+        specs.append(ModuleSpec("raw_server_mt", this, ["raw-server", "--service", RAW_MT_SERVICE, "--threads", str(SERVER_THREADS)]))
 
     domain_ctx = DomainContext(env)
     ctx = domain_ctx.ctx
@@ -498,13 +337,14 @@ def run_transport(out: Path, rounds: int = 200, image: int = 224, warmup: int = 
     if profile:
         res["raw_mt"] = dict(_stats(lat["raw_mt"]), n=len(lat["raw_mt"]), errors=eps[2].errors,
                              note=f"the bare service on a MultiThreadedExecutor({SERVER_THREADS}) with a reentrant group")
-        marks = json.loads(marks_file.read_text()) if marks_file.exists() else {}
+        marks, missing = read_stage_trace(trace_file, codes.get("inference_server"))
         res["profile"] = {
             "served_stages": _stage_breakdown(eps[1].samples, marks, eps[1].req.task_id, warmup),
             "raw_stages": _raw_breakdown(eps[0].samples, warmup),
             "raw_mt_stages": _raw_breakdown(eps[2].samples, warmup),
-            "note": "CLOCK_MONOTONIC marks: send/recv in the client, the rest inside the served server "
-                    "(wrappers around its methods); medians of each span over the measured rounds",
+            "stage_trace_missing": missing,
+            "note": "CLOCK_MONOTONIC marks: send/recv in the client, the rest the served server's stage trace "
+                    "(its stage_trace_file parameter); medians of each span over the measured rounds",
         }
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=1) + "\n")
@@ -523,6 +363,8 @@ def summary_lines(res: dict) -> list[str]:
     if "profile" in res:
         for k, v in res["profile"]["served_stages"].items():
             lines.append(f"  served {k:28s} {v['median_ms']:8.3f} ms (p99 {v['p99_ms']:.3f})")
+        if res["profile"]["stage_trace_missing"]:
+            lines.append(f"  no stage breakdown: {res['profile']['stage_trace_missing']}")
     return lines
 
 
@@ -543,9 +385,7 @@ def main(argv=None) -> int:
     what = argv[1] if len(argv) > 1 else ""
     if what == "raw-server":
         return raw_server_main([argv[0]] + argv[2:])
-    if what == "served-instrumented":
-        return served_instrumented_main([argv[0]] + argv[2:])
-    print("usage: python -m robotserve_ros.live.bench_transport raw-server|served-instrumented ... "
+    print("usage: python -m robotserve_ros.live.bench_transport raw-server ... "
           "(the benchmark itself: robotserve bench transport)", file=sys.stderr)
     return 2
 

@@ -1,9 +1,11 @@
 """Start the nodes of a description as processes and stop them cleanly (there is no
 `ros2 launch` here): SIGINT first, SIGKILL only if a process will not stop, and the Fast
-DDS shared-memory files of a killed process removed."""
+DDS shared-memory files of a killed process removed. Also what the live benchmarks share:
+a free ROS domain, an rclpy context on it, the nodes on it that are not ours, percentiles."""
 from __future__ import annotations
 
 import glob
+import json
 import os
 import random
 import signal
@@ -12,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Optional, Sequence
+
+import numpy as np
 
 from ..launch_description import NodeSpec
 
@@ -79,12 +83,48 @@ class DomainContext:
         self.close()
 
 
+def foreign_nodes(node, ours) -> list:
+    """Nodes on the domain that are not ours (a shared machine: another session's fleet),
+    and ours that run more than once."""
+    from collections import Counter
+
+    names = Counter(f"{ns.rstrip('/')}/{n}" for n, ns in node.get_node_names_and_namespaces())
+    return sorted(n for n in names if not ours(n)) + sorted(f"{n} (x{k})" for n, k in names.items() if k > 1 and ours(n))
+
+
+def pct(xs, q: float) -> float:
+    """The q-th percentile of xs; NaN for none."""
+    return float(np.percentile(np.asarray(xs, dtype=float), q)) if len(xs) else float("nan")
+
+
+def read_stage_trace(path: Path, exit_code) -> tuple[dict, Optional[str]]:
+    """The inference server's stage trace (its `stage_trace_file` parameter), which it writes
+    as it stops: read it once its process has exited (ProcessGroup.stop waits for that).
+    (marks, None), or ({}, why not): a server killed before or while writing it."""
+    try:
+        return json.loads(path.read_text()), None
+    except FileNotFoundError:
+        return {}, f"the server wrote no stage trace (exit code {exit_code})"
+    except ValueError as e:
+        return {}, f"the server's stage trace is not whole JSON (exit code {exit_code}): {e}"
+
+
 def server_diagnostics(msg) -> Optional[dict]:
     """The inference server's key/values from a diagnostic_msgs/DiagnosticArray, or None."""
     for st in msg.status:
         if st.name == "robotserve: inference_server":
             return {kv.key: kv.value for kv in st.values}
     return None
+
+
+class ModuleSpec:
+    """A process for ProcessGroup that is not a node of the suite: `python -m <module> <args...>`."""
+
+    def __init__(self, name: str, module: str, args=()) -> None:
+        self.name, self.module, self.args = name, module, list(args)
+
+    def command(self, python: str = sys.executable) -> list[str]:
+        return [python, "-m", self.module, *self.args]
 
 
 class ProcessGroup:
