@@ -54,7 +54,6 @@ def busy_core(make_core, chunk):
 
 BAD_REQUESTS = [
     ("unknown task", InferenceRequest("ghost", 5), UnknownTask),
-    ("duplicate round", InferenceRequest("a", 1), DuplicateRequest),
     ("round goes back", InferenceRequest("a", 0), RoundOutOfOrder),
     ("negative round", InferenceRequest("b", -1), RoundOutOfOrder),
     ("non-integer round", InferenceRequest("a", 2.0), RoundOutOfOrder),
@@ -94,10 +93,10 @@ def test_bad_request_is_refused_counted_and_harmless(busy_core, chunk, label, re
 
 def test_errors_are_counted_by_code(busy_core):
     core, _ = busy_core
-    for req in (InferenceRequest("ghost", 5), InferenceRequest("ghost", 3), InferenceRequest("a", 1)):
+    for req in (InferenceRequest("ghost", 5), InferenceRequest("ghost", 3), InferenceRequest("a", 0)):
         with pytest.raises(RequestError):
             core.submit(req)
-    assert core.stats.errors == {"unknown_task": 2, "duplicate_request": 1}
+    assert core.stats.errors == {"unknown_task": 2, "round_out_of_order": 1}
 
 
 def test_finished_task_cannot_submit_again(make_core, chunk):
@@ -289,3 +288,55 @@ def test_task_restarted_under_same_id_does_not_get_stale_reply(make_core, chunk)
     assert core.stats.dropped_replies == 1
     assert core.pending["a"].request.round_id == 0
     assert core.ledger.tasks["a"].gens == [None]
+
+
+# --- a re-sent round (issue: no lost rounds) ---------------------------------------------------
+
+
+def test_resent_round_while_queued_attaches_to_it(busy_core, chunk):
+    """Task 'a' round 1 is queued; asking again returns the same request: one engine run."""
+    core, clock = busy_core
+    queued = core.pending["a"]
+    again = core.submit(InferenceRequest("a", 1, ExecInfo(1.0, 4, 8.0)))
+    assert again is queued and core.stats.resent_requests == 1 and core.stats.submitted == 3
+    replies = serve_round(core, clock, chunk, 3.0) + serve_round(core, clock, chunk, 4.0)
+    assert sorted((r.task_id, r.round_id) for r in replies) == [("a", 1), ("good", 0)]
+    assert core.stats.dispatched == 3  # a0, a1, good0: nothing ran twice
+
+
+def test_resent_round_while_generating_attaches_to_the_batch(make_core, chunk):
+    core, clock = make_core("fifo")
+    core.submit(InferenceRequest("a", 0))
+    (d,) = core.dispatch()
+    again = core.submit(InferenceRequest("a", 0))
+    assert again is d.requests[0] and core.stats.resent_requests == 1 and not core.pending
+    clock.advance_to(1.0)
+    assert [(r.task_id, r.round_id) for r in core.complete(d.id, [chunk(4)])] == [("a", 0)]
+    assert core.dispatch() == []
+
+
+def test_resent_round_after_its_reply_is_replayed_from_the_cache(make_core, chunk):
+    """A reply lost on the way (an RMW drop): the robot asks again, gets the same chunk,
+    and the engine is not asked; the cache holds one reply per task and goes with the task."""
+    core, clock = make_core("fifo")
+    core.submit(InferenceRequest("a", 0))
+    (first,) = serve_round(core, clock, chunk, 1.0)
+    p = core.submit(InferenceRequest("a", 0))
+    assert p.replay is first and core.stats.replies_replayed == 1
+    assert core.dispatch() == [] and not core.pending
+    core.submit(InferenceRequest("a", 1, ExecInfo(1.0, 2, 8.0)))  # the next round goes on as usual
+    (second,) = serve_round(core, clock, chunk, 2.0)
+    with pytest.raises(RoundOutOfOrder):  # only the latest round can be asked again
+        core.submit(InferenceRequest("a", 0))
+    assert core.submit(InferenceRequest("a", 1)).replay is second
+    core.drop_task("a")
+    assert "a" not in core.last_reply
+
+
+def test_resent_round_whose_reply_is_gone_is_refused(make_core, chunk):
+    core, clock = make_core("fifo")
+    core.submit(InferenceRequest("a", 0))
+    serve_round(core, clock, chunk, 1.0)
+    del core.last_reply["a"]
+    with pytest.raises(DuplicateRequest, match="reply is gone"):
+        core.submit(InferenceRequest("a", 0))

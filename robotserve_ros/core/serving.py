@@ -97,6 +97,8 @@ class ServingStats:
     dropped_replies: int = 0
     refreshes: int = 0
     refresh_failures: int = 0
+    resent_requests: int = 0  # a round asked again while queued or generating: attached, not run twice
+    replies_replayed: int = 0  # a round asked again after its reply: answered from the reply cache
     obs_age_sum: float = 0.0
     obs_age_n: int = 0
     obs_age_max: float = 0.0
@@ -128,6 +130,7 @@ class ServingCore:
         self._horizons: dict[str, HorizonPolicy] = {}
         self.pending: dict[str, PendingRequest] = {}  # one per task
         self.inflight: dict[int, Dispatch] = {}
+        self.last_reply: dict[str, ChunkReply] = {}  # per task: a reply lost on the way is asked for again
         self.epoch = 0
         self._seq = itertools.count()
         self._ids = itertools.count(1)
@@ -160,7 +163,7 @@ class ServingCore:
                 raise UnknownTask(f"task '{req.task_id}' has finished; start a new task id")
             last = rec.round_ids[-1]
             if req.round_id == last:
-                raise DuplicateRequest(f"task '{req.task_id}' round {req.round_id} was already received")
+                return self._resent(req, rec, now)
             if req.round_id < last:
                 raise RoundOutOfOrder(
                     f"task '{req.task_id}' round {req.round_id} arrived after round {last}; round ids must increase"
@@ -201,6 +204,23 @@ class ServingCore:
         self.pending[req.task_id] = p
         self.stats.submitted += 1
         return p
+
+    def _resent(self, req: InferenceRequest, rec, now: float) -> PendingRequest:
+        """The robot asks again for its latest round (its reply was lost, or it timed out):
+        the queued or generating round answers it when done, a served one from the reply
+        cache; the engine never runs a round twice."""
+        p = self.pending.get(req.task_id)
+        if p is None:
+            p = next((q for d in self.inflight.values() for q in d.requests
+                      if q.task_id == req.task_id and q.record is rec), None)
+        if p is not None and p.request.round_id == req.round_id:
+            self.stats.resent_requests += 1
+            return p
+        reply = self.last_reply.get(req.task_id)
+        if reply is not None and reply.round_id == req.round_id:
+            self.stats.replies_replayed += 1
+            return PendingRequest(req, now, next(self._seq), self.epoch, now, len(rec.round_ids) - 1, rec, replay=reply)
+        raise DuplicateRequest(f"task '{req.task_id}' round {req.round_id} was already received and its reply is gone")
 
     # --- dispatch (Algorithm 1) ------------------------------------------------------
     def dispatch(self) -> list[Dispatch]:
@@ -283,6 +303,8 @@ class ServingCore:
                     now,
                 )
             )
+        for r in replies:
+            self.last_reply[r.task_id] = r
         self.stats.completed += len(replies)
         return replies
 
@@ -317,6 +339,7 @@ class ServingCore:
     def drop_task(self, task_id: str) -> bool:
         """Forget a task (robot gone): its queued request goes, replies in flight are dropped."""
         self.pending.pop(task_id, None)
+        self.last_reply.pop(task_id, None)
         return self.ledger.remove(task_id) is not None
 
     # --- helpers -----------------------------------------------------------------------

@@ -70,6 +70,8 @@ class PendingRequest:
     deadline: float
     round_index: int = 0  # the round's position in the task's ledger
     record: Any = None  # the ledger record it belongs to: a reply never lands on a restarted task
+    # A re-sent round already answered: its cached reply, handed back without generating again.
+    replay: Any = None
 
     @property
     def task_id(self) -> str:
