@@ -36,5 +36,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tls-cert", help="server certificate (PEM); with --tls-key turns TLS on")
     p.add_argument("--tls-key")
     p.add_argument("--max-message-mb", type=float, default=DEFAULT_MAX_MESSAGE / (1 << 20))
-    p.add_argument("--workers", type=int, default=8, help="calls accepted at once (the engine runs one batch at a time)")
+    p.add_argument("--workers", type=int, default=8,
+                   help="calls served at once; their requests are batched together up to the engine's saturation batch")
+    p.add_argument("--max-id-bytes", type=int, default=256, help="longest task_id accepted (UTF-8 bytes)")
+    p.add_argument("--max-text-bytes", type=int, default=4096, help="longest instruction accepted (UTF-8 bytes)")
+    p.add_argument("--max-call-requests", type=int, default=1024, help="most requests in one InferBatch call")
     p.add_argument("--ready-file", help="write the bound address here once serving")

@@ -1,7 +1,8 @@
 """`robotserve gpu-server`: engines behind a gRPC service, the cloud tier of seed 000 §3.2.3.
 
-InferBatch runs one batch through the hosted engine (registry name + JSON params, as the
-inference server node builds its own); Profile returns the engine profile the edge
+InferBatch serves a call's requests on the hosted engine (registry name + JSON params, as
+the inference server node builds its own), batched with other callers' requests by the
+core's serving loop; see GpuServicer for validation, deadlines and errors. Profile returns the engine profile the edge
 dispatcher plans with; Health answers pings (the client times them: the measured round
 trip). Every call must carry `authorization: Bearer <token>` when a token is set (checked
 by a server interceptor; UNAUTHENTICATED otherwise); messages are capped at
@@ -10,6 +11,7 @@ max_message_bytes both ways (RESOURCE_EXHAUSTED past it); TLS is optional (cert 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hmac
 import json
 import logging
@@ -17,6 +19,8 @@ import os
 import signal
 import threading
 import time
+import itertools
+import math
 from collections import Counter
 from concurrent import futures
 from pathlib import Path
@@ -24,10 +28,16 @@ from typing import Optional
 
 import grpc
 
+from ..core.clock import WallClock
 from ..core.errors import RequestError
+from ..core.observation import ObservationSpec
 from ..core.profile import EngineProfile
+from ..core.runner import Runner
+from ..core.schedulers import Scheduler, make_scheduler
+from ..core.serving import ServingCore, Tier
+from ..core.types import InferenceRequest
 from . import DEFAULT_MAX_MESSAGE, TOKEN_ENV, add_arguments, stubs  # noqa: F401 (re-exported)
-from .tensors import request_from_pb, result_to_pb
+from .tensors import BadField, Limits, check_spec, request_from_pb, result_to_pb
 
 log = logging.getLogger("robotserve.gpu_server")
 
@@ -59,40 +69,192 @@ class TokenInterceptor(grpc.ServerInterceptor):
         return self._deny
 
 
-class GpuServicer:
-    """The service over one engine. The engine runs one batch at a time (a model is not
-    assumed thread-safe); calls queue on its lock."""
+@dataclasses.dataclass
+class _Call:
+    """One InferBatch call's state, guarded by the runner's lock."""
+
+    cond: threading.Condition
+    results: list
+    expires_at: float = math.inf  # on the core's clock; inf: the caller set no deadline
+    keys: list = dataclasses.field(default_factory=list)  # its requests' task ids in the core
+    left: int = 0
+    error: Optional[str] = None  # the engine failed a batch holding one of its requests
+    ended: bool = False  # answered, expired or cancelled: its tasks are gone from the core
+
+    def live(self, now: float) -> bool:
+        return not self.ended and self.error is None and now < self.expires_at
+
+
+@dataclasses.dataclass
+class _CallRequest(InferenceRequest):
+    """A request as the core queues it: under a key unique to its call (two edge servers'
+    task ids never collide, and a call's tasks are dropped with it), the request as sent
+    kept for the engine (its task id keys the engine's per-task state and noise seed)."""
+
+    call: Optional[_Call] = None
+    index: int = 0
+    sent: Optional[InferenceRequest] = None
+
+
+class _LiveCallsFifo(Scheduler):
+    """FIFO over the requests whose call is still live: the edge server already ordered
+    its batch by its own scheduler (wait ratio, seed 000 §3.2.2) and holds the robots'
+    ledgers, so this server adds no policy of its own, only arrival order. A request whose
+    call expired is never picked, so it cannot start past its deadline."""
+
+    name = "fifo_live_calls"
+
+    def __init__(self) -> None:
+        self.fifo = make_scheduler("fifo")
+
+    def select(self, pending, ctx, limit=None):
+        return self.fifo.select([p for p in pending if p.request.call.live(ctx.now)], ctx, limit)
+
+
+class _AsSent:
+    """The hosted engine, fed the requests as their callers sent them."""
 
     def __init__(self, engine) -> None:
-        self.pb, _ = stubs()
-        self.engine = engine
-        self.lock = threading.Lock()
-        self.counts: Counter = Counter()
+        self.engine, self.profile = engine, engine.profile
 
+    def infer(self, batch):
+        out = self.engine.infer([r.sent for r in batch])
+        if len(out) != len(batch):  # fail the batch's calls rather than retry a broken engine
+            raise RuntimeError(f"engine returned {len(out)} results for {len(batch)} requests")
+        return out
+
+
+class _Refused(Exception):
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
+class GpuServicer:
+    """The service over one engine, through the core's serving loop (core/runner.py): one
+    tier, one slot (a model is not assumed thread-safe), batches up to the engine profile's
+    saturation batch, built from the requests of every call waiting at that moment.
+
+    InferBatch validates every request of the call (tensors.request_from_pb, and the
+    engine's observation_spec where it has one) before any is queued: a bad one refuses the
+    whole call with INVALID_ARGUMENT naming it, and nothing else is affected. The good ones
+    are submitted one by one and the call waits for their results. A call whose deadline
+    passes, or that is cancelled, has its requests that have not started dropped (counted
+    `expired`); requests already running finish and their results are discarded (counted
+    `discarded`). An engine failure answers the calls of that batch INTERNAL (the edge
+    requeues them); any other fault is INTERNAL too, with no detail beyond the server log.
+    """
+
+    def __init__(self, engine, limits: Limits = Limits(), poll_s: float = 0.5) -> None:
+        self.pb, _ = stubs()
+        self.engine, self.limits, self.poll_s = engine, limits, poll_s
+        self.spec: Optional[ObservationSpec] = getattr(engine, "observation_spec", None)
+        self.counts: Counter = Counter()
+        self.core = ServingCore(_LiveCallsFifo(), [Tier("engine", engine.profile)], WallClock())
+        # Reentrant: a call submits all its requests under one hold, so the dispatcher sees
+        # the call whole (not its first request alone in a batch of one).
+        self.runner = Runner(self.core, {"engine": _AsSent(engine)}, self._on_replies, lock=threading.RLock(),
+                             on_error=self._on_error, retry_pause_s=0.0).start()
+        self.lock = self.runner.lock
+        self._ids = itertools.count()
+
+    def close(self) -> None:
+        self.runner.close()
+
+    # --- InferBatch --------------------------------------------------------------------
     def InferBatch(self, request, context):
         try:
-            reqs = [request_from_pb(m) for m in request.requests]
+            return self._infer_batch(request, context)
         except RequestError as e:
             self.counts["bad_request"] += 1
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{e.code}: {e.message}")
-        if not reqs:
-            self.counts["bad_request"] += 1
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "empty batch")
-        t = time.perf_counter()
+            self.runner.count_error(e)
+            code, msg = grpc.StatusCode.INVALID_ARGUMENT, f"{e.code}: {e.message}"
+        except _Refused as e:
+            code, msg = e.code, e.message
+        except Exception:  # never a traceback (nor UNKNOWN) to the client
+            self.counts["internal"] += 1
+            log.exception("InferBatch failed")
+            code, msg = grpc.StatusCode.INTERNAL, "internal error (see the server log)"
+        context.abort(code, msg)
+
+    def _infer_batch(self, request, context):
+        t0 = time.perf_counter()
+        n, lim = len(request.requests), self.limits
+        if n == 0:
+            raise BadField("requests: empty batch")
+        if n > lim.max_call_requests:
+            raise BadField(f"requests: {n} in one call, at most {lim.max_call_requests}")
+        sent = [request_from_pb(m, i, lim) for i, m in enumerate(request.requests)]
+        if self.spec is not None:
+            for i, q in enumerate(sent):
+                check_spec(q.observation, self.spec, i)
+        remaining = context.time_remaining()
+        clock = self.core.clock
+        call = _Call(threading.Condition(self.lock), [None] * n, left=n)
+        if remaining is not None:
+            call.expires_at = clock.now() + remaining
+        context.add_callback(lambda: self._end(call))  # cancelled or expired: wake and drop now
+        cid = next(self._ids)
+        with self.lock:
+            try:
+                for i, q in enumerate(sent):
+                    key = f"call{cid}/{i}"
+                    call.keys.append(key)
+                    self.runner.submit(_CallRequest(key, 0, observation=q.observation, call=call, index=i, sent=q))
+                while call.left and call.live(clock.now()) and context.is_active():
+                    call.cond.wait(max(0.0, min(call.expires_at - clock.now(), self.poll_s)))
+            finally:
+                self._end(call)
+            if call.error is not None:
+                raise _Refused(grpc.StatusCode.INTERNAL, call.error)
+            if call.left:
+                raise _Refused(grpc.StatusCode.DEADLINE_EXCEEDED, "the call's deadline passed or it was cancelled")
         try:
-            with self.lock:
-                results = self.engine.infer(reqs)
-        except Exception as e:  # the caller requeues; the server stays up for the next batch
+            chunks = [result_to_pb(self.pb, q, r) for q, r in zip(sent, call.results)]
+        except Exception:  # the engine's output, not the caller's input, is at fault
             self.counts["engine_failure"] += 1
-            log.exception("engine failed on a batch of %d", len(reqs))
-            context.abort(grpc.StatusCode.INTERNAL, f"engine failed: {e!r}")
-        engine_s = time.perf_counter() - t
-        if len(results) != len(reqs):
-            self.counts["engine_failure"] += 1
-            context.abort(grpc.StatusCode.INTERNAL, f"engine returned {len(results)} results for {len(reqs)} requests")
+            log.exception("engine results cannot be sent")
+            raise _Refused(grpc.StatusCode.INTERNAL, "engine results cannot be sent (see the server log)") from None
+        return self.pb.InferBatchReply(chunks=chunks, engine_s=time.perf_counter() - t0)
+
+    def _end(self, call: _Call) -> None:
+        """The call is over: its tasks leave the core (the ledger does not grow), the
+        requests that never started are counted as expired."""
+        with self.lock:
+            if call.ended:
+                return
+            call.ended = True
+            for key in call.keys:
+                if key in self.core.pending and call.error is None:
+                    self.counts["expired"] += 1
+                self.core.drop_task(key)
+            call.cond.notify_all()
+        if call.left and call.error is None:
+            self.counts["expired_calls"] += 1
+
+    # --- the runner's callbacks (under its lock) ----------------------------------------
+    def _on_replies(self, replies, dispatch, results) -> None:
         self.counts["batches"] += 1
-        self.counts["requests"] += len(reqs)
-        return self.pb.InferBatchReply(chunks=[result_to_pb(self.pb, q, r) for q, r in zip(reqs, results)], engine_s=engine_s)
+        self.counts["requests"] += len(results)
+        for p, res in zip(dispatch.requests, results):  # the engine's full results, untrimmed
+            call, i = p.request.call, p.request.index
+            if call.ended or call.results[i] is not None:
+                self.counts["discarded"] += 1
+                continue
+            call.results[i] = res
+            call.left -= 1
+            if not call.left:
+                call.cond.notify_all()
+
+    def _on_error(self, dispatch, exc: Exception) -> None:
+        self.counts["engine_failure"] += 1
+        log.error("engine failed on a batch of %d: %r", len(dispatch.requests), exc)
+        with self.lock:
+            for p in dispatch.requests:
+                call = p.request.call
+                if not call.ended and call.error is None:
+                    call.error = "engine failed on the batch (see the server log)"
+                    call.cond.notify_all()
 
     def Profile(self, request, context):
         prof: EngineProfile = self.engine.profile
@@ -122,9 +284,13 @@ class GpuServer:
         tls_key: Optional[str] = None,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE,
         workers: int = 8,
+        limits: Optional[Limits] = None,
     ) -> None:
         _, pb_grpc = stubs()
-        self.servicer = GpuServicer(engine)
+        limits = limits or Limits()
+        # No tensor can hold more elements than the message has bytes.
+        limits = dataclasses.replace(limits, max_elements=min(limits.max_elements, int(max_message_bytes)))
+        self.servicer = GpuServicer(engine, limits)
         self.counts = self.servicer.counts
         interceptors = [TokenInterceptor(token, self.counts)] if token else []
         self.server = grpc.server(
@@ -147,6 +313,7 @@ class GpuServer:
 
     def stop(self, grace: Optional[float] = 0.5) -> None:
         self.server.stop(grace).wait()
+        self.servicer.close()
 
     def __enter__(self) -> "GpuServer":
         return self
@@ -175,7 +342,9 @@ def cli(a) -> int:
         a.batch_sizes, lat = list(prof), list(prof.values())
     engine = build_engine(a.engine, json.loads(a.engine_params), a.batch_sizes if lat else None, lat)
     srv = GpuServer(engine, a.address, token=token, tls_cert=a.tls_cert, tls_key=a.tls_key,
-                    max_message_bytes=int(a.max_message_mb * (1 << 20)), workers=a.workers)
+                    max_message_bytes=int(a.max_message_mb * (1 << 20)), workers=a.workers,
+                    limits=Limits(max_id_bytes=a.max_id_bytes, max_text_bytes=a.max_text_bytes,
+                                  max_call_requests=a.max_call_requests))
     log.info("serving %s on %s (%s, token %s)", a.engine, srv.address, "TLS" if a.tls_cert else "plaintext",
              "required" if token else "NOT required")
     if a.ready_file:

@@ -127,7 +127,7 @@ class RemoteEngine(Engine):
                 raise RemoteEngineError(f"GPU server {self.address} answered ({c.task_id}, {c.round_id}) for ({q.task_id}, {q.round_id})")
         self.link.observe_call(msg.ByteSize() + rep.ByteSize(), wall - rep.engine_s)
         self.link.mark_up()
-        return [result_from_pb(c) for c in rep.chunks]
+        return [result_from_pb(c, i) for i, c in enumerate(rep.chunks)]
 
     def close(self) -> None:
         self._stop.set()

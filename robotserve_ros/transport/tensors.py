@@ -1,18 +1,23 @@
 """numpy arrays <-> the proto Tensor (bytes, shape, dtype name), and requests/results.
 
-No pickle: a dtype is a name from ALLOWED_DTYPES, the bytes must be exactly shape x itemsize,
-and anything else is a BadTensor naming what was wrong (sent back as INVALID_ARGUMENT).
+No pickle: a dtype is a name from ALLOWED_DTYPES, every dimension and the element count are
+bounded by the message limit before anything is allocated, the bytes must be exactly
+shape x itemsize, ids and strings are length-limited, joint values must be finite. Anything
+else is a RequestError naming the field (`requests[3].observation.joints`), sent back as
+INVALID_ARGUMENT; a message never echoes more than a short, escaped prefix of what was sent.
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
 
 from ..core.errors import RequestError
-from ..core.observation import Observation
+from ..core.observation import ENCODINGS, BadObservation, Observation, ObservationSpec
 from ..core.types import ChunkResult, InferenceRequest
+from . import DEFAULT_MAX_MESSAGE
 
 ALLOWED_DTYPES = ("bool", "uint8", "int8", "uint16", "int16", "int32", "int64", "float16", "float32", "float64")
 MAX_DIMS = 8
@@ -20,6 +25,28 @@ MAX_DIMS = 8
 
 class BadTensor(RequestError):
     code = "bad_tensor"
+
+
+class BadField(RequestError):
+    code = "bad_request"
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one InferBatch call may carry (the GPU server's options)."""
+
+    max_id_bytes: int = 256  # task_id
+    max_text_bytes: int = 4096  # instruction
+    max_images: int = 16  # cameras per observation
+    max_call_requests: int = 1024  # requests per call: each becomes a queued task
+    max_elements: int = DEFAULT_MAX_MESSAGE  # a message of N bytes holds at most N elements
+
+
+def shown(s, n: int = 32) -> str:
+    """A short, escaped rendering of client-sent text for an error message: never the bytes
+    themselves (no control characters, no megabytes echoed back or into a log)."""
+    out = ascii(s[:n])
+    return out if len(s) <= n else f"{out}... ({len(s)} long)"
 
 
 def encode(pb, a: np.ndarray):
@@ -30,17 +57,25 @@ def encode(pb, a: np.ndarray):
     return pb.Tensor(data=a.tobytes(), shape=list(a.shape), dtype=a.dtype.name)
 
 
-def decode(t, what: str = "tensor") -> np.ndarray:
-    """A read-only view on the message's bytes, or BadTensor."""
+def decode(t, what: str = "tensor", limits: Limits = Limits()) -> np.ndarray:
+    """A read-only view on the message's bytes, or BadTensor naming `what`."""
     if t.dtype not in ALLOWED_DTYPES:
-        raise BadTensor(f"{what}: dtype '{t.dtype}' not accepted; allowed: {', '.join(ALLOWED_DTYPES)}")
+        raise BadTensor(f"{what}.dtype: {shown(t.dtype)} not accepted; allowed: {', '.join(ALLOWED_DTYPES)}")
     shape = tuple(t.shape)
-    if len(shape) > MAX_DIMS or any(d < 0 for d in shape):
-        raise BadTensor(f"{what}: shape {list(shape)} is not a shape (at most {MAX_DIMS} dims, none negative)")
+    if len(shape) > MAX_DIMS:
+        raise BadTensor(f"{what}.shape: {len(shape)} dims, at most {MAX_DIMS}")
+    cap = limits.max_elements
+    for i, d in enumerate(shape):
+        if d < 0 or d > cap:
+            raise BadTensor(f"{what}.shape[{i}]: {d} is not a size in 0..{cap}")
+    # Empty dimensions do not make the others free: numpy refuses a shape whose non-zero
+    # dimensions overflow, so they are bounded too (exact Python integers, no overflow here).
+    if math.prod(max(d, 1) for d in shape) > cap:
+        raise BadTensor(f"{what}.shape: more than {cap} elements")
     dt = np.dtype(t.dtype).newbyteorder("<")
     need = math.prod(shape) * dt.itemsize
     if len(t.data) != need:
-        raise BadTensor(f"{what}: {len(t.data)} bytes of data, expected {need} for shape {list(shape)} {t.dtype}")
+        raise BadTensor(f"{what}.data: {len(t.data)} bytes, expected {need} for shape {list(shape)} {t.dtype}")
     return np.frombuffer(t.data, dtype=dt).reshape(shape)
 
 
@@ -57,33 +92,83 @@ def request_to_pb(pb, req: InferenceRequest):
     return m
 
 
-def request_from_pb(m) -> InferenceRequest:
+def _text(s: str, what: str, cap: int) -> None:
+    n = len(s.encode("utf-8", "surrogatepass"))
+    if n > cap:
+        raise BadField(f"{what}: {n} bytes, at most {cap}")
+
+
+def request_from_pb(m, index: int = 0, limits: Limits = Limits()) -> InferenceRequest:
+    """The index-th request of a call, validated; errors name `requests[index].<field>`."""
+    at = f"requests[{index}]"
     if not m.task_id:
-        raise BadTensor("request without a task_id")
+        raise BadField(f"{at}.task_id: empty")
+    _text(m.task_id, f"{at}.task_id", limits.max_id_bytes)
     if m.round_id < 0:
-        raise BadTensor(f"task '{m.task_id}': round_id {m.round_id} < 0")
+        raise BadField(f"{at}.round_id: {m.round_id} < 0")
     obs: Optional[Observation] = None
     if m.has_observation:
         o = m.observation
-        images = [decode(t, f"task '{m.task_id}' image {i}") for i, t in enumerate(o.images)]
-        for i, im in enumerate(images):
-            if im.ndim != 3:
-                raise BadTensor(f"task '{m.task_id}' image {i}: shape {list(im.shape)}, expected HxWxC")
-        joints = decode(o.joints, f"task '{m.task_id}' joints") if o.HasField("joints") else np.zeros(0)
+        _text(o.instruction, f"{at}.observation.instruction", limits.max_text_bytes)
+        if len(o.images) > limits.max_images:
+            raise BadField(f"{at}.observation.images: {len(o.images)} images, at most {limits.max_images}")
+        images = []
+        for i, t in enumerate(o.images):
+            where = f"{at}.observation.images[{i}]"
+            im = decode(t, where, limits)
+            if im.ndim != 3 or 0 in im.shape:
+                raise BadTensor(f"{where}.shape: {list(im.shape)}, expected HxWxC, none empty")
+            images.append(im)
+        joints = np.zeros(0, np.float32)
+        if o.HasField("joints"):
+            joints = decode(o.joints, f"{at}.observation.joints", limits)
+            if joints.ndim != 1:
+                raise BadTensor(f"{at}.observation.joints.shape: {list(joints.shape)}, expected one dimension")
+            if joints.dtype.kind == "f":
+                bad = np.flatnonzero(~np.isfinite(joints))
+                if bad.size:
+                    raise BadObservation(f"{at}.observation.joints[{int(bad[0])}]: {joints[bad[0]]}, joint values must be finite")
         obs = Observation(images=images, joints=joints, instruction=o.instruction, timestep=int(o.timestep))
     return InferenceRequest(task_id=m.task_id, round_id=int(m.round_id), observation=obs)
 
 
+def check_spec(obs: Optional[Observation], spec: ObservationSpec, index: int = 0) -> None:
+    """What the engine's policy takes (its observation_spec), checked before the request is
+    queued: found only by the engine, a bad observation would fail every call in its batch."""
+    at = f"requests[{index}].observation"
+    if obs is None:
+        raise BadObservation(f"{at}: missing (has_observation false), the policy needs one")
+    if spec.cameras is not None and len(obs.images) != spec.cameras:
+        raise BadObservation(f"{at}.images: {len(obs.images)} images, the policy takes {spec.cameras}")
+    kinds = {(ENCODINGS[e][0], np.dtype(ENCODINGS[e][1]).name) for e in spec.encodings if e in ENCODINGS}
+    for i, im in enumerate(obs.images):
+        h, w, c = im.shape
+        if spec.width is not None and w != spec.width or spec.height is not None and h != spec.height:
+            raise BadObservation(f"{at}.images[{i}]: {w}x{h}, the policy takes {spec.width}x{spec.height}")
+        if (c, im.dtype.name) not in kinds:
+            raise BadObservation(f"{at}.images[{i}]: {c} channels of {im.dtype.name}, the policy takes one of {', '.join(spec.encodings)}")
+    if spec.joints is not None and obs.joints.shape != (spec.joints,):
+        raise BadObservation(f"{at}.joints: {obs.joints.size} values, the policy takes {spec.joints}")
+    nbytes = sum(im.nbytes for im in obs.images) + obs.joints.nbytes
+    if nbytes > spec.max_bytes:
+        raise BadObservation(f"{at}: {nbytes} bytes, the policy's server accepts at most {spec.max_bytes}")
+
+
 def result_to_pb(pb, req: InferenceRequest, res: ChunkResult):
+    """The engine's full result (untrimmed: the edge's horizon policy trims it)."""
     c = pb.Chunk(task_id=req.task_id, round_id=int(req.round_id), actions=encode(pb, res.actions))
     if res.updates is not None:
         c.has_updates = True
         c.updates.CopyFrom(encode(pb, res.updates))
+    if res.initial_noise is not None:
+        c.has_initial_noise = True
+        c.initial_noise.CopyFrom(encode(pb, res.initial_noise))
     return c
 
 
-def result_from_pb(c) -> ChunkResult:
-    actions = decode(c.actions, f"task '{c.task_id}' actions")
-    updates = decode(c.updates, f"task '{c.task_id}' updates") if c.has_updates else None
-    return ChunkResult(actions, updates)
-
+def result_from_pb(c, index: int = 0) -> ChunkResult:
+    at = f"chunks[{index}]"
+    actions = decode(c.actions, f"{at}.actions")
+    updates = decode(c.updates, f"{at}.updates") if c.has_updates else None
+    noise = decode(c.initial_noise, f"{at}.initial_noise") if c.has_initial_noise else None
+    return ChunkResult(actions, updates, noise)
