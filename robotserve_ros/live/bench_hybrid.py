@@ -305,7 +305,8 @@ def grpc_overhead(rounds: int = 60) -> dict:
     rng = np.random.default_rng(0)
     batch = [InferenceRequest(f"r{i}", 0, observation=Observation(images=[rng.integers(0, 255, (224, 224, 3), dtype=np.uint8)],
                                                                   joints=np.zeros(6, np.float32))) for i in range(8)]
-    eng = SimulatedEngine(EngineProfile({1: 0.001}), chunk_size=50)  # no sleeping: transport only
+    # No sleeping (transport only), and a flat profile so the server runs the 8 as one batch.
+    eng = SimulatedEngine(EngineProfile({1: 0.001, 8: 0.001}), chunk_size=50)
     with GpuServer(eng, "127.0.0.1:0", token="t") as srv:
         remote = RemoteEngine(address=srv.address, token="t", ping_interval_s=0)
         try:
