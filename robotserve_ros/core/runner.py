@@ -50,6 +50,8 @@ class Runner:
     on_replies(replies, dispatch, results) runs under the lock for every completed batch:
     the replies are the trimmed chunks of the still-live requests, results the engine's
     full output in the batch's order (a GPU server sends those back untrimmed).
+    on_given_up(pending_requests, exc) runs under the lock for requests that were in
+    max_attempts failed batches: they are not requeued again, their senders get an error.
     """
 
     def __init__(
@@ -61,14 +63,19 @@ class Runner:
         lock: Optional[threading.Lock] = None,
         observer: Optional[StageObserver] = None,
         on_error: Optional[Callable[[Dispatch, Exception], None]] = None,
+        on_given_up: Optional[Callable[[list, Exception], None]] = None,
         retry_pause_s: float = 0.1,
+        max_attempts: int = 3,
     ) -> None:
         missing = [t.name for t in core.tiers if t.name not in engines]
         if missing:
             raise ValueError(f"no engine for tier(s) {missing}")
         self.core, self.engines = core, dict(engines)
         self.lock = lock or threading.Lock()  # guards the core; callers may share it for their own state
+        if max_attempts < 1:
+            raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
         self.on_replies, self.on_error, self.retry_pause_s = on_replies, on_error, retry_pause_s
+        self.on_given_up, self.max_attempts = on_given_up, max_attempts
         self.observers: list = [observer] if observer is not None else []
         self.busy_s: Counter = Counter()  # engine time per tier, on the core's clock
         self.failures: Counter = Counter()
@@ -151,11 +158,19 @@ class Runner:
             self.failures[d.tier] += 1
             self.core.stats.errors["engine_failure"] += 1
             if d.id in self.core.inflight:
-                self.core.requeue(d.id)
+                self._requeue(d, e)
             tier.busy += 1
         log.warning("tier %s failed a batch of %d (%r); requeued", d.tier, len(d.requests), e)
         if self.on_error is not None:
             self.on_error(d, e)
+
+    def _requeue(self, d: Dispatch, e: Exception) -> None:
+        """Under the lock: the batch's requests wait again, up to max_attempts failures each."""
+        gave_up = self.core.fail(d.id, self.max_attempts)
+        if gave_up:
+            log.error("%d request(s) failed %d batches; answered with an error: %r", len(gave_up), self.max_attempts, e)
+            if self.on_given_up is not None:
+                self.on_given_up(gave_up, e)
 
     def end_cooldown(self, tier_name: str) -> None:
         with self.lock:
@@ -214,7 +229,7 @@ class Runner:
                 with self.lock:
                     self.core.stats.errors["internal"] += 1
                     if d.id in self.core.inflight:
-                        self.core.requeue(d.id)
+                        self._requeue(d, e)
                 if self.on_error is not None:
                     self.on_error(d, e)
             self.kick()

@@ -97,6 +97,7 @@ class ServingStats:
     dropped_replies: int = 0
     refreshes: int = 0
     refresh_failures: int = 0
+    given_up: int = 0  # requests answered with an error after max_failures failed batches
     resent_requests: int = 0  # a round asked again while queued or generating: attached, not run twice
     replies_replayed: int = 0  # a round asked again after its reply: answered from the reply cache
     obs_age_sum: float = 0.0
@@ -158,9 +159,9 @@ class ServingCore:
                     f"task '{req.task_id}' is not known (finished, reaped or never started); "
                     f"a task starts with round 0, got round {req.round_id}"
                 )
-        else:
-            if rec.finished_at is not None:
-                raise UnknownTask(f"task '{req.task_id}' has finished; start a new task id")
+        elif rec.finished_at is not None:
+            raise UnknownTask(f"task '{req.task_id}' has finished; start a new task id")
+        elif rec.round_ids:  # (none left when its first round was given up: it starts again)
             last = rec.round_ids[-1]
             if req.round_id == last:
                 return self._resent(req, rec, now)
@@ -321,6 +322,25 @@ class ServingCore:
             back += 1
         self.stats.requeued += back
         return back
+
+    def fail(self, dispatch_id: int, max_failures: int) -> list[PendingRequest]:
+        """A batch failed: its requests wait again, except those already in `max_failures`
+        failed batches (a request that breaks the engine, or a tier that refuses it, must not
+        cycle forever): their round is withdrawn and they are returned, for the caller to
+        answer with an error. The robot may send the same round again."""
+        d = self.inflight[dispatch_id]
+        for p in d.requests:
+            p.failures += 1
+        self.requeue(dispatch_id)
+        gave_up = []
+        for p in d.requests:
+            if p.failures >= max_failures and self._live(p) and self.pending.get(p.task_id) is p:
+                del self.pending[p.task_id]
+                self.ledger.cancel_last_round(p.task_id)
+                gave_up.append(p)
+        self.stats.requeued -= len(gave_up)
+        self.stats.given_up += len(gave_up)
+        return gave_up
 
     # --- task lifecycle --------------------------------------------------------------
     def finish_task(self, task_id: str, exec_info=None):

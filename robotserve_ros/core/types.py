@@ -72,6 +72,7 @@ class PendingRequest:
     record: Any = None  # the ledger record it belongs to: a reply never lands on a restarted task
     # A re-sent round already answered: its cached reply, handed back without generating again.
     replay: Any = None
+    failures: int = 0  # batches it was in that failed (a poison request must not cycle forever)
 
     @property
     def task_id(self) -> str:

@@ -218,8 +218,9 @@ class _Run:
         scheduler = make_scheduler(sim.scheduler_name, **sim.scheduler_params)
         self.core = ServingCore(scheduler, tiers, self.clock, placement=placement)
         self._replies: list = []
+        self._given_up: list = []
         self.runner = Runner(self.core, engines, lambda replies, d, res: self._replies.extend(replies),
-                             retry_pause_s=sim.retry_pause_s)
+                             on_given_up=lambda ps, e: self._given_up.extend(ps), retry_pause_s=sim.retry_pause_s)
         self.result = SimResult(sim.workload.name, sim.scheduler_name, sim.horizon, mode, load, sim.seed)
         self.events: list = []
         self._seq = itertools.count()
@@ -330,6 +331,9 @@ class _Run:
             if link is not None:
                 link.mark_down(self.clock.now())  # as RemoteEngine does on a failed call
             self.push(self.clock.now() + self.sim.retry_pause_s, _COOLED, d.tier)
+            gave_up, self._given_up = self._given_up, []
+            for p in gave_up:  # answered with an error: the robot asks for the same round again
+                self.runner.submit(p.request)
             return
         self.runner.finish(d, self.runner.engines[d.tier].infer([p.request for p in d.requests]), started)
         replies, self._replies = self._replies, []
