@@ -135,6 +135,8 @@ def load_workload(path: Union[str, Path]) -> Workload:
         obj = json.loads(p.read_text())
     except FileNotFoundError:
         raise WorkloadError("(file)", f"{p} does not exist") from None
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise WorkloadError("(file)", f"{p} is not valid JSON: {e}") from None
+    except OSError as e:  # a directory, no permission
+        raise WorkloadError("(file)", f"{p} cannot be read: {e.strerror}") from None
     return parse_workload(obj)
