@@ -198,7 +198,7 @@ class BagPlayerNode(Node):
             self.out_names[t] = out
             self.pubs[t] = self.create_publisher(cls, out, qos)
             self.restamped[t] = c.restamp and header_first(cls)
-        self.conns = [c for c in self.reader.connections if c.topic in self.pubs]
+        self.conns = [conn for conn in self.reader.connections if conn.topic in self.pubs]
         self.total = sum(counts[t] for t in selected)
         self._check_hashes()
         self.get_logger().info(

@@ -21,7 +21,7 @@ Time. Physics advances by the elapsed time of the process's time line, stepped l
     /clock pauses the robot and its publications (sensor rates are in simulated seconds);
   * publish_clock:=true: the process owns simulated time. It starts at 0, advances by
     clock_rate x wall time (clock_rate may be changed at run time, 0 pauses) and is
-    published on /clock; use_sim_time is set on the node, whose clock follows it.
+    published on /clock; use_sim_time is set on the (first) node, whose clock follows it.
 Only public rclpy is used for this: the use_sim_time parameter, Node.get_clock(), timers.
 
 --robots N hosts N robots in one process: nodes "sim_robot" in namespaces
@@ -29,10 +29,10 @@ Only public rclpy is used for this: the use_sim_time parameter, Node.get_clock()
 shared timer; robot i uses seed + K + i. Parameters given with -p or a params file apply
 to every robot ("/robot_3/sim_robot:" sections address one). In that mode every robot
 runs on the first robot's node clock (the other nodes are made with use_sim_time false,
-so the process holds one /clock subscription), and (--lean
-auto) the other robots' nodes are lean: no parameter or type-description services and no
-QoS-event handlers, which cuts the executor's per-wake work (measured: 50 idle robots took
-34% of a core without it, 12.5% with it).
+so the process holds one /clock subscription), and (--lean auto) the other robots' nodes
+are lean: no parameter or type-description services and no QoS-event handlers, which
+cuts the executor's per-wake work (measured: 50 idle robots took 34% of a core without
+it, 12.5% with it).
 
 Parameters: the fields of SimRobotConfig, validated at start; a bad value prints the one
 line naming the parameter and exits with status 2. SIGINT or SIGTERM shut down cleanly
@@ -167,9 +167,8 @@ class SimRobotNode(Node):
         return SetParametersResult(successful=True)
 
     # -- time and physics --------------------------------------------------------------
-
     def advance_to(self, now_ns: int) -> None:
-        """Step the physics to node-clock time now_ns (a jump back restarts the time line)."""
+        """Step the physics to time now_ns of the driver's time line (a jump back restarts it)."""
         last = self._last_ns
         if last is None or now_ns < last:
             self._last_ns = now_ns
