@@ -329,6 +329,31 @@ def test_use_sim_time_follows_clock_and_a_paused_clock_stops_the_robot(ros_ctx):
 
 
 @requires_rclpy
+def test_robots_of_one_process_share_one_clock_subscription_and_its_time(ros_ctx):
+    """Every robot of a process runs on the first node's clock: one /clock subscription for
+    the process, and robot_2's stamps and motion follow /clock as robot_0's do."""
+    from builtin_interfaces.msg import Time as TimeMsg
+
+    ros = ros_ctx
+    Clock, _, JointState, Float64MultiArray, _, _ = _msgs()
+    proc = _sim(ros, "use_sim_time:=true", "command_type:=position", "max_joint_speed:=1.0", "camera_hz:=0.0", robots=3)
+    js = ros.collect(JointState, "/robot_2/joint_states")
+    clock = ros.publisher(Clock, "/clock")
+    cmd = ros.publisher(Float64MultiArray, "/robot_2/command")
+    assert ros.wait_for_subscriber(clock) and ros.wait_for_subscriber(cmd)
+    ros.spin(0.5)
+    assert ros.node.count_subscribers("/clock") == 1
+    clock.publish(Clock(clock=TimeMsg(sec=50)))
+    _ok(ros, proc, lambda: js and _stamp(js[-1]) == pytest.approx(50.0), 5, "robot_2 at t=50")
+    cmd.publish(Float64MultiArray(data=[0.0, 1.0, 0.0, 0.0, 0.0, 0.0]))
+    ros.spin(0.3)
+    clock.publish(Clock(clock=TimeMsg(sec=50, nanosec=300_000_000)))
+    _ok(ros, proc, lambda: _stamp(js[-1]) == pytest.approx(50.3), 5, "robot_2 at t=50.3")
+    assert js[-1].position[1] == pytest.approx(0.3)  # 1 rad/s x 0.3 simulated s
+    assert proc.stop() == 0, proc.output()
+
+
+@requires_rclpy
 @pytest.mark.parametrize("param,value", [
     ("robot_type", "tank"),
     ("joint_state_hz", "-5.0"),

@@ -7,7 +7,8 @@
 Reads real rosbag2 bags with `rosbags` (no rosbag2 install needed): a bag directory
 (metadata.yaml with .db3 or .mcap files) or a single .mcap (or .db3) file.
 
-Parameters (validated at start; a bad value prints the parameter's name and exits 2):
+Parameters (BagPlayerConfig; validated at start, a bad value prints one line naming the
+parameter and exits 2):
   bag                   path of the bag (required)
   topics                bag topics to play (default: every sensor_msgs/Image and
                         sensor_msgs/JointState topic of the bag)
@@ -51,7 +52,8 @@ import sys
 import threading
 import time
 from collections import Counter
-from typing import Any, Dict, List, Optional, Tuple
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional
 
 from rcl_interfaces.msg import ParameterDescriptor, SetParametersResult
 from rclpy.node import Node
@@ -59,24 +61,11 @@ from rclpy.parameter import Parameter
 from rclpy.qos import QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
 
 from .. import bags
-from .common import ParamError, bad_param as _bad, declare_params, run_nodes
+from .common import NodeConfig, ParamError, bad_param, check, declare_config, param, run_nodes
 
 NODE_NAME = "bag_player"
 _NS = 1_000_000_000
 
-# name: (default, kind, what a valid value is). Default None for a string list = "not set".
-SPEC: Dict[str, Tuple[Any, str, str]] = {
-    "bag": ("", "str", "path of a rosbag2 bag directory or a .mcap file (required)"),
-    "topics": (None, "str[]", "bag topics to play (default: every Image and JointState topic)"),
-    "rate": (1.0, "float", "playback speed, > 0 (1.0 = as recorded)"),
-    "loop": (False, "bool", "true or false"),
-    "namespace_prefix": ("", "str", "a namespace such as /robot_0, prepended to played topic names"),
-    "restamp": (True, "bool", "true or false"),
-    "start_paused": (False, "bool", "true or false"),
-    "wait_for_subscribers": (0, "int", "subscriptions each played topic must have before playing, >= 0"),
-    "start_delay_s": (0.0, "float", "seconds to wait before the first message, >= 0"),
-    "exit_when_done": (False, "bool", "true or false"),
-}
 _NAME_TOKEN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -88,8 +77,8 @@ def normalize_namespace(name: str, value: str) -> str:
     ns = value.strip().strip("/")
     if not ns:
         return ""
-    if not all(_NAME_TOKEN.match(tok) for tok in ns.split("/")):
-        raise _bad(name, value, "a namespace: tokens of letters, digits and _ separated by /, e.g. /robot_0")
+    check(all(_NAME_TOKEN.match(tok) for tok in ns.split("/")), name, value,
+          "is not a namespace: tokens of letters, digits and _ separated by /, e.g. /robot_0")
     return "/" + ns
 
 
@@ -113,6 +102,27 @@ def final_log(node: Node, text: str) -> None:
         print(f"[INFO] [{node.get_name()}]: {text}", file=sys.stderr, flush=True)
 
 
+@dataclass(frozen=True)
+class BagPlayerConfig(NodeConfig):
+    bag: str = param("", "path of a rosbag2 bag directory or a .mcap file (required)")
+    topics: Optional[tuple[str, ...]] = param(None, "bag topics to play (default: every Image and JointState topic)")
+    rate: float = param(1.0, "playback speed, > 0 (1.0 = as recorded)")
+    loop: bool = param(False, "start over when the bag ends")
+    namespace_prefix: str = param("", "a namespace such as /robot_0, prepended to played topic names")
+    restamp: bool = param(True, "header.stamp := the node clock's now at publish (false: keep recorded stamps)")
+    start_paused: bool = param(False, "start paused (resume with paused:=false at run time)")
+    wait_for_subscribers: int = param(0, "subscriptions each played topic must have before playing, >= 0")
+    start_delay_s: float = param(0.0, "seconds (node clock) to wait before the first message, >= 0")
+    exit_when_done: bool = param(False, "exit once the bag has played (no loop)")
+
+    def check(self) -> None:
+        check(self.bag != "", "bag", self.bag, "is required: the path of a rosbag2 bag directory or a .mcap file")
+        check(self.rate > 0, "rate", self.rate, "is not > 0")
+        check(self.wait_for_subscribers >= 0, "wait_for_subscribers", self.wait_for_subscribers, "is not >= 0")
+        check(self.start_delay_s >= 0, "start_delay_s", self.start_delay_s, "is not >= 0")
+        normalize_namespace("namespace_prefix", self.namespace_prefix)
+
+
 class PlaybackDone(KeyboardInterrupt):
     """Raised in the executor (via a guard condition) to end run_nodes() with status 0."""
 
@@ -123,25 +133,18 @@ class PlaybackDone(KeyboardInterrupt):
 class BagPlayerNode(Node):
     def __init__(self, name: str = NODE_NAME, namespace: str = "", **kw) -> None:
         super().__init__(name, namespace=namespace, **kw)
-        p = self.p = declare_params(self, SPEC)
-        if not p["bag"]:
-            raise _bad("bag", p["bag"], "required: the path of a rosbag2 bag directory or a .mcap file")
-        if not p["rate"] > 0:
-            raise _bad("rate", p["rate"], SPEC["rate"][2])
-        if p["wait_for_subscribers"] < 0:
-            raise _bad("wait_for_subscribers", p["wait_for_subscribers"], SPEC["wait_for_subscribers"][2])
-        if p["start_delay_s"] < 0:
-            raise _bad("start_delay_s", p["start_delay_s"], SPEC["start_delay_s"][2])
-        self.prefix = normalize_namespace("namespace_prefix", p["namespace_prefix"])
-        self.rate = p["rate"]
+        c = self.config = declare_config(self, BagPlayerConfig)
+        self.prefix = normalize_namespace("namespace_prefix", c.namespace_prefix)
+        self.rate = c.rate
+        # Not configuration but a control, settable at run time: it starts as start_paused.
         self._paused = self.declare_parameter(
-            "paused", p["start_paused"], ParameterDescriptor(description="pause / resume playback")).value
+            "paused", c.start_paused, ParameterDescriptor(description="pause / resume playback")).value
         self.add_on_set_parameters_callback(self._on_set_parameters)
 
         try:
-            self.reader = bags.open_bag(p["bag"])
+            self.reader = bags.open_bag(c.bag)
         except bags.BagError as e:
-            raise ParamError(f"parameter 'bag' = {p['bag']!r} is invalid: {e}") from None
+            raise bad_param("bag", c.bag, f"cannot be read: {e}") from None
         try:
             self._setup_topics()
         except BaseException:
@@ -163,21 +166,21 @@ class BagPlayerNode(Node):
 
     # -- set-up ----------------------------------------------------------------------------
     def _setup_topics(self) -> None:
-        p = self.p
+        c = self.config
         available = {t: info.msgtype for t, info in self.reader.topics.items()}
         counts = {t: info.msgcount for t, info in self.reader.topics.items()}
         listing = ", ".join(f"{t} ({mt})" for t, mt in sorted(available.items())) or "none"
-        if p["topics"] is None:
+        if c.topics is None:
             selected = sorted(t for t, mt in available.items() if mt in bags.DEFAULT_PLAY_TYPES)
             if not selected:
-                raise ParamError(f"parameter 'topics' is not set and bag {p['bag']!r} has no sensor_msgs/Image or "
+                raise ParamError(f"parameter 'topics': not set, and bag {c.bag!r} has no sensor_msgs/Image or "
                                  f"JointState topic; name the topics to play (the bag has: {listing})")
         else:
-            selected = ["/" + t.strip().lstrip("/") for t in p["topics"]]
+            selected = ["/" + t.strip().lstrip("/") for t in c.topics]
             unknown = [t for t in selected if t not in available]
-            if unknown or not selected:
-                raise _bad("topics", p["topics"], f"{'not in the bag: ' + ', '.join(unknown) if unknown else 'empty'} "
-                                                  f"(the bag has: {listing})")
+            check(selected and not unknown, "topics", c.topics,
+                  f"{'names topics not in the bag: ' + ', '.join(unknown) if unknown else 'is empty'} "
+                  f"(the bag has: {listing})")
         self.topics = selected
         self.out_names: Dict[str, str] = {}
         self.pubs: Dict[str, Any] = {}
@@ -194,13 +197,13 @@ class BagPlayerNode(Node):
             qos = qos_profile_sensor_data if mt in bags.SENSOR_TYPES else reliable
             self.out_names[t] = out
             self.pubs[t] = self.create_publisher(cls, out, qos)
-            self.restamped[t] = self.p["restamp"] and header_first(cls)
-        self.conns = [c for c in self.reader.connections if c.topic in self.pubs]
+            self.restamped[t] = c.restamp and header_first(cls)
+        self.conns = [conn for conn in self.reader.connections if conn.topic in self.pubs]
         self.total = sum(counts[t] for t in selected)
         self._check_hashes()
         self.get_logger().info(
-            f"playing {self.total} messages of {p['bag']} at rate {self.rate:g}"
-            + (" (loop)" if p["loop"] else "") + ": "
+            f"playing {self.total} messages of {c.bag} at rate {self.rate:g}"
+            + (" (loop)" if c.loop else "") + ": "
             + ", ".join(f"{t} -> {self.out_names[t]}" if self.out_names[t] != t else t for t in selected)
             + (" [paused]" if self._paused else ""))
 
@@ -266,7 +269,7 @@ class BagPlayerNode(Node):
                 if self._stop.is_set():
                     return False
                 self._sleep(0.02)
-        n = self.p["wait_for_subscribers"]
+        n = self.config.wait_for_subscribers
         if n > 0:
             short = lambda: [t for t in self.topics if self.pubs[t].get_subscription_count() < n]  # noqa: E731
             if short():
@@ -276,9 +279,9 @@ class BagPlayerNode(Node):
                     return False
                 self._sleep(0.02)
             self._sleep(0.25)  # let the subscriptions match us too before the first message
-        if self.p["start_delay_s"] > 0:
+        if self.config.start_delay_s > 0:
             self._t0 = self._now()
-            if not self._wait_until(int(self.p["start_delay_s"] * _NS)):
+            if not self._wait_until(int(self.config.start_delay_s * _NS)):
                 return False
         return not self._stop.is_set()
 
@@ -296,14 +299,14 @@ class BagPlayerNode(Node):
                     return  # stopped
                 self.passes += 1
                 n = sum(self.stats.values()) - before
-                if self.passes == 1 or not self.p["loop"]:
+                if self.passes == 1 or not self.config.loop:
                     self._log_pass(n, span, time.monotonic() - wall0)
-                if not self.p["loop"] or n == 0:
+                if not self.config.loop or n == 0:
                     break
                 gap = span // max(1, n - 1) if n > 1 else _NS // 10  # one mean interval
                 start = max(self._t0 + int((span + gap) / self.rate), self._now())
             self.done = True
-            if self.p["exit_when_done"]:
+            if self.config.exit_when_done:
                 time.sleep(0.1)  # let the last messages go out before we leave
                 self._done_gc.trigger()
         except Exception as e:  # noqa: BLE001 - reported, never silent
@@ -312,7 +315,7 @@ class BagPlayerNode(Node):
             if not self._stop.is_set() and self.context.ok():
                 self.failed = True
                 self.get_logger().error(f"playback failed: {e!r}")
-                if self.p["exit_when_done"]:
+                if self.config.exit_when_done:
                     self._done_gc.trigger()
 
     def _pass(self, start_ns: int) -> Optional[int]:
@@ -344,7 +347,7 @@ class BagPlayerNode(Node):
             f"{self.rate:g} -> {span_ns / _NS / self.rate:.3f} s"
             f"{' of sim time' if self.get_clock().ros_time_is_active else ''}); lateness max {self.max_late_ns / 1e6:.1f} ms, "
             f"mean {mean_late:.2f} ms; totals {per_topic}"
-            + ("" if self.p["loop"] or self.p["exit_when_done"] else "; done, staying up until SIGINT"))
+            + ("" if self.config.loop or self.config.exit_when_done else "; done, staying up until SIGINT"))
 
     def _on_done(self) -> None:
         raise PlaybackDone()

@@ -3,7 +3,8 @@
     python -m robotserve_ros.nodes.bag_recorder --ros-args -p output:=/data/run1 \\
         -p topics:="['/robotserve/progress', '/diagnostics', '/robot_0/joint_states']"
 
-Parameters (validated at start; a bad value prints the parameter's name and exits 2):
+Parameters (BagRecorderConfig; validated at start, a bad value prints one line naming the
+parameter and exits 2):
   output              path of the bag directory to create; an existing path is refused
   topics              topics to record (default /robotserve/progress and /diagnostics);
                       relative names resolve in the node's namespace
@@ -34,6 +35,7 @@ from __future__ import annotations
 import queue
 import threading
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any, Dict, Set
 
 from rclpy.node import Node
@@ -41,34 +43,35 @@ from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
 
 from .. import bags
 from .bag_player import final_log, import_msg_class
-from .common import ParamError, bad_param as _bad, declare_params, run_nodes
+from .common import NodeConfig, bad_param, check, check_one_of, declare_config, param, run_nodes
 
 NODE_NAME = "bag_recorder"
-SPEC = {
-    "output": ("", "str", "path of the bag directory to create; must not exist (required)"),
-    "topics": (["/robotserve/progress", "/diagnostics"], "str[]", "topics to record"),
-    "storage": ("mcap", "str", f"one of {', '.join(bags.STORAGES)}"),
-    "discovery_period_s": (0.25, "float", "seconds between looks for topics not yet subscribed, > 0"),
-}
 _STOP = object()
+
+
+@dataclass(frozen=True)
+class BagRecorderConfig(NodeConfig):
+    output: str = param("", "path of the bag directory to create; must not exist (required)")
+    topics: tuple[str, ...] = param(("/robotserve/progress", "/diagnostics"),
+                                    "topics to record (relative names resolve in the node's namespace)")
+    storage: str = param("mcap", f"one of {', '.join(bags.STORAGES)}")
+    discovery_period_s: float = param(0.25, "seconds between looks for topics not yet subscribed, > 0")
+
+    def check(self) -> None:
+        check(self.output != "", "output", self.output, "is required: the path of the bag directory to create")
+        check(len(self.topics) > 0, "topics", self.topics, "is empty: name at least one topic")
+        check_one_of("storage", self.storage, bags.STORAGES)
+        check(self.discovery_period_s > 0, "discovery_period_s", self.discovery_period_s, "is not > 0")
 
 
 class BagRecorderNode(Node):
     def __init__(self, name: str = NODE_NAME, namespace: str = "", **kw) -> None:
         super().__init__(name, namespace=namespace, **kw)
-        p = self.p = declare_params(self, SPEC)
-        if not p["output"]:
-            raise _bad("output", p["output"], "required: the path of the bag directory to create")
-        if p["storage"] not in bags.STORAGES:
-            raise _bad("storage", p["storage"], SPEC["storage"][2])
-        if not p["discovery_period_s"] > 0:
-            raise _bad("discovery_period_s", p["discovery_period_s"], SPEC["discovery_period_s"][2])
-        if not p["topics"]:
-            raise _bad("topics", p["topics"], "at least one topic")
+        c = self.config = declare_config(self, BagRecorderConfig)
         try:
-            self.wanted = sorted({self.resolve_topic_name(t.strip()) for t in p["topics"]})
+            self.wanted = sorted({self.resolve_topic_name(t.strip()) for t in c.topics})
         except Exception as e:  # noqa: BLE001 - rclpy raises several kinds for bad names
-            raise _bad("topics", p["topics"], f"not valid topic names ({e})") from None
+            raise bad_param("topics", c.topics, f"are not valid topic names ({e})") from None
         try:
             self.typestore = bags.make_typestore()
         except bags.BagError as e:
@@ -95,9 +98,9 @@ class BagRecorderNode(Node):
         self._opened.wait()
         if self.writer is None:
             self._thread.join()
-            raise ParamError(f"parameter 'output' = {p['output']!r} is invalid: {self._writer_error}")
-        self.get_logger().info(f"recording {', '.join(self.wanted)} to {p['output']} ({p['storage']})")
-        self._timer = self.create_timer(p["discovery_period_s"], self._discover)
+            raise bad_param("output", c.output, f"cannot be written: {self._writer_error}")
+        self.get_logger().info(f"recording {', '.join(self.wanted)} to {c.output} ({c.storage})")
+        self._timer = self.create_timer(c.discovery_period_s, self._discover)
         self._discover()
 
     # -- discovery (executor thread) ---------------------------------------------------------
@@ -153,7 +156,7 @@ class BagRecorderNode(Node):
     # -- writer thread ------------------------------------------------------------------------
     def _write_loop(self) -> None:
         try:
-            self.writer = bags.open_writer(self.p["output"], self.p["storage"])
+            self.writer = bags.open_writer(self.config.output, self.config.storage)
         except bags.BagError as e:
             self._writer_error = e
         finally:
@@ -184,7 +187,7 @@ class BagRecorderNode(Node):
                         self.counts[topic] += 1
             except Exception as e:  # noqa: BLE001 - disk full, bad type ...: stop writing, say so
                 self._writer_error = e
-                self.get_logger().error(f"writing {self.p['output']} failed, no longer recording: {e!r}")
+                self.get_logger().error(f"writing {self.config.output} failed, no longer recording: {e!r}")
         try:
             self.writer.close()  # the bag's summary and metadata.yaml
         except Exception as e:  # noqa: BLE001
@@ -201,11 +204,11 @@ class BagRecorderNode(Node):
         self._q.put(_STOP)
         self._thread.join()
         if self._close_error is not None:
-            final_log(self, f"ERROR: closing {self.p['output']} failed: {self._close_error!r}")
+            final_log(self, f"ERROR: closing {self.config.output} failed: {self._close_error!r}")
             return
         total = sum(self.counts.values())
         per_topic = ", ".join(f"{t}: {self.counts[t]}" for t in self.wanted if t in self.types) or "no topic seen"
-        final_log(self, f"wrote {total} messages to {self.p['output']} ({per_topic})")
+        final_log(self, f"wrote {total} messages to {self.config.output} ({per_topic})")
 
 
 def main(argv=None) -> int:

@@ -1,12 +1,17 @@
-"""What every node needs: the node's clock as a core Clock, time conversions, parameters
-declared with defaults and validated at start, and one way to run and stop nodes."""
+"""What every node needs: the node's clock as a core Clock, time conversions, its parameters
+as one frozen dataclass (NodeConfig + declare_config: declared with defaults and help,
+validated at start), and one way to run and stop nodes."""
 from __future__ import annotations
 
+import math
 import os
 import signal
 import sys
 import tempfile
-from typing import Any, Callable, Mapping, Sequence
+import types
+from collections.abc import Iterable
+from dataclasses import MISSING, field, fields
+from typing import Any, Callable, Sequence, TypeVar, Union, get_args, get_origin, get_type_hints
 
 from builtin_interfaces.msg import Time
 from rcl_interfaces.msg import ParameterDescriptor
@@ -36,7 +41,95 @@ def lean_node_kwargs(node_kwargs: dict | None = None) -> dict:
 
 
 class ParamError(ValueError):
-    """A parameter value a node cannot start with; the node exits with code 2."""
+    """A parameter value a node cannot start with; the node exits with code 2, printing it."""
+
+
+def bad_param(name: str, value: Any, what: str) -> ParamError:
+    """`parameter 'rate': 0.0 is not > 0`: the parameter, its value, what is allowed."""
+    if isinstance(value, (list, tuple)):
+        value = list(value)
+    return ParamError(f"parameter '{name}': {value!r} {what}")
+
+
+def check(ok: bool, name: str, value: Any, what: str) -> None:
+    if not ok:
+        raise bad_param(name, value, what)
+
+
+def check_one_of(name: str, value: Any, choices) -> None:
+    choices = list(choices)
+    check(value in choices, name, value, f"is not one of {', '.join(map(str, choices))}")
+
+
+def param(default: Any, help: str, *, runtime: bool = False):
+    """A NodeConfig field: its default, its description (shown by `ros2 param describe`),
+    and whether it may be set while the node runs (read-only otherwise)."""
+    return field(default=default, metadata={"help": help, "runtime": runtime})
+
+
+class NodeConfig:
+    """Base of a node's parameters as a frozen dataclass: each field is one ROS parameter
+    (declare_config). Construction checks each field's type (ints accepted for floats,
+    lists become tuples), then `check()`; a bad value raises ParamError naming it."""
+
+    def __post_init__(self) -> None:
+        hints = get_type_hints(type(self))
+        for f in fields(self):
+            object.__setattr__(self, f.name, _typed(f.name, hints[f.name], getattr(self, f.name)))
+        self.check()
+
+    def check(self) -> None:
+        """A node's own rules (ranges, choices, combinations)."""
+
+
+def _typed(name: str, hint, value):
+    """value as the field's type (float, int, bool, str, tuple[X, ...], Optional[...])."""
+    if get_origin(hint) in (Union, types.UnionType):  # Optional[X]: None means "not set"
+        if value is None:
+            return None
+        (hint,) = [a for a in get_args(hint) if a is not type(None)]
+    if get_origin(hint) is tuple:
+        item = get_args(hint)[0]
+        listed = not isinstance(value, (str, bytes)) and isinstance(value, Iterable)
+        value = list(value) if listed else value
+        check(listed and all(_KINDS[item][0](x) for x in value), name, value, f"is not a list of {_KINDS[item][2]}")
+        return tuple(float(x) if item is float else x for x in value)
+    ok, one, _ = _KINDS[hint]
+    check(ok(value), name, value, f"is not {one}")
+    return float(value) if hint is float else value
+
+
+_KINDS = {  # type: (accepts, "is not ...", "is not a list of ...")
+    float: (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v),
+            "a finite number", "finite numbers"),
+    int: (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer", "integers"),
+    bool: (lambda v: isinstance(v, bool), "true or false", "booleans"),
+    str: (lambda v: isinstance(v, str), "a string", "strings"),
+}
+
+
+C = TypeVar("C", bound=NodeConfig)
+
+
+def declare_config(node, config_class: type[C]) -> C:
+    """Declare each field of config_class as a ROS parameter of the node (its default, its
+    help as description; dynamically typed so `rate:=2` can serve a float: the dataclass
+    checks the type) and return the config built from the values given. Raises ParamError
+    naming the first bad one."""
+    from rclpy.exceptions import ParameterException
+
+    values = {}
+    for f in fields(config_class):
+        default = f.default if f.default is not MISSING else f.default_factory()
+        desc = ParameterDescriptor(description=f.metadata.get("help", ""), dynamic_typing=True,
+                                   read_only=not f.metadata.get("runtime", False))
+        initial = list(default) if isinstance(default, tuple) else default
+        try:  # an empty list has no ROS type: declared unset, the default stands unless given
+            value = node.declare_parameter(f.name, initial if initial != [] else None, desc).value
+        except ParameterException as e:
+            raise ParamError(f"parameter '{f.name}': {e}") from None
+        values[f.name] = default if value is None else value
+    return config_class(**values)
 
 
 class NodeClock:
@@ -57,67 +150,6 @@ def to_sec(t: Time) -> float:
 def to_time(s: float) -> Time:
     ns = int(round(s * 1e9))
     return Time(sec=ns // 1_000_000_000, nanosec=ns % 1_000_000_000)
-
-
-def bad_param(name: str, value: Any, why: str) -> ParamError:
-    return ParamError(f"parameter '{name}' = {value!r} is invalid: {why}")
-
-
-def declare_params(node, spec: Mapping[str, tuple], runtime=()) -> dict:
-    """Declare each parameter of spec {name: (default, kind, why)}, kind one of str, bool,
-    int, float, str[], int[], float[]; check its type. Ints are accepted for floats
-    (`rate:=2`); an unset string list reads as None. Raises ParamError naming the parameter
-    instead of rclpy's traceback."""
-    import math
-
-    from rclpy.exceptions import ParameterException
-    from rclpy.parameter import Parameter
-
-    ok = {"str": lambda v: isinstance(v, str),
-          "bool": lambda v: isinstance(v, bool),
-          "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
-          "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v),
-          "str[]": lambda v: v is None or all(isinstance(x, str) for x in v),
-          "int[]": lambda v: all(isinstance(x, int) for x in v),
-          "float[]": lambda v: all(isinstance(x, (int, float)) and math.isfinite(x) for x in v)}
-    out = {}
-    for name, (default, kind, why) in spec.items():
-        desc = ParameterDescriptor(description=why, read_only=name not in runtime)
-        try:
-            if kind == "str[]" and not default:
-                value = node.declare_parameter(name, Parameter.Type.STRING_ARRAY, desc).value
-            elif kind.endswith("[]"):
-                value = node.declare_parameter(name, list(default), desc).value
-            else:
-                desc.dynamic_typing = True  # so `:=30` can serve a float, checked below
-                value = node.declare_parameter(name, default, desc).value
-        except ParameterException as e:  # e.g. a string given for a string list
-            raise ParamError(f"parameter '{name}' is invalid: {e} ({why})") from None
-        if not ok[kind](value):
-            raise bad_param(name, value, why or f"expected {kind}")
-        if kind.endswith("[]") and value is not None:
-            value = [float(x) for x in value] if kind == "float[]" else list(value)
-        out[name] = float(value) if kind == "float" else value
-    return out
-
-
-def _kind(default) -> str:
-    if isinstance(default, (list, tuple)):
-        if all(isinstance(x, str) for x in default):
-            return "str[]"
-        return "int[]" if all(isinstance(x, int) for x in default) else "float[]"
-    return {bool: "bool", int: "int", float: "float", str: "str"}[type(default)]
-
-
-def declare(node, params: Mapping[str, Any], checks: Mapping[str, Callable[[Any], bool]] = (), why: Mapping[str, str] = ()) -> dict:
-    """Declare each parameter with its default (its type taken from the default); return the
-    values; raise ParamError naming the first one of the wrong type or failing its check."""
-    checks, why = dict(checks), dict(why)
-    out = declare_params(node, {k: (v, _kind(v), why.get(k, "")) for k, v in params.items()})
-    for name, ok in checks.items():
-        if not ok(out[name]):
-            raise bad_param(name, out[name], why.get(name, "see the node documentation"))
-    return out
 
 
 def prepare_process() -> None:
@@ -143,7 +175,11 @@ def run_nodes(make: Callable[[], Sequence], argv=None, threads=None) -> int:
     prepare_process()
     nodes, ex, code = [], None, 0
     try:
-        rclpy.init(args=argv if argv is not None else sys.argv)
+        try:
+            rclpy.init(args=argv if argv is not None else sys.argv)
+        except RuntimeError as e:  # rclpy's RCLError: malformed --ros-args
+            print(f"robotserve_ros: bad ROS arguments: {e}", file=sys.stderr, flush=True)
+            return 2
         nodes = list(make())
         n_threads = threads(nodes) if callable(threads) else threads
         ex = MultiThreadedExecutor(num_threads=n_threads) if n_threads else SingleThreadedExecutor()

@@ -6,6 +6,9 @@ loops: dispatch (scheduler + batching) -> refresh stale observations from the ro
 engine -> complete (horizon policy, trim) -> wake the waiting calls. Robots report progress
 on a topic; a finished task is closed in the ledger, a silent one is reaped after
 task_timeout_s with its queued round dropped. Diagnostics go to /diagnostics.
+
+Parameters: the fields of InferenceServerConfig, each a ROS parameter with its help as
+description; a bad value prints the one line naming it and exits 2.
 """
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ import json
 import threading
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -31,89 +35,94 @@ from ..core.serving import ServingCore, Tier
 from ..core.types import ExecInfo
 from ..engines import ENGINES, make_engine
 from ..msg import ExecutionProgress
+from ..profiles import names as profile_names, profile_of_record
 from ..srv import FetchObservation, Infer
-from .common import NodeClock, ParamError, declare, run_nodes, service_qos, to_sec
+from .common import (NodeClock, NodeConfig, ParamError, bad_param, check, check_one_of, declare_config, param, run_nodes,
+                     service_qos, to_sec)
 from .convert import fill_chunk, fill_status, observation_from_msg, request_from_msg
 
-DEFAULTS = {
-    "service": "/robotserve/infer",
-    "progress_topic": "/robotserve/progress",
-    "scheduler": "kairos",
-    "scheduler_params": "{}",  # JSON object, e.g. {"buckets": 10, "aging": 4}
-    "engine": "simulated",
-    "engine_params": '{"chunk_size": 50, "action_dim": 6, "steps": 10, "updates": true, "realtime": true}',
-    "engine_batch_sizes": [1, 2, 4, 8, 16],
-    "engine_latency_ms": [24.0, 28.5, 34.5, 46.6, 69.4],  # smolvla_tiny, measured on this CPU
-    "max_batch": 0,  # 0: the profile's saturation batch
-    "horizon_params": '{"static": {"h": 25}, "confidence": {"t": 0.4, "h_min": 10}}',
-    "stale_obs_s": 0.25,
-    "refresh_timeout_s": 0.05,
-    "task_timeout_s": 10.0,
-    "obs_cameras": -1,
-    "obs_width": -1,
-    "obs_height": -1,
-    "obs_encodings": ["rgb8", "bgr8", "mono8"],
-    "obs_joints": -1,
-    "max_request_bytes": 8 << 20,
-    "diagnostics_hz": 1.0,
-    "threads": 128,
-    # Cloud tiers: a JSON list of GPU servers (robotserve gpu-server), each an object with
-    # "address" and optionally "name", "token_file", "root_cert", "server_name",
-    # "deadline_s", "slots", "max_batch", "rtt_s", "bandwidth_bps" (starting guesses).
-    "remote_tiers": "[]",
-    "placement": "fill_in_order",  # shortest_delay: Algorithm 1 phase 3 (seed 000 §3.2.3)
-    "placement_params": "{}",
-    # Per-round stage times (CLOCK_MONOTONIC ns: received, submit, dispatch, engine_start,
-    # engine_end, reply, answered) written here as JSON when the server stops; "" = off.
-    "stage_trace_file": "",
-}
-WHY = {
-    "scheduler": f"one of {', '.join(SCHEDULERS.names())}",
-    "engine": f"one of {', '.join(ENGINES.names())}",
-    "scheduler_params": "a JSON object of the scheduler's keyword parameters",
-    "engine_params": "a JSON object of the engine's keyword parameters",
-    "horizon_params": "a JSON object: policy name -> its keyword parameters",
-    "engine_latency_ms": "as many positive latencies as engine_batch_sizes, batch 1 first",
-    "threads": "Infer calls served at once (>= 4)",
-    "remote_tiers": "a JSON list of objects, each with an 'address' (host:port of a robotserve gpu-server)",
-    "placement": f"one of {', '.join(PLACEMENTS.names())}",
-    "placement_params": "a JSON object of the placement's keyword parameters",
-}
 
-
-def _json_obj(s) -> bool:
+def _json(name: str, value: str, kind: type):
+    """A JSON parameter's value, checked to be a `kind` (dict or list)."""
     try:
-        return isinstance(json.loads(s), dict)
-    except (TypeError, ValueError):
-        return False
+        v = json.loads(value)
+    except ValueError:
+        v = None
+    check(isinstance(v, kind), name, value, f"is not a JSON {'object' if kind is dict else 'list'}")
+    return v
 
 
-def _json_remote_tiers(s) -> bool:
-    try:
-        v = json.loads(s)
-    except (TypeError, ValueError):
-        return False
-    return isinstance(v, list) and all(isinstance(t, dict) and isinstance(t.get("address"), str) for t in v)
+@dataclass(frozen=True)
+class InferenceServerConfig(NodeConfig):
+    service: str = param("/robotserve/infer", "the srv/Infer service robots call")
+    progress_topic: str = param("/robotserve/progress", "where robots report execution progress")
+    scheduler: str = param("kairos", f"one of {', '.join(SCHEDULERS.names())}")
+    scheduler_params: str = param("{}", 'a JSON object of the scheduler\'s keyword parameters, e.g. {"buckets": 10, "aging": 4}')
+    engine: str = param("simulated", f"one of {', '.join(ENGINES.names())}")
+    engine_params: str = param('{"chunk_size": 50, "action_dim": 6, "steps": 10, "updates": true, "realtime": true}',
+                               "a JSON object of the engine's keyword parameters")
+    engine_profile: str = param("smolvla_tiny", "the engine profile of record (robotserve_ros/profiles/NAME.json): "
+                                "latency vs batch, read by the scheduler and the simulated engine")
+    engine_batch_sizes: tuple[int, ...] = param((), "an explicit engine profile instead of engine_profile: "
+                                                "batch sizes, 1 first, increasing (empty: use engine_profile)")
+    engine_latency_ms: tuple[float, ...] = param((), "the explicit profile's latency (ms) at each of engine_batch_sizes")
+    max_batch: int = param(0, "largest batch the edge tier runs, >= 0 (0: the profile's saturation batch)")
+    horizon_params: str = param('{"static": {"h": 25}, "confidence": {"t": 0.4, "h_min": 10}}',
+                                "a JSON object: horizon policy name -> its keyword parameters")
+    stale_obs_s: float = param(0.25, "an observation older than this at dispatch is refreshed from the robot, > 0")
+    refresh_timeout_s: float = param(0.05, "how long a refresh may take before the old observation is used, > 0")
+    task_timeout_s: float = param(10.0, "a task whose robot is silent this long is reaped, > 0")
+    obs_cameras: int = param(-1, "images per observation (< 0: what the engine takes)")
+    obs_width: int = param(-1, "image width (<= 0: what the engine takes)")
+    obs_height: int = param(-1, "image height (<= 0: what the engine takes)")
+    obs_encodings: tuple[str, ...] = param(("rgb8", "bgr8", "mono8"), "image encodings accepted (of those the engine takes)")
+    obs_joints: int = param(-1, "joint positions per observation (< 0: what the engine takes)")
+    max_request_bytes: int = param(8 << 20, "largest observation payload accepted, > 0")
+    diagnostics_hz: float = param(1.0, "/diagnostics publication rate, > 0")
+    threads: int = param(128, "Infer calls served at once, >= 4")
+    # Cloud tiers: GPU servers (robotserve gpu-server), each an object with "address" and
+    # optionally "name", "token_file", "root_cert", "server_name", "deadline_s", "slots",
+    # "max_batch", "rtt_s", "bandwidth_bps" (starting guesses).
+    remote_tiers: str = param("[]", "a JSON list of objects, each with an 'address' (host:port of a robotserve gpu-server)")
+    placement: str = param("fill_in_order", f"one of {', '.join(PLACEMENTS.names())}")  # shortest_delay: seed 000 §3.2.3
+    placement_params: str = param("{}", "a JSON object of the placement's keyword parameters")
+    stage_trace_file: str = param("", "write per-round stage times (CLOCK_MONOTONIC ns: received, submit, dispatch, "
+                                  "engine_start, engine_end, reply, answered) here as JSON on shutdown; '' = off")
 
+    def check(self) -> None:
+        check_one_of("scheduler", self.scheduler, SCHEDULERS.names())
+        check_one_of("engine", self.engine, ENGINES.names())
+        check_one_of("placement", self.placement, PLACEMENTS.names())
+        check_one_of("engine_profile", self.engine_profile, profile_names())
+        for name in ("scheduler_params", "engine_params", "horizon_params", "placement_params"):
+            _json(name, getattr(self, name), dict)
+        tiers = _json("remote_tiers", self.remote_tiers, list)
+        check(all(isinstance(t, dict) and isinstance(t.get("address"), str) for t in tiers), "remote_tiers",
+              self.remote_tiers, "is not a list of objects each with an 'address' (host:port)")
+        b, ms = self.engine_batch_sizes, self.engine_latency_ms
+        check(len(b) == len(ms), "engine_latency_ms", ms,
+              f"does not give one latency for each of the {len(b)} engine_batch_sizes")
+        if b:
+            check(b[0] == 1 and all(x < y for x, y in zip(b, b[1:])), "engine_batch_sizes", b,
+                  "is not a list of increasing batch sizes starting at 1")
+            try:
+                EngineProfile(dict(zip(b, ms)))
+            except ValueError as e:
+                raise bad_param("engine_latency_ms", ms, f"is not a profile: {e}") from None
+        for name in ("stale_obs_s", "refresh_timeout_s", "task_timeout_s", "max_request_bytes", "diagnostics_hz"):
+            check(getattr(self, name) > 0, name, getattr(self, name), "is not > 0")
+        check(self.max_batch >= 0, "max_batch", self.max_batch, "is not >= 0 (0: the saturation batch)")
+        check(self.threads >= 4, "threads", self.threads, "is not >= 4")
 
-CHECKS = {
-    "scheduler": lambda v: v in SCHEDULERS,
-    "engine": lambda v: v in ENGINES,
-    "scheduler_params": _json_obj,
-    "engine_params": _json_obj,
-    "horizon_params": _json_obj,
-    "engine_latency_ms": lambda v: len(v) > 0 and all(x > 0 for x in v),
-    "max_batch": lambda v: v >= 0,
-    "stale_obs_s": lambda v: v > 0,
-    "refresh_timeout_s": lambda v: v > 0,
-    "task_timeout_s": lambda v: v > 0,
-    "max_request_bytes": lambda v: v > 0,
-    "diagnostics_hz": lambda v: v > 0,
-    "threads": lambda v: v >= 4,
-    "remote_tiers": lambda v: _json_remote_tiers(v),
-    "placement": lambda v: v in PLACEMENTS,
-    "placement_params": _json_obj,
-}
+    def profile(self) -> EngineProfile:
+        """The explicit engine_batch_sizes/engine_latency_ms, else the profile of record."""
+        if self.engine_batch_sizes:
+            return EngineProfile(dict(zip(self.engine_batch_sizes, self.engine_latency_ms)))
+        return profile_of_record(self.engine_profile)
+
+    def parsed(self, name: str):
+        """A JSON parameter's value (checked at construction)."""
+        return json.loads(getattr(self, name))
 
 
 class _Waiter:
@@ -129,25 +138,26 @@ class _Waiter:
 class InferenceServerNode(Node):
     def __init__(self, **kw) -> None:
         super().__init__("inference_server", **kw)
-        p = self.p = declare(self, DEFAULTS, CHECKS, WHY)
-        if len(p["engine_batch_sizes"]) != len(p["engine_latency_ms"]):
-            raise ParamError("parameters 'engine_batch_sizes' and 'engine_latency_ms' must have the same length")
+        c = self.config = declare_config(self, InferenceServerConfig)
         try:
-            profile = EngineProfile(dict(zip(p["engine_batch_sizes"], p["engine_latency_ms"])))
-            scheduler = make_scheduler(p["scheduler"], **json.loads(p["scheduler_params"]))
-            self.engine = make_engine(p["engine"], profile, **json.loads(p["engine_params"]))
+            scheduler = make_scheduler(c.scheduler, **c.parsed("scheduler_params"))
+        except (TypeError, ValueError) as e:  # a bad knob: say which
+            raise ParamError(f"parameter 'scheduler_params': no {c.scheduler} scheduler with these: {e}") from e
+        try:
+            self.engine = make_engine(c.engine, c.profile(), **c.parsed("engine_params"))
         except (TypeError, ValueError, OSError) as e:  # a bad knob or a missing model: say which
-            raise ParamError(f"cannot build scheduler/engine from parameters: {e}") from e
+            raise ParamError(f"parameter 'engine_params': no {c.engine} engine with these: {e}") from e
         profile = self.engine.profile  # the given one, or one the engine measured (profile_file)
-        self.spec = self._observation_spec(p, getattr(self.engine, "observation_spec", None))
+        self.spec = self._observation_spec(c, getattr(self.engine, "observation_spec", None))
         if not self.spec.encodings:
-            raise ParamError(f"parameter 'obs_encodings': none of {p['obs_encodings']} is an image encoding the engine takes")
+            raise ParamError(f"parameter 'obs_encodings': none of {list(c.obs_encodings)} is an image encoding the engine takes")
         self.clock = NodeClock(self)
-        tier = Tier("edge", profile, max_batch=p["max_batch"] or None)
+        tier = Tier("edge", profile, max_batch=c.max_batch or None)
         tiers, self.engines = [tier], {"edge": self.engine}
+        failing = "remote_tiers"
         try:  # cloud tiers: remote GPU servers, profiles fetched from them
             links = {}
-            for i, rt in enumerate(json.loads(p["remote_tiers"])):
+            for i, rt in enumerate(c.parsed("remote_tiers")):
                 rt = dict(rt)
                 name, slots, mb = rt.pop("name", f"cloud{i}"), int(rt.pop("slots", 1)), rt.pop("max_batch", None)
                 link = LinkEstimate(**{k: float(rt.pop(k)) for k in ("rtt_s", "bandwidth_bps") if k in rt})
@@ -155,17 +165,18 @@ class InferenceServerNode(Node):
                 eng = self.engines[name] = make_engine("remote", None, link=link, clock=self.clock.now, **rt)
                 tiers.append(Tier(name, eng.profile, slots=slots, max_batch=mb))
                 links[name] = link
-            pp = json.loads(p["placement_params"])
-            if p["placement"] == "shortest_delay":
+            failing = "placement_params"
+            pp = c.parsed("placement_params")
+            if c.placement == "shortest_delay":
                 pp = {"links": links, "edge_tiers": [tier], **pp}
-            placement = make_placement(p["placement"], **pp)
+            placement = make_placement(c.placement, **pp)
         except (TypeError, ValueError, KeyError, RuntimeError) as e:  # a bad tier or an unreachable server
             for eng in self.engines.values():
                 eng.close()
-            raise ParamError(f"cannot build the cloud tiers/placement from parameters: {e}") from e
+            raise ParamError(f"parameter '{failing}': cannot build it: {e}") from e
         self.core = ServingCore(
-            scheduler, tiers, self.clock, horizon_params=json.loads(p["horizon_params"]),
-            placement=placement, refresher=self._refresh, stale_obs_s=p["stale_obs_s"],
+            scheduler, tiers, self.clock, horizon_params=c.parsed("horizon_params"),
+            placement=placement, refresher=self._refresh, stale_obs_s=c.stale_obs_s,
         )
         self.lock = threading.Lock()  # guards core (through the runner), waiters, last_seen
         self.waiters: dict = {}
@@ -176,21 +187,21 @@ class InferenceServerNode(Node):
         self._t0 = self.clock.now()  # engine time is measured on the core's clock too
         self._fetch_clients: dict = {}  # (rclpy's Node keeps its own _clients)
         self._group = ReentrantCallbackGroup()
-        self.create_service(Infer, p["service"], self._on_infer, qos_profile=service_qos(), callback_group=self._group)
+        self.create_service(Infer, c.service, self._on_infer, qos_profile=service_qos(), callback_group=self._group)
         reliable = QoSProfile(depth=1000, reliability=ReliabilityPolicy.RELIABLE)
-        self.create_subscription(ExecutionProgress, p["progress_topic"], self._on_progress, reliable,
+        self.create_subscription(ExecutionProgress, c.progress_topic, self._on_progress, reliable,
                                  callback_group=MutuallyExclusiveCallbackGroup())
         self.diag = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
-        self.create_timer(1.0 / p["diagnostics_hz"], self._publish_diagnostics)
-        self.create_timer(min(1.0, p["task_timeout_s"] / 4), self._reap)
+        self.create_timer(1.0 / c.diagnostics_hz, self._publish_diagnostics)
+        self.create_timer(min(1.0, c.task_timeout_s / 4), self._reap)
         # The core's one serving loop (core/runner.py): a thread per tier slot, edge and cloud at once.
-        self.trace = StageTrace(time.monotonic_ns) if p["stage_trace_file"] else None
+        self.trace = StageTrace(time.monotonic_ns) if c.stage_trace_file else None
         self.runner = Runner(self.core, self.engines, self._deliver, lock=self.lock, observer=self.trace,
                              on_error=lambda d, e: self.get_logger().error(
                                  f"tier {d.tier} failed a batch of {len(d.requests)}: {e!r}; requeued")).start()
         self.get_logger().info(
-            f"serving on {p['service']}: scheduler {p['scheduler']}, engine {p['engine']} "
-            f"(saturation batch {profile.saturation_batch})"
+            f"serving on {c.service}: scheduler {c.scheduler}, engine {c.engine}, engine profile "
+            f"{'given' if c.engine_batch_sizes else c.engine_profile} (saturation batch {profile.saturation_batch})"
         )
 
     # --- requests in (executor threads) --------------------------------------------
@@ -239,26 +250,26 @@ class InferenceServerNode(Node):
 
     def _reap(self) -> None:
         """A robot gone silent: drop its queued round and its task after task_timeout_s."""
-        cutoff = time.monotonic() - self.p["task_timeout_s"]
+        cutoff = time.monotonic() - self.config.task_timeout_s
         with self.lock:
             for tid in [t for t, seen in self.last_seen.items() if seen < cutoff]:
-                self.get_logger().warning(f"task '{tid}' silent for {self.p['task_timeout_s']} s: reaped")
+                self.get_logger().warning(f"task '{tid}' silent for {self.config.task_timeout_s} s: reaped")
                 self.finished["reaped"] += 1
-                self._forget(tid, ("task_dropped", f"task '{tid}' was reaped after {self.p['task_timeout_s']} s of silence"))
+                self._forget(tid, ("task_dropped", f"task '{tid}' was reaped after {self.config.task_timeout_s} s of silence"))
 
     @staticmethod
-    def _observation_spec(p, engine_spec: Optional[ObservationSpec]) -> ObservationSpec:
+    def _observation_spec(c: InferenceServerConfig, engine_spec: Optional[ObservationSpec]) -> ObservationSpec:
         """The checks a request passes before it is queued: the obs_* parameters where set,
         else what the engine's policy takes. A bad observation found only by the engine would
         fail its whole batch, and come back with every requeue."""
         e = engine_spec or ObservationSpec()
         return ObservationSpec(
-            cameras=p["obs_cameras"] if p["obs_cameras"] >= 0 else e.cameras,
-            width=p["obs_width"] if p["obs_width"] > 0 else e.width,
-            height=p["obs_height"] if p["obs_height"] > 0 else e.height,
-            encodings=tuple(x for x in p["obs_encodings"] if x in e.encodings),
-            joints=p["obs_joints"] if p["obs_joints"] >= 0 else e.joints,
-            max_bytes=p["max_request_bytes"],
+            cameras=c.obs_cameras if c.obs_cameras >= 0 else e.cameras,
+            width=c.obs_width if c.obs_width > 0 else e.width,
+            height=c.obs_height if c.obs_height > 0 else e.height,
+            encodings=tuple(x for x in c.obs_encodings if x in e.encodings),
+            joints=c.obs_joints if c.obs_joints >= 0 else e.joints,
+            max_bytes=c.max_request_bytes,
         )
 
     def _forget(self, tid: str, error: tuple) -> None:
@@ -296,7 +307,7 @@ class InferenceServerNode(Node):
         done = threading.Event()
         fut = cli.call_async(FetchObservation.Request(task_id=req.task_id, round_id=req.round_id))
         fut.add_done_callback(lambda _: done.set())
-        if not done.wait(self.p["refresh_timeout_s"]) or fut.result() is None or not fut.result().ok:
+        if not done.wait(self.config.refresh_timeout_s) or fut.result() is None or not fut.result().ok:
             fut.cancel()
             return None
         try:
@@ -353,11 +364,11 @@ class InferenceServerNode(Node):
         for eng in self.engines.values():
             eng.close()
         if self.trace is not None:
-            Path(self.p["stage_trace_file"]).write_text(json.dumps(self.trace.snapshot()))
+            Path(self.config.stage_trace_file).write_text(json.dumps(self.trace.snapshot()))
 
 
 def main(argv=None) -> int:
-    return run_nodes(lambda: [InferenceServerNode()], argv, threads=lambda nodes: nodes[0].p["threads"])
+    return run_nodes(lambda: [InferenceServerNode()], argv, threads=lambda nodes: nodes[0].config.threads)
 
 
 if __name__ == "__main__":

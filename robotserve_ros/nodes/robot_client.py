@@ -10,6 +10,9 @@ refresh a stale observation.
 
 `--robots N` hosts N clients in one process, in namespaces robot_0..robot_{N-1}.
 
+Parameters: the fields of RobotClientConfig, each a ROS parameter with its help as
+description; a bad value prints the one line naming it and exits 2.
+
 With `stats_file` set, each client keeps an account of its rounds (ClientAccount: every
 request and every answer keyed by (task_id, round_id), chunk lateness, control-tick timing)
 and writes it as JSON there on shutdown; "{robot}" in the path is replaced by the robot's
@@ -23,6 +26,7 @@ import os
 import sys
 import time
 from collections import Counter
+from dataclasses import dataclass
 
 import numpy as np
 from rclpy.node import Node
@@ -35,56 +39,57 @@ from ..core.action_queue import AGGREGATES, ActionQueue
 from ..core.robot_timing import trigger_actions
 from ..msg import ExecutionProgress
 from ..srv import FetchObservation, Infer
-from .common import NodeClock, ParamError, declare, lean_node_kwargs, run_nodes, service_qos, to_time
+from .common import (NodeClock, NodeConfig, check, check_one_of, declare_config, lean_node_kwargs, param, run_nodes,
+                     service_qos, to_time)
 from .convert import chunk_to_array
 
-DEFAULTS = {
-    "service": "/robotserve/infer",
-    "progress_topic": "/robotserve/progress",
-    "robot_name": "",  # default: the node's namespace, or its name
-    "control_hz": 30.0,
-    "image_topics": ["camera/image_raw"],
-    "joint_topic": "joint_states",
-    "command_topic": "command",
-    "command_type": "trajectory",
-    "horizon_policy": "confidence",
-    "horizon_param": -1.0,  # < 0: the server's default knob
-    "trigger_actions": -1,  # < 0: core.robot_timing.trigger_actions(expected_latency_s, control_hz)
-    "expected_latency_s": 0.1,
-    "aggregate": "weighted_average",
-    "instruction": "",
-    "task_actions": 300,  # actions per task, when no workload is replayed
+@dataclass(frozen=True)
+class RobotClientConfig(NodeConfig):
+    service: str = param("/robotserve/infer", "the srv/Infer service of the inference server")
+    progress_topic: str = param("/robotserve/progress", "where execution progress is published")
+    robot_name: str = param("", "the robot's name in task ids (default: the node's namespace, or its name)")
+    control_hz: float = param(30.0, "control rate: actions executed per second, > 0")
+    image_topics: tuple[str, ...] = param(("camera/image_raw",), "camera topics, one image each per observation")
+    joint_topic: str = param("joint_states", "the robot's sensor_msgs/JointState topic")
+    command_topic: str = param("command", "where actions are sent")
+    command_type: str = param("trajectory", "trajectory (trajectory_msgs/JointTrajectory) or position "
+                              "(std_msgs/Float64MultiArray)")
+    # Not checked here: a policy registered on the server (register_horizon_policy) is unknown to this process.
+    horizon_policy: str = param("confidence", "the execution horizon policy the server applies to our rounds")
+    horizon_param: float = param(-1.0, "the horizon policy's knob (< 0: the server's default)")
+    trigger_actions: int = param(-1, "send the next round when this many actions are left "
+                                 "(< 0: from expected_latency_s and control_hz, core.robot_timing)")
+    expected_latency_s: float = param(0.1, "expected round trip of a request, >= 0 (sets the trigger point)")
+    aggregate: str = param("weighted_average", f"how a new chunk blends into queued actions: one of {', '.join(AGGREGATES)}")
+    instruction: str = param("", "the language instruction sent with each observation")
+    task_actions: int = param(300, "actions per task when no workload is replayed, > 0")
     # Trace replay: tasks drawn (seeded, per robot) from a built-in workload; each round asks
-    # for the recorded horizon of `horizon_mode` ("static" or "dynamic"). "" = off.
-    "workload": "",
-    "horizon_mode": "dynamic",
-    "mix_seed": 0,
-    "tasks": 0,  # tasks to run, 0 = run forever
-    "progress_hz": 2.0,  # liveness and progress; 100 robots x 5 Hz already swamped the server
+    # for the recorded horizon of `horizon_mode`.
+    workload: str = param("", "a built-in workload whose tasks are replayed ('' = off)")
+    horizon_mode: str = param("dynamic", "with workload: the recorded horizons to ask for, static or dynamic")
+    mix_seed: int = param(0, "with workload: seed of the task draw")
+    tasks: int = param(0, "tasks to run, >= 0 (0 = run forever)")
+    # 100 robots x 5 Hz already swamped the server.
+    progress_hz: float = param(2.0, "progress publication rate (liveness), > 0")
     # A safety net for answers that never come, not a latency bound: an overloaded machine
     # delivers replies seconds late, and a timed-out round's late answer is thrown away.
-    "request_timeout_s": 30.0,
-    "retry_s": 0.2,
-    "stats_file": "",  # write the client's account here on shutdown; "{robot}" -> robot name; "" = off
-}
-CHECKS = {
-    "control_hz": lambda v: v > 0,
-    "command_type": lambda v: v in ("trajectory", "position"),
-    "aggregate": lambda v: v in AGGREGATES,
-    "expected_latency_s": lambda v: v >= 0,
-    "task_actions": lambda v: v > 0,
-    "horizon_mode": lambda v: v in ("static", "dynamic"),
-    "tasks": lambda v: v >= 0,
-    "progress_hz": lambda v: v > 0,
-    "request_timeout_s": lambda v: v > 0,
-    "retry_s": lambda v: v > 0,
-    "image_topics": lambda v: len(v) >= 0,
-}
-WHY = {
-    "command_type": "trajectory or position",
-    "aggregate": f"one of {', '.join(AGGREGATES)}",
-    "control_hz": "a control rate > 0",
-}
+    request_timeout_s: float = param(30.0, "a round unanswered this long is given up, > 0")
+    retry_s: float = param(0.2, "pause before resending after an error, > 0")
+    stats_file: str = param("", "write the client's account here on shutdown; '{robot}' -> the robot's name; '' = off")
+
+    def check(self) -> None:
+        from ..sim.workloads import builtin_names
+
+        check_one_of("command_type", self.command_type, ("trajectory", "position"))
+        check_one_of("aggregate", self.aggregate, AGGREGATES)
+        check_one_of("horizon_mode", self.horizon_mode, ("static", "dynamic"))
+        if self.workload:
+            check_one_of("workload", self.workload, builtin_names())
+        check(self.horizon_policy != "", "horizon_policy", self.horizon_policy, "is empty")
+        for name in ("control_hz", "task_actions", "progress_hz", "request_timeout_s", "retry_s"):
+            check(getattr(self, name) > 0, name, getattr(self, name), "is not > 0")
+        for name in ("expected_latency_s", "tasks"):
+            check(getattr(self, name) >= 0, name, getattr(self, name), "is not >= 0")
 
 
 class ClientAccount:
@@ -175,46 +180,44 @@ class ClientAccount:
 class RobotClientNode(Node):
     def __init__(self, name: str = "robot_client", namespace: str = "", **kw) -> None:
         super().__init__(name, namespace=namespace, **kw)
-        p = self.p = declare(self, DEFAULTS, CHECKS, WHY)
-        self.robot = p["robot_name"] or (self.get_namespace().strip("/") or self.get_name())
-        self.hz = p["control_hz"]
-        self.trigger = p["trigger_actions"] if p["trigger_actions"] >= 0 else trigger_actions(p["expected_latency_s"], self.hz)
+        c = self.config = declare_config(self, RobotClientConfig)
+        self.robot = c.robot_name or (self.get_namespace().strip("/") or self.get_name())
+        self.hz = c.control_hz
+        self.trigger = c.trigger_actions if c.trigger_actions >= 0 else trigger_actions(c.expected_latency_s, self.hz)
         self.mix = None
-        if p["workload"]:
-            from ..sim.workloads import builtin_names, builtin_workload
+        if c.workload:
+            from ..sim.workloads import builtin_workload
 
-            if p["workload"] not in builtin_names():
-                raise ParamError(f"parameter 'workload' = {p['workload']!r}: not one of {', '.join(builtin_names())}")
-            self.mix = builtin_workload(p["workload"]).tasks
+            self.mix = builtin_workload(c.workload).tasks
         self.robot_index = int(self.robot.rsplit("_", 1)[1]) if self.robot.rsplit("_", 1)[-1].isdigit() else 0
         self.rounds: list = []
         self.clock = NodeClock(self)
-        self.queue = ActionQueue(p["aggregate"])
+        self.queue = ActionQueue(c.aggregate)
         self.acct = ClientAccount(self.robot, self.hz)
-        self.images = [None] * len(p["image_topics"])
+        self.images = [None] * len(c.image_topics)
         self.joints: JointState | None = None
-        for i, topic in enumerate(p["image_topics"]):
+        for i, topic in enumerate(c.image_topics):
             self.create_subscription(Image, topic, lambda m, i=i: self._on_image(i, m), qos_profile_sensor_data)
-        self.create_subscription(JointState, p["joint_topic"], self._on_joints, qos_profile_sensor_data)
-        msg_type = JointTrajectory if p["command_type"] == "trajectory" else Float64MultiArray
-        self.cmd = self.create_publisher(msg_type, p["command_topic"], 10)
+        self.create_subscription(JointState, c.joint_topic, self._on_joints, qos_profile_sensor_data)
+        msg_type = JointTrajectory if c.command_type == "trajectory" else Float64MultiArray
+        self.cmd = self.create_publisher(msg_type, c.command_topic, 10)
         reliable = QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE)
-        self.progress = self.create_publisher(ExecutionProgress, p["progress_topic"], reliable)
+        self.progress = self.create_publisher(ExecutionProgress, c.progress_topic, reliable)
         self.fetch = self.create_service(FetchObservation, "~/fetch_observation", self._on_fetch)
         self.fetch_name = self.resolve_service_name("~/fetch_observation")  # the server needs it expanded
-        self.cli = self.create_client(Infer, p["service"], qos_profile=service_qos())
+        self.cli = self.create_client(Infer, c.service, qos_profile=service_qos())
         self.task_k = 0
         self.finished_tasks = 0
         self._start_task()
         self.create_timer(1.0 / self.hz, self._tick)
-        self.create_timer(1.0 / p["progress_hz"], self._publish_progress)
+        self.create_timer(1.0 / c.progress_hz, self._publish_progress)
 
     # --- task lifecycle -------------------------------------------------------------
     def _start_task(self) -> None:
         self.task_id = f"{self.robot}/task{self.task_k}"
         if self.mix is not None:  # the same robot, seed and k pick the same task every run
-            rng = np.random.default_rng([self.p["mix_seed"], self.robot_index, self.task_k])
-            self.rounds = list(self.mix[int(rng.integers(len(self.mix)))].rounds[self.p["horizon_mode"]])
+            rng = np.random.default_rng([self.config.mix_seed, self.robot_index, self.task_k])
+            self.rounds = list(self.mix[int(rng.integers(len(self.mix)))].rounds[self.config.horizon_mode])
             self.cum_rounds = np.concatenate([[0], np.cumsum(self.rounds)[:-1]])  # first action of each round
         self.round = 0
         self.outstanding = False
@@ -229,7 +232,7 @@ class RobotClientNode(Node):
     def _task_actions(self) -> int:
         # A replayed task is its motion: done when the trace's actions are executed, however
         # many rounds that takes (actions that went stale during generation are not motion).
-        return sum(self.rounds) if self.rounds else self.p["task_actions"]
+        return sum(self.rounds) if self.rounds else self.config.task_actions
 
     def _task_complete(self) -> bool:
         return self.queue.timestep >= self._task_actions()
@@ -252,7 +255,7 @@ class RobotClientNode(Node):
         obs.timestep = self.queue.timestep
         obs.images = list(self.images)  # forwarded as received: no copy, no re-encode
         obs.joint_state = self.joints
-        obs.instruction = self.p["instruction"]
+        obs.instruction = self.config.instruction
 
     # --- control loop -------------------------------------------------------------------
     def _tick(self) -> None:
@@ -274,7 +277,7 @@ class RobotClientNode(Node):
 
     def _command(self, a: np.ndarray) -> None:
         names = list(self.joints.name) if self.joints is not None else []
-        if self.p["command_type"] == "trajectory":
+        if self.config.command_type == "trajectory":
             m = JointTrajectory()
             m.joint_names = names[: len(a)]
             pt = JointTrajectoryPoint(positions=[float(x) for x in a[: len(m.joint_names) or len(a)]])
@@ -304,9 +307,9 @@ class RobotClientNode(Node):
             r.horizon.param = float(len(self.queue) + self.rounds[k])
             r.remaining_rounds = len(self.rounds) - k
         else:
-            r.horizon.name = self.p["horizon_policy"]
-            r.horizon.has_param = self.p["horizon_param"] >= 0
-            r.horizon.param = float(max(0.0, self.p["horizon_param"]))
+            r.horizon.name = self.config.horizon_policy
+            r.horizon.has_param = self.config.horizon_param >= 0
+            r.horizon.param = float(max(0.0, self.config.horizon_param))
         r.refresh_service = self.fetch_name
         if self.task_start is None:
             self.task_start = now
@@ -320,10 +323,10 @@ class RobotClientNode(Node):
     def _check_timeout(self) -> None:
         """An answer that never comes must not freeze the robot: drop it, move to the next
         round id (the server answers round_in_flight while the old one still generates)."""
-        if self.outstanding and self.clock.now() - self.sent_at > self.p["request_timeout_s"]:
+        if self.outstanding and self.clock.now() - self.sent_at > self.config.request_timeout_s:
             self.cli.remove_pending_request(self.fut)
             self.acct.errors["timeout"] += 1
-            self.get_logger().warning(f"{self.task_id} round {self.round}: no answer in {self.p['request_timeout_s']} s")
+            self.get_logger().warning(f"{self.task_id} round {self.round}: no answer in {self.config.request_timeout_s} s")
             self.outstanding = False
             self.round += 1
 
@@ -335,11 +338,11 @@ class RobotClientNode(Node):
         self.outstanding = False
         resp = fut.result()
         if resp is None:
-            self.retry_at = self.clock.now() + self.p["retry_s"]
+            self.retry_at = self.clock.now() + self.config.retry_s
             return
         if resp.status.code != 0:
             self.get_logger().warning(f"{self.task_id} round {self.round}: {resp.status.reason}: {resp.status.message}")
-            self.retry_at = self.clock.now() + self.p["retry_s"]
+            self.retry_at = self.clock.now() + self.config.retry_s
             if resp.status.reason in ("unknown_task", "task_dropped"):
                 self.task_k += 1
                 self._start_task()  # the server forgot us: start over under a new id
@@ -354,7 +357,7 @@ class RobotClientNode(Node):
         self.done = True
         self.finished_tasks += 1
         self._publish_progress(task_done=True)
-        if self.p["tasks"] == 0 or self.finished_tasks < self.p["tasks"]:
+        if self.config.tasks == 0 or self.finished_tasks < self.config.tasks:
             self.task_k += 1
             self._start_task()
 
@@ -386,8 +389,8 @@ class RobotClientNode(Node):
 
     def close(self) -> None:
         """run_nodes calls this on shutdown: write the account, if asked for."""
-        if self.p["stats_file"]:
-            self.acct.dump(self.p["stats_file"].replace("{robot}", self.robot),
+        if self.config.stats_file:
+            self.acct.dump(self.config.stats_file.replace("{robot}", self.robot),
                            {"finished_tasks": self.finished_tasks, "task_id": self.task_id})
 
 

@@ -14,149 +14,85 @@ Subscribes:
                      std_msgs/Float64MultiArray (command_type "position": one value per
                      joint, in JointState.name order)
 
-Time. Physics advances by the elapsed time of the node's clock, stepped lazily (just
-before each publication and each command; the kinematics make that exact):
-  * default: the system clock;
-  * use_sim_time:=true: follows /clock published by someone else; a paused /clock pauses
-    the robot and its publications (sensor rates are in simulated seconds);
+Time. Physics advances by the elapsed time of the process's time line, stepped lazily
+(just before each publication and each command; the kinematics make that exact):
+  * default: the node clock on the system clock;
+  * use_sim_time:=true: the node clock follows /clock published by someone else; a paused
+    /clock pauses the robot and its publications (sensor rates are in simulated seconds);
   * publish_clock:=true: the process owns simulated time. It starts at 0, advances by
-    clock_rate x wall time (clock_rate may be changed at run time, 0 pauses), is published
-    on /clock and drives the node clocks directly (use_sim_time is then implied).
+    clock_rate x wall time (clock_rate may be changed at run time, 0 pauses) and is
+    published on /clock; use_sim_time is set on the (first) node, whose clock follows it.
+Only public rclpy is used for this: the use_sim_time parameter, Node.get_clock(), timers.
 
 --robots N hosts N robots in one process: nodes "sim_robot" in namespaces
 {prefix}{K}..{prefix}{K+N-1} (default robot_0..), spun by one executor and driven by one
 shared timer; robot i uses seed + K + i. Parameters given with -p or a params file apply
-to every robot ("/robot_3/sim_robot:" sections address one). In that mode the /clock
-subscription and clock of the first robot's node serve the whole process, and (--lean
-auto) the other robots' nodes are lean: no parameter or type-description services and no
-QoS-event handlers, which cuts the executor's per-wake work (measured: 50 idle robots took
-34% of a core without it, 12.5% with it).
+to every robot ("/robot_3/sim_robot:" sections address one). In that mode every robot
+runs on the first robot's node clock (the other nodes are made with use_sim_time false,
+so the process holds one /clock subscription), and (--lean auto) the other robots' nodes
+are lean: no parameter or type-description services and no QoS-event handlers, which
+cuts the executor's per-wake work (measured: 50 idle robots took 34% of a core without
+it, 12.5% with it).
 
-Every parameter is validated at start; a bad value prints the parameter's name and exits
-with status 2. SIGINT or SIGTERM shut down cleanly with status 0.
+Parameters: the fields of SimRobotConfig, validated at start; a bad value prints the one
+line naming the parameter and exits with status 2. SIGINT or SIGTERM shut down cleanly
+with status 0.
 """
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
-from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, List, Optional, Sequence
 
-import rclpy
-from rcl_interfaces.msg import ParameterDescriptor, SetParametersResult
+from rcl_interfaces.msg import SetParametersResult
 from rclpy.clock import Clock, ClockType
 from rclpy.event_handler import PublisherEventCallbacks, SubscriptionEventCallbacks
 from rclpy.node import Node
 from rclpy.parameter import Parameter
 from rclpy.qos import QoSProfile, qos_profile_sensor_data
-from rclpy.time import Time
 from rosgraph_msgs.msg import Clock as ClockMsg
 from sensor_msgs.msg import Image, JointState
 from std_msgs.msg import Float64MultiArray
 from trajectory_msgs.msg import JointTrajectory
 
+from robotserve_ros.nodes.common import (NodeConfig, ParamError, check, check_one_of, declare_config, lean_node_kwargs,
+                                        param, run_nodes)
 from robotserve_ros.sim.robots import ROBOT_TYPES, SimRobot, make_robot, render
-from robotserve_ros.nodes.common import ParamError, lean_node_kwargs, run_nodes
 
 NODE_NAME = "sim_robot"
 COMMAND_TYPES = ("trajectory", "position")
 EXIT_BAD_PARAMETER = 2
 _NS = 1_000_000_000
-
-
-class ParameterError(ParamError):
-    """A parameter has a bad value; `name` is the parameter's name."""
-
-    def __init__(self, name: str, problem: str) -> None:
-        super().__init__(f"invalid parameter '{name}': {problem}")
-        self.name = name
-
-
-@dataclass(frozen=True)
-class SimRobotConfig:
-    robot_type: str = "so101"
-    joint_state_hz: float = 30.0
-    camera_hz: float = 15.0
-    image_width: int = 96
-    image_height: int = 96
-    command_type: str = "trajectory"
-    max_joint_speed: float = 2.0
-    seed: int = 0
-    publish_clock: bool = False
-    clock_rate: float = 1.0
-
-
-_DESCRIPTIONS = {
-    "robot_type": f"which robot: one of {list(ROBOT_TYPES)}",
-    "joint_state_hz": "JointState publication rate (Hz of the node clock), > 0",
-    "camera_hz": "camera image rate (Hz of the node clock); 0 turns the camera off",
-    "image_width": "camera image width in pixels (8..4096)",
-    "image_height": "camera image height in pixels (8..4096)",
-    "command_type": f"message type on 'command': one of {list(COMMAND_TYPES)}",
-    "max_joint_speed": "max joint speed (rad/s) of the arm; max linear speed (m/s) of the drone",
-    "seed": "random seed (cube placement); robot i of a multi-robot process uses seed + i",
-    "publish_clock": "own simulated time: publish /clock and step physics on it",
-    "clock_rate": "simulated seconds per wall second with publish_clock (0 pauses; settable at run time)",
-}
-_RUNTIME_SETTABLE = {"clock_rate"}
 _MAX_HZ = 1000.0
 
 
-def _number(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ParameterError(name, f"must be a number, got {value!r}")
-    v = float(value)
-    if not math.isfinite(v):
-        raise ParameterError(name, f"must be finite, got {value!r}")
-    return v
+@dataclass(frozen=True)
+class SimRobotConfig(NodeConfig):
+    robot_type: str = param("so101", f"which robot: one of {', '.join(ROBOT_TYPES)}")
+    joint_state_hz: float = param(30.0, f"JointState publication rate (Hz of the node clock), in (0, {_MAX_HZ:g}]")
+    camera_hz: float = param(15.0, f"camera image rate (Hz of the node clock), in [0, {_MAX_HZ:g}]; 0 turns the camera off")
+    image_width: int = param(96, "camera image width in pixels (8..4096)")
+    image_height: int = param(96, "camera image height in pixels (8..4096)")
+    command_type: str = param("trajectory", f"message type on 'command': one of {', '.join(COMMAND_TYPES)}")
+    max_joint_speed: float = param(2.0, "max joint speed (rad/s) of the arm; max linear speed (m/s) of the drone; "
+                                   "in (0, 100]")
+    seed: int = param(0, "random seed (cube placement), >= 0; robot i of a multi-robot process uses seed + i")
+    publish_clock: bool = param(False, "own simulated time: publish /clock and step physics on it")
+    clock_rate: float = param(1.0, "simulated seconds per wall second with publish_clock, in [0, 1000] "
+                              "(0 pauses; settable at run time)", runtime=True)
 
-
-def _integer(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ParameterError(name, f"must be an integer, got {value!r}")
-    return int(value)
-
-
-def _clock_rate(value: Any) -> float:
-    v = _number("clock_rate", value)
-    if not 0.0 <= v <= 1000.0:
-        raise ParameterError("clock_rate", f"must be in [0, 1000], got {v}")
-    return v
-
-
-def validate_parameters(values: Dict[str, Any]) -> SimRobotConfig:
-    """Check raw parameter values; raises ParameterError naming the first bad one."""
-    rt = values["robot_type"]
-    if rt not in ROBOT_TYPES:
-        raise ParameterError("robot_type", f"must be one of {list(ROBOT_TYPES)}, got {rt!r}")
-    ct = values["command_type"]
-    if ct not in COMMAND_TYPES:
-        raise ParameterError("command_type", f"must be one of {list(COMMAND_TYPES)}, got {ct!r}")
-    js = _number("joint_state_hz", values["joint_state_hz"])
-    if not 0.0 < js <= _MAX_HZ:
-        raise ParameterError("joint_state_hz", f"must be in (0, {_MAX_HZ:g}], got {js}")
-    cam = _number("camera_hz", values["camera_hz"])
-    if not 0.0 <= cam <= _MAX_HZ:
-        raise ParameterError("camera_hz", f"must be in [0, {_MAX_HZ:g}] (0 = no camera), got {cam}")
-    dims = {}
-    for key in ("image_width", "image_height"):
-        v = _integer(key, values[key])
-        if not 8 <= v <= 4096:
-            raise ParameterError(key, f"must be in [8, 4096], got {v}")
-        dims[key] = v
-    speed = _number("max_joint_speed", values["max_joint_speed"])
-    if not 0.0 < speed <= 100.0:
-        raise ParameterError("max_joint_speed", f"must be in (0, 100], got {speed}")
-    seed = _integer("seed", values["seed"])
-    if seed < 0:
-        raise ParameterError("seed", f"must be >= 0, got {seed}")
-    pc = values["publish_clock"]
-    if not isinstance(pc, bool):
-        raise ParameterError("publish_clock", f"must be true or false, got {pc!r}")
-    return SimRobotConfig(rt, js, cam, dims["image_width"], dims["image_height"], ct, speed, seed, pc,
-                          _clock_rate(values["clock_rate"]))
+    def check(self) -> None:
+        check_one_of("robot_type", self.robot_type, ROBOT_TYPES)
+        check_one_of("command_type", self.command_type, COMMAND_TYPES)
+        check(0.0 < self.joint_state_hz <= _MAX_HZ, "joint_state_hz", self.joint_state_hz, f"is not in (0, {_MAX_HZ:g}]")
+        check(0.0 <= self.camera_hz <= _MAX_HZ, "camera_hz", self.camera_hz, f"is not in [0, {_MAX_HZ:g}] (0 = no camera)")
+        for name in ("image_width", "image_height"):
+            check(8 <= getattr(self, name) <= 4096, name, getattr(self, name), "is not in [8, 4096]")
+        check(0.0 < self.max_joint_speed <= 100.0, "max_joint_speed", self.max_joint_speed, "is not in (0, 100]")
+        check(self.seed >= 0, "seed", self.seed, "is not >= 0")
+        check(0.0 <= self.clock_rate <= 1000.0, "clock_rate", self.clock_rate, "is not in [0, 1000]")
 
 
 def _stamp(msg_stamp, now_ns: int) -> None:
@@ -178,16 +114,8 @@ class SimRobotNode(Node):
         self.lean = lean
         events = dict(event_callbacks=PublisherEventCallbacks(use_default_callbacks=False)) if lean else {}
         sub_events = dict(event_callbacks=SubscriptionEventCallbacks(use_default_callbacks=False)) if lean else {}
-        raw = {}
-        defaults = SimRobotConfig()
-        for name in _DESCRIPTIONS:
-            desc = ParameterDescriptor(description=_DESCRIPTIONS[name], dynamic_typing=True,
-                                       read_only=name not in _RUNTIME_SETTABLE)
-            raw[name] = self.declare_parameter(name, getattr(defaults, name), desc).value
-        self.config = validate_parameters(raw)  # raises ParameterError
+        self.config = cfg = declare_config(self, SimRobotConfig)
         self.add_on_set_parameters_callback(self._on_set_parameters)
-        cfg = self.config
-        self.clock_rate = cfg.clock_rate
         self.robot: SimRobot = make_robot(cfg.robot_type, max_speed=cfg.max_joint_speed,
                                           seed=cfg.seed + seed_offset)
 
@@ -224,24 +152,23 @@ class SimRobotNode(Node):
         self._last_ns: Optional[int] = None  # node-clock time the physics has reached
         self._js_due = 0
         self._cam_due = 0
-        self.driver: Optional[SimDriver] = SimDriver([self]) if drive else None
+        self.driver: Optional[SimDriver] = None  # set by the SimDriver that drives this robot
+        if drive:
+            SimDriver([self])
 
     # -- parameters ---------------------------------------------------------------------
     def _on_set_parameters(self, params: List[Parameter]) -> SetParametersResult:
         for p in params:
             if p.name == "clock_rate":
                 try:
-                    self.clock_rate = _clock_rate(p.value)
-                except ParameterError as e:
+                    self.config = replace(self.config, clock_rate=p.value)  # checked as at start
+                except ParamError as e:
                     return SetParametersResult(successful=False, reason=str(e))
         return SetParametersResult(successful=True)
 
     # -- time and physics --------------------------------------------------------------
-    def _now_ns(self) -> int:
-        return self.get_clock().now().nanoseconds
-
     def advance_to(self, now_ns: int) -> None:
-        """Step the physics to node-clock time now_ns (a jump back restarts the time line)."""
+        """Step the physics to time now_ns of the driver's time line (a jump back restarts it)."""
         last = self._last_ns
         if last is None or now_ns < last:
             self._last_ns = now_ns
@@ -290,8 +217,8 @@ class SimRobotNode(Node):
     # -- commands ------------------------------------------------------------------------
     def _apply(self, targets, **kw) -> None:
         try:
-            now = self._now_ns()
-            if now > 0 or not self.get_clock().ros_time_is_active:  # sim time 0: no /clock yet
+            now = self.driver.now_ns() if self.driver is not None else None
+            if now is not None:
                 self.advance_to(now)
             self.robot.command(targets, **kw)
         except ValueError as e:
@@ -319,14 +246,15 @@ class SimRobotNode(Node):
 
 
 class SimDriver:
-    """One timer that drives every robot of a process; with publish_clock it owns time.
+    """One timer that drives every robot of a process, on one time line; with publish_clock
+    it owns time.
 
     The first node hosts the timer (and the /clock publisher). Without publish_clock the
-    timer runs on the first node's clock (ROS time: the system clock, or /clock with
-    use_sim_time), and the other nodes' clocks are attached to the first node's time source
-    so that one /clock subscription serves the process. With publish_clock a wall-clock
-    timer advances simulated time by clock_rate x wall time, publishes it on /clock and
-    sets it on every node's clock.
+    time line is the first node's clock (ROS time: the system clock, or /clock with
+    use_sim_time) and its timer ticks on it; every robot is stepped and stamped on it, so
+    one /clock subscription serves the process. With publish_clock the time line is
+    simulated time, advanced by a wall-clock timer by clock_rate x wall time and published
+    on /clock; the first node's clock follows that /clock (use_sim_time is set on it).
     """
 
     def __init__(self, nodes: Sequence[SimRobotNode]) -> None:
@@ -334,23 +262,22 @@ class SimDriver:
             raise ValueError("SimDriver needs at least one node")
         self.nodes = list(nodes)
         self.host = host = self.nodes[0]
+        for n in self.nodes:
+            n.driver = self
         tick_hz = max(max(n.config.joint_state_hz, n.config.camera_hz) for n in self.nodes)
         self.publish_clock = host.config.publish_clock
         if self.publish_clock:
-            for n in self.nodes:
-                _take_over_clock(n)
+            host.set_parameters([Parameter("use_sim_time", value=True)])  # the node clock follows our /clock
             self.sim_ns = 0
             self._clock_msg = ClockMsg()
             self.clock_pub = host.create_publisher(ClockMsg, "/clock", QoSProfile(depth=10))
-            wall_hz = min(tick_hz * max(1.0, host.clock_rate), _MAX_HZ)
+            wall_hz = min(tick_hz * max(1.0, host.config.clock_rate), _MAX_HZ)
             self._wall_ns = time.monotonic_ns()
             self._publish_clock()
             self.timer = host.create_timer(1.0 / wall_hz, self._on_wall_tick,
                                            clock=Clock(clock_type=ClockType.STEADY_TIME))
-            slack = 0.5 * host.clock_rate / wall_hz
+            slack = 0.5 * host.config.clock_rate / wall_hz
         else:
-            for n in self.nodes[1:]:
-                _share_time_source(host, n)
             self.timer = host.create_timer(1.0 / tick_hz, self._on_tick)
             slack = 0.5 / tick_hz
             if host.get_clock().ros_time_is_active:
@@ -358,53 +285,33 @@ class SimDriver:
         for n in self.nodes:
             n._slack_ns = int(slack * _NS)
 
+    def now_ns(self) -> Optional[int]:
+        """Now on the process's time line; None while use_sim_time waits for a first /clock."""
+        if self.publish_clock:
+            return self.sim_ns
+        clock = self.host.get_clock()
+        now = clock.now().nanoseconds
+        return None if now == 0 and clock.ros_time_is_active else now
+
     def _publish_clock(self) -> None:
         _stamp(self._clock_msg.clock, self.sim_ns)
         self.clock_pub.publish(self._clock_msg)
-        t = Time(nanoseconds=self.sim_ns, clock_type=ClockType.ROS_TIME)
-        for n in self.nodes:
-            n.get_clock().set_ros_time_override(t)
 
     def _on_wall_tick(self) -> None:
         now = time.monotonic_ns()
-        self.sim_ns += int((now - self._wall_ns) * self.host.clock_rate)
+        self.sim_ns += int((now - self._wall_ns) * self.host.config.clock_rate)
         self._wall_ns = now
         self._publish_clock()
         self._tick_all(self.sim_ns)
 
     def _on_tick(self) -> None:
-        clock = self.host.get_clock()
-        now = clock.now().nanoseconds
-        if now == 0 and clock.ros_time_is_active:
-            return  # no /clock yet
-        self._tick_all(now)
+        now = self.now_ns()
+        if now is not None:
+            self._tick_all(now)
 
     def _tick_all(self, now_ns: int) -> None:
         for n in self.nodes:
             n.tick(now_ns)
-
-
-def _take_over_clock(node: Node) -> None:
-    """Make the node's clock simulated time set by the SimDriver (no /clock subscription)."""
-    clock = node.get_clock()
-    ts = getattr(node, "_time_source", None)
-    if ts is not None:
-        ts.detach_node()  # drops its /clock subscription, if any
-        getattr(ts, "_associated_clocks", set()).discard(clock)
-    clock._set_ros_time_is_active(True)
-    clock.set_ros_time_override(Time(nanoseconds=0, clock_type=ClockType.ROS_TIME))
-
-
-def _share_time_source(host: Node, node: Node) -> None:
-    """Let the host's time source (one /clock subscription) drive the node's clock too."""
-    ts = getattr(node, "_time_source", None)
-    host_ts = getattr(host, "_time_source", None)
-    if ts is None or host_ts is None:
-        return
-    clock = node.get_clock()
-    ts.detach_node()
-    getattr(ts, "_associated_clocks", set()).discard(clock)
-    host_ts.attach_clock(clock)
 
 
 # ======================================================================================
@@ -433,7 +340,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv if argv is None else argv)
     try:
         args = _parse_args(argv)
-    except rclpy._rclpy_pybind11.RCLError as e:  # malformed --ros-args
+    except RuntimeError as e:  # rclpy's RCLError: malformed --ros-args
         print(f"sim_robot: {e}", file=sys.stderr, flush=True)
         return EXIT_BAD_PARAMETER
 
@@ -444,9 +351,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         else:
             for i in range(args.robots):
                 k = args.first_index + i
-                # The first robot keeps its parameter services: clock_rate is set there.
+                # The first robot keeps its parameter services: clock_rate is set there. The
+                # others run on its time line (SimDriver), so their node clocks need no /clock
+                # subscription of their own: one per process, not one per robot.
+                own = {} if i == 0 else {"parameter_overrides": [Parameter("use_sim_time", value=False)]}
                 nodes.append(SimRobotNode(namespace=f"{args.name_prefix}{k}", seed_offset=k, drive=False,
-                                          lean=args.lean == "on" or (args.lean == "auto" and i > 0)))
+                                          lean=args.lean == "on" or (args.lean == "auto" and i > 0), **own))
             SimDriver(nodes)
         # rclpy.experimental.EventsExecutor is no option here: with the Kilted PyPI wheels it
         # spins at 100% CPU, never fires timers and ignores SIGINT (seen with one plain timer).
@@ -458,6 +368,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return nodes
 
     return run_nodes(make, argv)
+
 
 if __name__ == "__main__":
     sys.exit(main())
