@@ -42,7 +42,6 @@ import yaml
 
 from ..launch_description import default_config, robots as robot_specs, server as server_specs
 from ..machine import busy_fraction, cpu_times, machine_info, proc_cpu_s
-from ..profiles import batch_latency_ms
 from .processes import (DomainContext, ProcessGroup, foreign_nodes, pct, pick_free_domain, read_stage_trace, ros_env,
                         server_diagnostics)
 
@@ -57,15 +56,12 @@ def _params_file(base: str, stats_pattern: str, out: Path, stage_trace_file: str
 
 
 def engine_profile_ms(srv_cfg: dict) -> dict:
-    """batch -> ms of the server's engine as the node reads its parameters: the explicit
-    engine_batch_sizes/engine_latency_ms override where given, else its engine_profile of
-    record (the node's defaults for whatever the file leaves out)."""
-    from ..nodes.inference_server import DEFAULTS
+    """batch -> ms of the server's engine as the node reads its parameters (its config
+    dataclass: the explicit engine_batch_sizes/engine_latency_ms, else engine_profile)."""
+    from ..nodes.inference_server import InferenceServerConfig
 
-    p = {**DEFAULTS, **srv_cfg}
-    if p.get("engine_batch_sizes") and p.get("engine_latency_ms"):
-        return {int(b): float(ms) for b, ms in zip(p["engine_batch_sizes"], p["engine_latency_ms"])}
-    return batch_latency_ms(p["engine_profile"])
+    prof = InferenceServerConfig(**srv_cfg).profile()
+    return {int(b): float(ms) for b, ms in prof.to_dict().items()}
 
 
 def _num(v):

@@ -197,6 +197,7 @@ class InferenceServerNode(Node):
         # The core's one serving loop (core/runner.py): a thread per tier slot, edge and cloud at once.
         self.trace = StageTrace(time.monotonic_ns) if c.stage_trace_file else None
         self.runner = Runner(self.core, self.engines, self._deliver, lock=self.lock, observer=self.trace,
+                             on_given_up=self._given_up,
                              on_error=lambda d, e: self.get_logger().error(
                                  f"tier {d.tier} failed a batch of {len(d.requests)}: {e!r}; requeued")).start()
         self.get_logger().info(
@@ -216,8 +217,12 @@ class InferenceServerNode(Node):
             return response
         w = _Waiter(int(request.observation.timestep))
 
-        def register(_pending) -> None:  # under the runner's lock, before any batch can take it
-            self.waiters[(req.task_id, req.round_id)] = w
+        def register(pending) -> None:  # under the runner's lock, before any batch can take it
+            if pending.replay is not None:  # a re-sent round already answered: the cached reply
+                w.reply = pending.replay
+                w.event.set()
+            else:  # a re-sent round still queued or generating waits beside the first call
+                self.waiters.setdefault((req.task_id, req.round_id), []).append(w)
             self.last_seen[req.task_id] = time.monotonic()
             self.refresh_service[req.task_id] = request.refresh_service
 
@@ -280,8 +285,12 @@ class InferenceServerNode(Node):
         self.last_seen.pop(tid, None)
         self.refresh_service.pop(tid, None)
         for key in [k for k in self.waiters if k[0] == tid]:
-            w = self.waiters.pop(key)
-            w.error = error
+            self._answer(key, error=error)
+
+    def _answer(self, key: tuple, reply=None, error: Optional[tuple] = None) -> None:
+        """Under the lock: wake every call waiting for round `key` (a re-sent round has two)."""
+        for w in self.waiters.pop(key, ()):
+            w.reply, w.error = reply, error
             w.event.set()
 
     # --- replies (engine threads) ----------------------------------------------------------
@@ -289,10 +298,13 @@ class InferenceServerNode(Node):
         """Under the lock (Runner.finish): hand each reply to its waiting call."""
         for r in replies:
             self.served_by_tier[r.tier] += 1
-            w = self.waiters.pop((r.task_id, r.round_id), None)
-            if w is not None:
-                w.reply = r
-                w.event.set()
+            self._answer((r.task_id, r.round_id), reply=r)
+
+    def _given_up(self, pendings, exc) -> None:
+        """Under the lock (Runner): rounds in max_attempts failed batches get an error."""
+        for p in pendings:
+            self._answer((p.task_id, p.request.round_id), error=(
+                "engine_failure", f"round {p.request.round_id} failed {p.failures} batches ({type(exc).__name__}); send it again"))
 
     def _refresh(self, req):
         """Algorithm 1 lines 20-21 over srv/FetchObservation; None if the robot cannot answer."""
@@ -332,6 +344,9 @@ class InferenceServerNode(Node):
                 "engine_utilization": self.runner.busy_s["edge"] / max(1e-9, self.clock.now() - self._t0),
                 "tier_failures": dict(self.runner.failures),
                 "late_replies_discarded": self.runner.late_replies,
+                "resent_requests": s.resent_requests,
+                "replies_replayed": s.replies_replayed,
+                "given_up": s.given_up,
                 "errors": dict(s.errors),
                 "refreshes": s.refreshes,
                 "refresh_failures": s.refresh_failures,
@@ -356,10 +371,8 @@ class InferenceServerNode(Node):
 
     def close(self) -> None:
         with self.lock:
-            for w in self.waiters.values():
-                w.error = ("shutting_down", "the server is shutting down")
-                w.event.set()
-            self.waiters.clear()
+            for key in list(self.waiters):
+                self._answer(key, error=("shutting_down", "the server is shutting down"))
         self.runner.close()
         for eng in self.engines.values():
             eng.close()
