@@ -346,6 +346,27 @@ def test_client_id_metadata_separates_clients_on_one_connection(sim_server):
     ch.close()
 
 
+@pytest.mark.parametrize("field,value,says", [
+    ("fps", -1, "fps must be a number > 0, got -1"),
+    ("scheduler", "nosuch", "unknown scheduler 'nosuch'; known: autellix, edf, fifo, kairos"),
+    ("scheduler_params", {"nosuch": 1}, "scheduler_params for kairos"),
+    ("engine", "nosuch", "unknown engine 'nosuch'; known: lerobot, remote, simulated"),
+    ("profile_ms", {0: 5.0}, "profile_ms: batch size"),
+    ("port", 70000, "port must be an integer in 0..65535"),
+    ("threads", 0, "threads must be an integer > 0"),
+    ("stale_obs_s", -0.5, "stale_obs_s must be a number >= 0"),
+    ("policy_dirs", "/policies", "policy_dirs must be a sequence"),
+])
+def test_config_checked_when_made(field, value, says):
+    with pytest.raises(ValueError) as e:
+        CompatConfig(**{field: value})
+    assert says in str(e.value)
+    cfg = CompatConfig(policy_dirs=["/policies"])
+    assert cfg.policy_dirs == ("/policies",)
+    with pytest.raises(AttributeError):
+        cfg.fps = 10.0  # frozen: what was checked stays so
+
+
 def test_cli_serves_until_sigterm(tmp_path):
     import signal
 
@@ -413,7 +434,9 @@ def executed(rec: Path) -> np.ndarray:
                     np.float32).reshape(-1, 6)
 
 
-def run_clients(srv, tmp_path, kinds: list, policies, want: int = 20, timeout: float = 25.0) -> list:
+def run_clients(srv, tmp_path, kinds: list, policies, want: int = 20, timeout: float = 60.0) -> list:
+    """Run LeRobot robot_clients until each executed `want` actions (or `timeout`: a cold
+    start of LeRobot on a loaded 2-core machine alone can take half a minute)."""
     procs = [start_robot_client(tmp_path, i, srv.port, k, policies[k]) for i, k in enumerate(kinds)]
     try:
         end = time.monotonic() + timeout
