@@ -7,6 +7,8 @@ import math
 import sys
 from pathlib import Path
 
+from .params import parse_key_values
+
 
 def _load_workload(arg: str):
     from .sim.workload import load_workload
@@ -20,16 +22,10 @@ def _load_workload(arg: str):
 
 
 def _params(items) -> dict:
-    out = {}
-    for it in items or []:
-        k, _, v = it.partition("=")
-        if not _:
-            raise SystemExit(f"robotserve: parameter {it!r} is not key=value")
-        try:
-            out[k] = json.loads(v)
-        except json.JSONDecodeError:
-            out[k] = v
-    return out
+    try:
+        return parse_key_values(items)
+    except ValueError as e:
+        raise SystemExit(f"robotserve: {e}") from None
 
 
 def cmd_sim(a) -> int:
@@ -229,8 +225,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.set_defaults(func=lambda a: __import__(f"{__package__}.transport.gpu_server", fromlist=["_"]).cli(a))
 
     lr = sub.add_parser("lerobot-server", help="serve unmodified LeRobot robot_clients (async inference) by the fleet scheduler")
-    __import__(f"{__package__}.transport.lerobot_compat", fromlist=["_"]).add_arguments(lr)
-    lr.set_defaults(func=lambda a: __import__(f"{__package__}.transport.lerobot_compat", fromlist=["_"]).cli(a))
+    __import__(f"{__package__}.transport.lerobot.command", fromlist=["_"]).add_arguments(lr)
+    lr.set_defaults(func=lambda a: __import__(f"{__package__}.transport.lerobot.command", fromlist=["_"]).cli(a))
 
     d = sub.add_parser("demo", help="live fleet on this machine: server + simulated robots, FIFO then Kairos")
     d.add_argument("--robots", type=positive(int), default=8)

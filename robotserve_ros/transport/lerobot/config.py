@@ -1,0 +1,71 @@
+"""The LeRobot endpoint's configuration: frozen, checked once when made."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+
+@dataclass(frozen=True)
+class CompatConfig:
+    host: str = "127.0.0.1"
+    port: int = 8080  # 0: any free port (tests)
+    fps: float = 30.0  # the clients' control rate: action timestamps, first rate estimate
+    scheduler: str = "kairos"
+    scheduler_params: dict = field(default_factory=dict)
+    engine: str = "lerobot"  # or "simulated": a profile-driven stand-in, no model
+    engine_params: dict = field(default_factory=dict)  # e.g. device, seed, profile_file
+    profile_ms: Optional[dict] = None  # batch -> ms; None: the engine's own (or 30 ms flat for simulated)
+    max_batch: Optional[int] = None  # None: the profile's saturation batch
+    policy_dirs: tuple = ()  # policies may only be loaded from under these; empty: any local dir
+    get_actions_timeout_s: float = 2.0  # LeRobot's obs_queue_timeout
+    client_timeout_s: float = 10.0  # a client silent this long is gone: its task is dropped
+    similarity_atol: float = 1.0  # LeRobot's observations_similar tolerance
+    # A queued observation older than this is swapped for the client's newest one at dispatch
+    # (seed 000 Algorithm 1 lines 20-21); None: never (observation age is recorded either way).
+    stale_obs_s: Optional[float] = None
+    max_payload_bytes: int = 32 << 20  # one observation or policy setup, after joining pieces
+    threads: int = 32  # gRPC handler threads; each client holds about two
+    keep_trace: bool = False  # remember every delivered action per task (tests)
+
+    def __post_init__(self) -> None:
+        from ...core.profile import EngineProfile
+        from ...core.schedulers import SCHEDULERS, make_scheduler
+        from ...engines import ENGINES
+
+        def positive(name: str, v, kind=(int, float), zero_ok=False) -> None:
+            if isinstance(v, bool) or not isinstance(v, kind) or not (v >= 0 if zero_ok else v > 0):
+                what = "an integer" if kind is int else "a number"
+                raise ValueError(f"{name} must be {what} {'>= 0' if zero_ok else '> 0'}, got {v!r}")
+
+        if not isinstance(self.host, str) or not self.host:
+            raise ValueError(f"host must be a non-empty string, got {self.host!r}")
+        if isinstance(self.port, bool) or not isinstance(self.port, int) or not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be an integer in 0..65535, got {self.port!r}")
+        for name in ("fps", "get_actions_timeout_s", "client_timeout_s"):
+            positive(name, getattr(self, name))
+        positive("similarity_atol", self.similarity_atol, zero_ok=True)
+        if self.stale_obs_s is not None:
+            positive("stale_obs_s", self.stale_obs_s, zero_ok=True)
+        for name in ("max_payload_bytes", "threads"):
+            positive(name, getattr(self, name), kind=int)
+        if self.max_batch is not None:
+            positive("max_batch", self.max_batch, kind=int)
+        for name in ("scheduler_params", "engine_params"):
+            if not isinstance(getattr(self, name), dict):
+                raise ValueError(f"{name} must be a dict, got {type(getattr(self, name)).__name__}")
+        if self.scheduler not in SCHEDULERS:
+            raise ValueError(f"scheduler: unknown scheduler {self.scheduler!r}; known: {', '.join(SCHEDULERS.names())}")
+        try:  # a bad knob fails here, not when the first client connects
+            make_scheduler(self.scheduler, **self.scheduler_params)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"scheduler_params for {self.scheduler}: {e}") from None
+        if self.engine not in ENGINES:
+            raise ValueError(f"engine: unknown engine {self.engine!r}; known: {', '.join(ENGINES.names())}")
+        if self.profile_ms is not None:
+            try:
+                EngineProfile(self.profile_ms)
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"profile_ms: {e}") from None
+        if isinstance(self.policy_dirs, str) or not all(isinstance(d, str) and d for d in self.policy_dirs):
+            raise ValueError(f"policy_dirs must be a sequence of directory names, got {self.policy_dirs!r}")
+        object.__setattr__(self, "policy_dirs", tuple(self.policy_dirs))

@@ -1,0 +1,147 @@
+"""Policy groups: one per loaded policy, each its engine, a ServingCore over it and the
+core's Runner that serves it. Clients naming the same policy share a group (and batches);
+different models never share a batch."""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+import grpc
+
+from ...core.runner import Runner
+from ...core.schedulers import make_scheduler
+from ...core.serving import Refresher, ServingCore, Tier
+from .config import CompatConfig
+from .payloads import IMAGE_PREFIX, STATE_KEY, Layout, Refused
+
+log = logging.getLogger("robotserve.lerobot")
+TIER = "edge"  # each group serves on its own local engine: one tier
+
+
+class PolicyGroup:
+    def __init__(self, key: tuple, engine, core: ServingCore, runner: Runner) -> None:
+        self.key, self.engine, self.core, self.runner = key, engine, core, runner
+
+    def stats(self) -> dict:
+        """Under the lock. `errors`: requests the core refused or failed (the core's counts)."""
+        s, r = self.core.stats, self.runner
+        return {"tasks": len(self.core.ledger.tasks), "batches": s.batches, "served": s.completed,
+                "mean_batch": s.dispatched / s.batches if s.batches else 0.0, "requeued": s.requeued,
+                "errors": dict(s.errors), "engine_failures": r.failures[TIER], "busy_s": r.busy_s[TIER],
+                "obs_age_mean_s": s.obs_age_sum / s.obs_age_n if s.obs_age_n else 0.0,
+                "obs_age_max_s": s.obs_age_max, "refreshes": s.refreshes, "refresh_failures": s.refresh_failures}
+
+
+def _bad(msg: str) -> Refused:
+    return Refused("bad_policy", grpc.StatusCode.INVALID_ARGUMENT, msg)
+
+
+class PolicyGroups:
+    """The loaded policies, by (policy type, resolved path[, action size])."""
+
+    def __init__(self, cfg: CompatConfig, clock, lock, supported: tuple,
+                 on_replies: Callable[[list, object, list], None], refresher: Optional[Refresher]) -> None:
+        self.cfg, self.clock, self.lock, self.supported = cfg, clock, lock, supported
+        self.on_replies, self.refresher = on_replies, refresher
+        self.groups: dict[tuple, PolicyGroup] = {}
+        self._load_lock = threading.Lock()  # one policy load at a time; each loads once
+
+    def resolve(self, spec) -> tuple:
+        """Check a RemotePolicyConfig; its group (loaded once), layout and chunk length."""
+        ptype, path, apc = spec.policy_type, spec.pretrained_name_or_path, spec.actions_per_chunk
+        feats, rename = spec.lerobot_features, spec.rename_map
+        if not isinstance(ptype, str) or ptype not in self.supported:
+            raise _bad(f"policy type {ptype!r} is not one LeRobot's async inference serves ({', '.join(self.supported)})")
+        if isinstance(apc, bool) or not isinstance(apc, int) or apc < 1:
+            raise _bad(f"actions_per_chunk must be an integer >= 1, got {apc!r}")
+        if not isinstance(path, str) or not path:
+            raise _bad("pretrained_name_or_path must be a non-empty string")
+        if not isinstance(feats, dict) or not isinstance(rename, dict):
+            raise _bad("lerobot_features and rename_map must be dicts")
+        state = feats.get(STATE_KEY)
+        names = state.get("names") if isinstance(state, dict) else None
+        if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+            raise _bad(f"lerobot_features needs '{STATE_KEY}' with its joint 'names' (as hw_to_dataset_features writes it)")
+        cams = [k for k, v in feats.items() if isinstance(k, str) and k.startswith(IMAGE_PREFIX)]
+        group = self.get(ptype, path, len(names))
+        return group, self._layout(group, names, cams, rename), apc
+
+    def get(self, ptype: str, path: str, n_joints: int) -> PolicyGroup:
+        cfg = self.cfg
+        try:
+            local = Path(path).expanduser()
+            resolved = local.resolve() if local.exists() else local
+        except (OSError, RuntimeError) as e:  # an unknown ~user, a symlink loop
+            raise _bad(f"policy path {path!r}: {e}") from None
+        if cfg.policy_dirs and not any(resolved.is_relative_to(Path(d).expanduser().resolve()) for d in cfg.policy_dirs):
+            raise Refused("policy_not_allowed", grpc.StatusCode.PERMISSION_DENIED,
+                          f"policy path {path!r} is outside the directories this server loads policies from")
+        if cfg.engine == "lerobot":
+            from ...engines.lerobot_engine import PolicyDirError, check_policy_dir
+
+            try:
+                found = check_policy_dir(resolved)["type"]
+            except PolicyDirError as e:
+                raise _bad(f"{e} (this server loads local checkpoints only, never from the hub)") from None
+            if found != ptype:
+                raise _bad(f"policy type {ptype!r} asked for, but {path!r} holds a {found!r} policy")
+            key = (ptype, str(resolved))
+        else:  # a stand-in engine: one per policy name and action size
+            key = (ptype, str(resolved), n_joints)
+        with self._load_lock:
+            g = self.groups.get(key)
+            if g is None:
+                g = self._load(key, str(resolved), n_joints)
+                with self.lock:
+                    self.groups[key] = g
+        return g
+
+    def _load(self, key: tuple, path: str, n_joints: int) -> PolicyGroup:
+        from ...core.profile import EngineProfile
+        from ...engines import make_engine
+
+        cfg = self.cfg
+        params = dict(cfg.engine_params)
+        profile = EngineProfile(cfg.profile_ms) if cfg.profile_ms else None
+        if cfg.engine == "lerobot":
+            params["policy_dir"] = path
+        else:
+            params.setdefault("action_dim", n_joints)
+            params.setdefault("realtime", True)
+            profile = profile or EngineProfile({1: 30.0})
+        t = time.monotonic()
+        try:
+            engine = make_engine(cfg.engine, profile, **params)
+        except (OSError, TypeError, ValueError, KeyError) as e:
+            raise Refused("policy_load_failed", grpc.StatusCode.FAILED_PRECONDITION,
+                          f"cannot load {key[0]} policy from {path!r}: {e}") from None
+        log.info("loaded %s policy from %s in %.1f s", key[0], path, time.monotonic() - t)
+        core = ServingCore(make_scheduler(cfg.scheduler, **cfg.scheduler_params),
+                           [Tier(TIER, engine.profile, max_batch=cfg.max_batch)], self.clock,
+                           refresher=self.refresher, stale_obs_s=cfg.stale_obs_s)
+        runner = Runner(core, {TIER: engine}, self.on_replies, lock=self.lock)
+        return PolicyGroup(key, engine, core, runner.start())
+
+    def _layout(self, g: PolicyGroup, names: list, cams: list, rename: dict) -> Layout:
+        eng = g.engine
+        image_keys = getattr(eng, "image_keys", None)
+        if image_keys is None:  # a stand-in engine takes whatever the robot has
+            return Layout(list(names), [(k[len(IMAGE_PREFIX):], None) for k in cams])
+        if len(names) != eng.state_dim:
+            raise _bad(f"the robot has {len(names)} joints, the {g.key[0]} policy takes a state of {eng.state_dim}")
+        by_policy_key = {rename.get(k, k): k for k in cams}  # LeRobot's rename_map: robot key -> policy key
+        cameras = []
+        for k, (_, h, w) in zip(image_keys, eng.image_shapes):
+            if k not in by_policy_key:
+                raise _bad(f"the policy takes camera '{k}' but the robot sends {sorted(cams) or 'none'} "
+                           f"(map one with rename_map)")
+            cameras.append((by_policy_key[k][len(IMAGE_PREFIX):], (h, w)))
+        return Layout(list(names), cameras)
+
+    def close(self) -> None:
+        for g in list(self.groups.values()):
+            g.runner.close()
+            g.engine.close()

@@ -1,0 +1,299 @@
+"""The gRPC servicer: LeRobot's four AsyncInference calls mapped onto policy groups (see
+the package docstring for the mapping and the execution info it derives)."""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+import grpc
+import numpy as np
+
+from ...core.clock import WallClock
+from ...core.errors import RequestError
+from ...core.observation import BadObservation, Observation
+from ...core.types import ExecInfo, HorizonChoice, InferenceRequest
+from .. import safe_pickle
+from .config import CompatConfig
+from .groups import PolicyGroups
+from .clients import Client
+from .payloads import Payloads, Refused, lerobot_modules
+
+log = logging.getLogger("robotserve.lerobot")
+CLIENT_ID_HEADER = "robotserve-client"
+
+
+class LeRobotCompatServicer:
+    """transport.AsyncInference over the fleet scheduler.
+
+    One re-entrant lock guards the clients and every group's core: it is each group
+    Runner's lock, so on_replies (run under it) may submit through runner.submit."""
+
+    def __init__(self, cfg: CompatConfig, clock=None) -> None:
+        self.cfg = cfg
+        self.helpers, constants, self.pb, _ = lerobot_modules()
+        self.clock = clock or WallClock()
+        self.payloads = Payloads(self.pb, self.helpers, cfg.max_payload_bytes, cfg.fps, self.clock)
+        self.lock = threading.RLock()
+        self.changed = threading.Condition(self.lock)  # a chunk is ready, or a client went
+        self.clients: dict[str, Client] = {}
+        self.by_task: dict[str, Client] = {}
+        self.policies = PolicyGroups(cfg, self.clock, self.lock, tuple(constants.SUPPORTED_POLICIES),
+                                     self._on_replies, self._refresh)
+        self.groups = self.policies.groups
+        self.protocol_errors: dict[str, int] = {}  # calls refused before any core saw a request
+        self.clients_reaped = 0
+        self._n = 0
+        self._stop = threading.Event()
+        self._reaper = threading.Thread(target=self._reap_loop, name="lerobot-reaper", daemon=True)
+        self._reaper.start()
+
+    # --- the four RPCs ------------------------------------------------------------------
+    def Ready(self, request, context):  # noqa: N802 - the service's method names
+        key = self._key(context)
+        with self.lock:
+            self._start_client(key)
+        log.info("client %s ready", key)
+        return self.pb.Empty()
+
+    def SendPolicyInstructions(self, request, context):  # noqa: N802
+        key = self._key(context)
+        try:
+            spec = self.payloads.loads(request.data, self.helpers.RemotePolicyConfig, "policy setup")
+            group, layout, apc = self.policies.resolve(spec)
+        except Refused as f:
+            self._abort(context, f)
+        with self.lock:
+            c = self.clients.get(key)
+            if c is None or c.group is not None or c.next_round:  # no Ready, or a new policy: a fresh task
+                c = self._start_client(key)
+            c.group, c.layout, c.actions_per_chunk = group, layout, apc
+            c.last_seen = self.clock.now()
+        log.info("client %s: task %s on %s %s, %d actions per chunk", key, c.task_id, *group.key[:2], apc)
+        return self.pb.Empty()
+
+    def SendObservations(self, request_iterator, context):  # noqa: N802
+        key = self._key(context)
+        try:
+            tobs = self.payloads.loads(self.payloads.join(request_iterator), self.helpers.TimedObservation, "observation")
+            with self.lock:
+                c = self._client(key)
+                c.last_seen = self.clock.now()
+                layout = c.layout
+            if layout is None:
+                raise Refused("no_policy", grpc.StatusCode.FAILED_PRECONDITION,
+                              "send the policy instructions (SendPolicyInstructions) before observations")
+            try:
+                obs = self.payloads.observation(tobs, layout)  # outside the lock: images may be resized
+            except BadObservation as e:  # a malformed request of the client's task: its core counts it
+                c.group.runner.count_error(e)
+                raise Refused(e.code, grpc.StatusCode.INVALID_ARGUMENT, e.message, counted=True) from None
+            with self.lock:
+                if self.clients.get(key) is c:
+                    self._offer(c, tobs, obs)
+        except Refused as f:
+            self._abort(context, f)
+        return self.pb.Empty()
+
+    def GetActions(self, request, context):  # noqa: N802
+        key = self._key(context)
+        end = time.monotonic() + self.cfg.get_actions_timeout_s
+        with self.lock:
+            c = self.clients.get(key)
+        if c is None:
+            self._abort(context, self._no_session(key))
+        with self.changed:
+            while c.ready is None:
+                c.last_seen = self.clock.now()
+                left = end - time.monotonic()
+                if left <= 0 or self._stop.is_set() or self.clients.get(key) is not c or not context.is_active():
+                    return self.pb.Actions()  # nothing yet: LeRobot's client simply asks again
+                self.changed.wait(min(left, 0.25))
+            reply, t0, stamp = c.ready
+            c.ready = None
+            h = len(reply.actions)
+            c.delivered_until = max(c.delivered_until, t0 + h - 1)
+            c.exec_start = self.clock.now()  # the client queues the chunk now: execution runs from here
+            c.counts["chunks"] += 1
+            c.counts["actions"] += h
+            if self.cfg.keep_trace:
+                c.trace.extend(np.asarray(reply.actions, np.float32))
+        return self.pb.Actions(data=safe_pickle.dumps(self.payloads.timed_actions(reply.actions, t0, stamp)))
+
+    # --- rounds -----------------------------------------------------------------------------
+    def _offer(self, c: Client, tobs, obs: Observation) -> None:
+        """Under the lock: LeRobot's server filter, then submit, or hold while generating."""
+        step, stamp = obs.timestep, float(tobs.timestamp)
+        c.counts["observations"] += 1
+        c.newest = (step, stamp, obs)
+        left = max(0, c.delivered_until - step)
+        c.measure_rate(step, stamp, left > 0)
+        if not tobs.must_go and c.last_state is not None and (
+            step in c.predicted or float(np.linalg.norm(obs.joints - c.last_state)) < self.cfg.similarity_atol
+        ):
+            c.counts["filtered"] += 1
+            return
+        if c.group.core.generating(c.task_id):
+            c.held = (step, stamp, obs)  # its round is generating: this one goes next (newest wins)
+            return
+        self._submit(c, step, stamp, obs)
+
+    def _submit(self, c: Client, step: int, stamp: float, obs: Observation) -> None:
+        """Under the lock: the client's next round, through its group's runner."""
+        now = self.clock.now()
+        rid = c.next_round
+        info = None
+        if rid > 0:  # last exec info (package docstring): actions still queued on the robot
+            start = c.exec_start if c.exec_start is not None else now
+            info = ExecInfo(start, max(0, c.delivered_until - step), c.hz)
+        req = InferenceRequest(c.task_id, rid, info, HorizonChoice("static", float(c.actions_per_chunk)),
+                               obs, obs_stamp=obs.stamp)
+
+        try:
+            c.group.runner.submit(req, then=lambda _: c.submitted(rid, step, stamp, obs))
+        except RequestError as e:  # counted by the core
+            raise Refused(e.code, grpc.StatusCode.FAILED_PRECONDITION, e.message, counted=True) from None
+
+    def _refresh(self, req: InferenceRequest):
+        """The core's refresher (outside the lock, at dispatch): a LeRobot client cannot be
+        asked for an observation, but the newest it sent (one filtered as similar, or held)
+        is fresher than the queued one; the chunk is then timed from it. None: none newer."""
+        with self.lock:
+            c = self.by_task.get(req.task_id)
+            meta = c.rounds.get(req.round_id) if c is not None else None
+            if meta is None or c.newest is None or c.newest[0] <= meta[0]:
+                return None
+            step, stamp, obs = c.newest
+            c.rounds[req.round_id] = (step, stamp)
+            c.predicted.add(step)
+            c.last_state = obs.joints
+            if c.held is not None and c.held[0] <= step:
+                c.held = None
+            c.counts["refreshed"] += 1
+            return obs, obs.stamp
+
+    def _on_replies(self, replies: list, d, results: list) -> None:
+        """Runner.on_replies, under the lock: a chunk is ready; held observations go next."""
+        for r in replies:
+            c = self.by_task.get(r.task_id)
+            meta = c.rounds.get(r.round_id) if c is not None else None
+            if meta is not None:
+                c.ready = (r, *meta)  # a newer chunk replaces one never fetched
+        for p in d.requests:
+            c = self.by_task.get(p.task_id)
+            if c is not None and c.held is not None:
+                step, stamp, obs = c.held
+                c.held = None
+                if step not in c.predicted:
+                    try:
+                        self._submit(c, step, stamp, obs)
+                    except Refused as f:
+                        log.warning("held observation of %s refused: %s", c.key, f.message)
+        self.changed.notify_all()
+
+    # --- clients --------------------------------------------------------------------------
+    def _key(self, context) -> str:
+        for k, v in context.invocation_metadata() or ():
+            if k == CLIENT_ID_HEADER and v:
+                return f"id:{v}"
+        return context.peer()
+
+    def _client(self, key: str) -> Client:
+        c = self.clients.get(key)
+        if c is None:
+            raise self._no_session(key)
+        return c
+
+    @staticmethod
+    def _no_session(key: str) -> Refused:
+        return Refused("no_session", grpc.StatusCode.FAILED_PRECONDITION,
+                       f"client {key} is not connected (or was silent too long): call Ready and SendPolicyInstructions first")
+
+    def _start_client(self, key: str) -> Client:
+        """Under the lock: a new task for `key`, ending the one it had."""
+        old = self.clients.pop(key, None)
+        if old is not None:
+            self._end(old)
+        self._n += 1
+        c = self.clients[key] = Client(key, f"lerobot/{key}#{self._n}", self.clock.now(), self.cfg.fps)
+        self.by_task[c.task_id] = c
+        self.changed.notify_all()
+        return c
+
+    def _end(self, c: Client) -> None:
+        """Under the lock: drop the client's task, its queued round and its observation history."""
+        self.by_task.pop(c.task_id, None)
+        if c.group is not None:
+            c.group.core.drop_task(c.task_id)
+            forget = getattr(c.group.engine, "forget", None)
+            if forget is not None:
+                forget(c.task_id)
+
+    def _reap_loop(self) -> None:
+        while not self._stop.wait(0.5):
+            cutoff = self.clock.now() - self.cfg.client_timeout_s
+            with self.changed:
+                for key in [k for k, c in self.clients.items() if c.last_seen < cutoff]:
+                    log.info("client %s silent for %.0f s: its task is dropped", key, self.cfg.client_timeout_s)
+                    self._end(self.clients.pop(key))
+                    self.clients_reaped += 1
+                self.changed.notify_all()
+
+    # --- errors and stats -------------------------------------------------------------------
+    def _abort(self, context, f: Refused):
+        if not f.counted:
+            with self.lock:
+                self.protocol_errors[f.key] = self.protocol_errors.get(f.key, 0) + 1
+        log.warning("refused: %s", f.message)
+        context.abort(f.code, f.message)
+
+    def stats(self) -> dict[str, Any]:
+        """`protocol_errors`: calls this endpoint refused before a request reached a core
+        (payloads, policy setup, unknown clients); each policy's `errors`: its core's count of
+        refused requests and failed batches."""
+        with self.lock:
+            now = self.clock.now()
+            out = {"protocol_errors": dict(self.protocol_errors), "clients_reaped": self.clients_reaped,
+                   "clients": {}, "policies": {}}
+            for c in self.clients.values():
+                ledger = c.group.core.ledger if c.group is not None else None
+                wr = ledger.wait_ratio(c.task_id, now) if ledger and c.task_id in ledger.tasks else 0.0
+                out["clients"][c.task_id] = {**c.counts, "peer": c.key, "control_hz": c.hz, "wait_ratio": wr,
+                                             "policy": list(c.group.key[:2]) if c.group else None}
+            for g in self.groups.values():
+                out["policies"]["%s:%s" % g.key[:2]] = g.stats()
+            return out
+
+    def trace(self, task_id: str) -> list:
+        with self.lock:
+            c = self.by_task.get(task_id)
+            return list(c.trace) if c is not None else []
+
+    def close(self) -> None:
+        self._stop.set()
+        with self.changed:
+            self.changed.notify_all()
+        self.policies.close()
+
+
+class LeRobotCompatServer:
+    """The gRPC server around the servicer; `port` is the bound port (useful with port 0)."""
+
+    def __init__(self, cfg: CompatConfig) -> None:
+        from concurrent import futures
+
+        self.servicer = LeRobotCompatServicer(cfg)
+        pb_grpc = lerobot_modules()[3]
+        # A piece of an observation is at most 2 MiB (LeRobot's CHUNK_SIZE); the joined payload is capped separately.
+        opts = [("grpc.max_receive_message_length", 8 << 20), ("grpc.max_send_message_length", 8 << 20)]
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=cfg.threads), options=opts)
+        pb_grpc.add_AsyncInferenceServicer_to_server(self.servicer, self.server)
+        self.port = self.server.add_insecure_port(f"{cfg.host}:{cfg.port}")
+        if self.port == 0:
+            raise OSError(f"cannot bind {cfg.host}:{cfg.port}")
+        self.server.start()
+
+    def stop(self, grace: float = 1.0) -> None:
+        self.servicer.close()
+        self.server.stop(grace).wait()
