@@ -25,7 +25,7 @@ def _params(items) -> dict:
     try:
         return parse_key_values(items)
     except ValueError as e:
-        raise SystemExit(f"robotserve: {e}") from None
+        raise UsageError(str(e)) from None
 
 
 def cmd_sim(a) -> int:
@@ -164,8 +164,31 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: {message}\n")
 
 
+def cmd_bench_transport(a) -> int:
+    from .live.bench_transport import cli
+
+    return cli(a)
+
+
+def cmd_bench_fleet_live(a) -> int:
+    from .live.bench_fleet_live import cli
+
+    return cli(a)
+
+
+def cmd_gpu_server(a) -> int:
+    from .transport.gpu_server import cli
+
+    return cli(a)
+
+
 def build_parser() -> argparse.ArgumentParser:
+    # Commands whose options their own modules define (none imports torch or rclpy at load).
+    from . import transport
     from .core.schedulers import SCHEDULERS
+    from .engines import profiling
+    from .live import bench_hybrid
+    from .transport.lerobot import command as lerobot_command
 
     p = _Parser(prog="robotserve", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -205,7 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--warmup", type=int, default=30)
     tr.add_argument("--image", type=positive(int), default=224, help="side of the square rgb8 image sent each round")
     tr.add_argument("--profile", action="store_true", help="also time each stage of the served path")
-    tr.set_defaults(func=lambda a: __import__(f"{__package__}.live.bench_transport", fromlist=["cli"]).cli(a))
+    tr.set_defaults(func=cmd_bench_transport)
     fl = b.add_parser("fleet-live", help="server + simulated robots live on this machine: lost/duplicate chunks, lateness, load")
     fl.add_argument("--out", required=True, help="result JSON")
     fl.add_argument("--robots", type=positive(int), default=100)
@@ -214,19 +237,19 @@ def build_parser() -> argparse.ArgumentParser:
     fl.add_argument("--config", help="ROS params file (default config/fleet.yaml)")
     fl.add_argument("--lost-after", type=float, default=10.0, help="an answer missing longer than this at the stop is lost")
     fl.add_argument("--trace-server", action="store_true", help="run the server with per-round marks (where lost rounds went)")
-    fl.set_defaults(func=lambda a: __import__(f"{__package__}.live.bench_fleet_live", fromlist=["cli"]).cli(a))
+    fl.set_defaults(func=cmd_bench_fleet_live)
 
     hy = b.add_parser("hybrid", help="edge-only vs cloud-only vs hybrid placement over a shaped link (netns, root)")
-    __import__(f"{__package__}.live.bench_hybrid", fromlist=["_"]).add_arguments(hy)
-    hy.set_defaults(func=lambda a: __import__(f"{__package__}.live.bench_hybrid", fromlist=["_"]).cli(a))
+    bench_hybrid.add_arguments(hy)
+    hy.set_defaults(func=bench_hybrid.cli)
 
     g = sub.add_parser("gpu-server", help="host an engine behind the gRPC GPU service (a cloud tier)")
-    __import__(f"{__package__}.transport", fromlist=["_"]).add_arguments(g)
-    g.set_defaults(func=lambda a: __import__(f"{__package__}.transport.gpu_server", fromlist=["_"]).cli(a))
+    transport.add_arguments(g)
+    g.set_defaults(func=cmd_gpu_server)
 
     lr = sub.add_parser("lerobot-server", help="serve unmodified LeRobot robot_clients (async inference) by the fleet scheduler")
-    __import__(f"{__package__}.transport.lerobot.command", fromlist=["_"]).add_arguments(lr)
-    lr.set_defaults(func=lambda a: __import__(f"{__package__}.transport.lerobot.command", fromlist=["_"]).cli(a))
+    lerobot_command.add_arguments(lr)
+    lr.set_defaults(func=lerobot_command.cli)
 
     d = sub.add_parser("demo", help="live fleet on this machine: server + simulated robots, FIFO then Kairos")
     d.add_argument("--robots", type=positive(int), default=8)
@@ -238,7 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=cmd_demo)
 
     pr = sub.add_parser("profile", help="engine latency vs batch size: the engine profile JSON + Markdown report")
-    __import__(f"{__package__}.engines.profiling", fromlist=["_"]).add_arguments(pr)
+    profiling.add_arguments(pr)
 
     u = sub.add_parser("up", help="start the nodes of a launch file as processes (no ros2 launch needed)")
     u.add_argument("config", help="ROS params file, e.g. config/fleet.yaml")

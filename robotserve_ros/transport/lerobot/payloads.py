@@ -50,7 +50,9 @@ class Payloads:
 
     def __init__(self, pb, helpers, max_bytes: int, fps: float, clock) -> None:
         self.pb, self.helpers, self.max_bytes, self.fps, self.clock = pb, helpers, max_bytes, fps, clock
-        self.torch = __import__("torch")
+        import torch
+
+        self.torch = torch
 
     def join(self, pieces) -> bytes:
         """LeRobot's chunked transfer (transport.utils.receive_bytes_in_chunks), size-capped."""
