@@ -101,7 +101,9 @@ class RemainingScheduler(Scheduler):
             if b > top_b:
                 b = top_b
             k = p.round_index
-            lengths = by_kind.get(p.request.kind)
+            r = p.request
+            kind = r.task_type
+            lengths = by_kind.get(kind if kind is not None else r.kind)
             table = lengths.residual if lengths is not None else every
             if k < len(table):
                 est = table[k]
