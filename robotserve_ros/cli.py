@@ -16,7 +16,7 @@ def _load_workload(arg: str):
 
     if Path(arg).exists() or arg.endswith(".json"):
         return load_workload(arg)
-    if arg in builtin_names() or arg in measured_names():
+    if arg in builtin_names() or arg in measured_names():  # the regime shapes included
         return builtin_workload(arg)
     raise UsageError(f"--workload {arg!r} is neither a file nor a built-in ({', '.join(builtin_names() + measured_names())})")
 
@@ -47,7 +47,7 @@ def cmd_sim(a) -> int:
 
 def cmd_bench_fleet(a) -> int:
     from .sim.bench_fleet import run_bench
-    from .sim.report import targets
+    from .sim.report import regime_targets, targets
 
     seeds = tuple(a.seeds)
     tasks = a.tasks
@@ -55,7 +55,7 @@ def cmd_bench_fleet(a) -> int:
         seeds, tasks = seeds[:1], min(tasks, 150)
     data = run_bench(Path(a.out), seeds=seeds, tasks=tasks, workloads=a.workloads, workers=a.workers)
     print(f"report: {Path(a.out) / 'report.md'}  (data: fleet_bench.json, plots: *.png)")
-    for n, t, v, thr, ok in targets(data):
+    for n, t, v, thr, ok in targets(data) + regime_targets(data):
         print(f"  {'met ' if ok else 'MISS'} {n:20s} {t:45s} {v:+6.1f}%")
     return 0
 
@@ -69,14 +69,24 @@ def cmd_bench_scheduler(a) -> int:
     return 0
 
 
+def cmd_bench_regime(a) -> int:
+    from .sim.regime import run_regime
+
+    seeds, tasks = (a.seeds[:1], min(a.tasks, 120)) if a.quick else (a.seeds, a.tasks)
+    run_regime(Path(a.out), seeds=tuple(seeds), tasks=tasks, workers=a.workers)
+    print(f"report: {Path(a.out) / 'regime.md'}  (data: regime.json, heat map: regime_heatmap.png)")
+    return 0
+
+
 def cmd_workload(a) -> int:
     from .sim.workload import load_workload
     from .sim.workloads import builtin_names, builtin_workload
 
     if a.action == "list":
-        from .sim.workloads import measured_names
+        from .sim.workloads import REGIME_SHAPES, measured_names
 
-        print("\n".join(builtin_names() + measured_names()))
+        for n in builtin_names() + measured_names():
+            print(f"{n}  (regime: {REGIME_SHAPES[n].regime})" if n in REGIME_SHAPES else n)
     elif a.action == "gen":
         if not a.name or not a.out:
             raise UsageError("workload gen needs NAME and --out FILE")
@@ -216,6 +226,13 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--workers", type=int)
     f.add_argument("--quick", action="store_true", help="one seed, 150 tasks: a smoke run")
     f.set_defaults(func=cmd_bench_fleet)
+    rg = b.add_parser("regime", help="where execution-aware ordering pays: sweep + heat map (reports/fleet/regime.md)")
+    rg.add_argument("--out", default="reports/fleet")
+    rg.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    rg.add_argument("--tasks", type=int, default=300)
+    rg.add_argument("--workers", type=int)
+    rg.add_argument("--quick", action="store_true", help="one seed, 120 tasks: a smoke run")
+    rg.set_defaults(func=cmd_bench_regime)
     sc = b.add_parser("scheduler", help="scheduling decision time at 10/100/1000 pending requests")
     sc.add_argument("--out", default="reports/scheduler_bench.json")
     sc.add_argument("--sizes", type=positive(int), nargs="+", default=[10, 100, 1000])

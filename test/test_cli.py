@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 
 from robotserve_ros.cli import main
-from robotserve_ros.sim.workloads import MEASURED, SHAPES, builtin_names, builtin_workload, measured_names
+from robotserve_ros.sim.bench_fleet import default_workloads
+from robotserve_ros.sim.simulator import task_type_of
+from robotserve_ros.sim.workloads import MEASURED, SHAPES, builtin_names, builtin_workload, measured_names, regime_names
 
 REQUIRED = {"avg_latency_s", "p25_latency_s", "p95_latency_s", "tasks", "rounds", "mean_wait_ratio", "engine_utilization"}
 
@@ -57,6 +59,21 @@ def test_workload_gen_check_and_bad_file(tmp_path, capsys):
     assert "tasks[4].control_hz" in capsys.readouterr().err
 
 
+def test_regime_workloads_are_listed_labelled_and_mix_task_lengths(capsys):
+    assert main(["workload", "list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    for name in regime_names():
+        assert any(line.startswith(name + "  (regime: ") for line in lines)
+        w = builtin_workload(name)
+        assert w.profile.saturation_batch == 1  # an engine that does not batch
+        by_type = {}
+        for t in w.tasks:
+            by_type.setdefault(task_type_of(t.id), []).append(len(t.rounds["static"]))
+        means = sorted(sum(v) / len(v) for v in by_type.values())
+        assert len(means) >= 3 and means[-1] >= 4 * means[0]  # task types of very different lengths
+    assert not set(regime_names()) & set(default_workloads())  # they have their own block
+
+
 def test_builtin_workloads_are_seeded_and_valid():
     for name in builtin_names() + measured_names():
         a, b = builtin_workload(name), builtin_workload(name)
@@ -98,7 +115,7 @@ def test_bench_scheduler_writes_its_json(tmp_path, capsys):
 def test_bench_fleet_end_to_end_small(tmp_path, capsys):
     out = tmp_path / "fleet"
     assert main(["bench", "fleet", "--out", str(out), "--workloads", "metaworld-smolvla", "pushgust-diffusion",
-                 "--seeds", "0", "--tasks", "40", "--workers", "1"]) == 0
+                 "pusht-mixed-edge", "--seeds", "0", "--tasks", "40", "--workers", "1"]) == 0
     data = json.loads((out / "fleet_bench.json").read_text())
     # The measured workload's Hz and engine profile come from its file, not a generated shape.
     m, w = data["workloads"]["pushgust-diffusion"], builtin_workload("pushgust-diffusion")
@@ -116,6 +133,13 @@ def test_bench_fleet_end_to_end_small(tmp_path, capsys):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     printed = capsys.readouterr().out
     assert "peak: Kairos avg vs FIFO >= 30%" in printed
+    # A regime workload named on the command line runs in the regime block, not the main tables.
+    assert "pusht-mixed-edge" not in data["workloads"]
+    rg = data["regime"]["pusht-mixed-edge"]
+    assert {"FIFO", "Kairos static", "SRPT static", "remaining static"} <= set(rg["online"])
+    assert [r["fraction_of_peak"] for r in rg["online"]["remaining static"]] == [1.0, 1.2]
+    assert rg["shape"]["saturation_batch"] == 1
+    assert "Table 2 in the regime" in report and "remaining static Avg" in report
 
 
 @pytest.mark.parametrize("argv,names", [

@@ -28,7 +28,7 @@ def order(scheduler, reqs, ledger, *, epoch=0, limit=None, now=NOW):
 
 
 def test_registry():
-    assert {"fifo", "autellix", "kairos", "edf", "srpt"} <= set(SCHEDULERS.names())
+    assert {"fifo", "autellix", "kairos", "edf", "srpt", "remaining"} <= set(SCHEDULERS.names())
     with pytest.raises(KeyError):
         make_scheduler("round-robin-ish")
     for bad in (dict(buckets=0), dict(aging=0), dict(min_exec_estimate_s=0.0)):
@@ -224,3 +224,92 @@ def test_a_bad_remaining_rounds_hint_is_refused(make_core, bad):
     with pytest.raises(RequestError, match="remaining_rounds"):
         core.submit(InferenceRequest("a", 0, remaining_rounds=bad))
     assert core.stats.errors["bad_request"] == 1 and not core.pending
+
+
+class _Rec:
+    """What task_finished reads of a ledger record: its number of rounds."""
+
+    def __init__(self, rounds):
+        self.rounds = rounds
+
+
+def typed(tid, seq, kind, round_index, *, epoch=0, hint=None):
+    p = pending(tid, seq, epoch=epoch, round_index=round_index)
+    p.request.task_type, p.request.remaining_rounds = kind, hint
+    return p
+
+
+def test_remaining_learns_per_type_and_ignores_the_client_hint():
+    """Finished 'short' tasks ran 4-6 rounds, 'long' ones 40. At round 3 a short task expects
+    mean(4, 5, 6) - 3 = 2 more, a long one at round 30 expects 10: short first, whatever the
+    (wrong) remaining_rounds hints say and whatever the arrival order."""
+    L = TaskLedger()
+    for tid in "SLU":
+        L.open_task(tid, 0.0)
+    s = make_scheduler("remaining")
+    for r in (4, 5, 6):
+        s.task_finished(_Rec(r), "short")
+    s.task_finished(_Rec(40), "long")
+    assert s.expected_remaining("short", 3) == pytest.approx(2.0)
+    assert s.expected_remaining("short", 4) == pytest.approx(1.5)  # only the 5 and 6 are still possible
+    assert s.expected_remaining("long", 30) == pytest.approx(10.0)
+    reqs = [typed("L", 0, "long", 30, hint=1), typed("S", 1, "short", 3, hint=99)]
+    assert order(s, reqs, L) == ["S", "L"]
+    # A type never seen falls back to every finished task: mean(4, 5, 6, 40) - 3 = 10.75 at round 3.
+    assert s.expected_remaining("unseen", 3) == pytest.approx(10.75)
+    # Past every finished length of its type a task counts as nearly done (one round), not last.
+    assert s.expected_remaining("short", 9) == 1.0
+
+
+def test_remaining_without_any_finished_task_is_fifo():
+    L = TaskLedger()
+    for tid in "ABC":
+        L.open_task(tid, 0.0)
+    reqs = [typed("A", 2, "x", 1), typed("B", 0, "y", 50), typed("C", 1, None, 7)]
+    assert order(make_scheduler("remaining"), reqs, L) == ["B", "C", "A"]
+
+
+def test_remaining_aging_takes_a_round_off_every_a_skipped_rounds():
+    """Type 'x' ran 20 rounds; A (round 2: 18 left) arrived at epoch 0, B (round 10: 10 left) now.
+    With A = 2, after 18 skipped rounds A counts as 18 - 9 = 9 < 10 and goes first; after 14 it
+    counts as 11 and still waits."""
+    L = TaskLedger()
+    for tid in "AB":
+        L.open_task(tid, 0.0)
+    s = make_scheduler("remaining", aging=2)
+    s.task_finished(_Rec(20), "x")
+    for now, expected in ((18, ["A", "B"]), (14, ["B", "A"])):
+        reqs = [typed("A", 0, "x", 2, epoch=0), typed("B", 1, "x", 10, epoch=now)]
+        assert order(s, reqs, L, epoch=now) == expected
+
+
+def test_remaining_wait_ratio_buckets_and_ties(kairos_ledger):
+    """Wait ratios X 0.35, Y 0.55. Equal estimates (nothing learned yet) go by the higher wait
+    ratio, not arrival. With X's type short and Y's long, B = 1 puts the shorter X first; with
+    B = 10 Kairos' phase 1 comes first and Y's higher bucket wins."""
+    L = kairos_ledger
+    reqs = [typed("X", 0, "short", 1), typed("Y", 1, "long", 1)]
+    assert order(make_scheduler("remaining"), reqs, L) == ["Y", "X"]
+    for buckets, first in ((1, "X"), (10, "Y")):
+        s = make_scheduler("remaining", buckets=buckets)
+        s.task_finished(_Rec(3), "short")
+        s.task_finished(_Rec(30), "long")
+        assert order(s, reqs, L)[0] == first
+    for bad in (dict(buckets=0), dict(aging=0), dict(window=0), dict(unknown_rounds=0), dict(max_estimate_rounds=0.5)):
+        with pytest.raises(ValueError):
+            make_scheduler("remaining", **bad)
+
+
+def test_finish_task_tells_the_scheduler_once_with_the_task_type(make_core, chunk):
+    core, clock = make_core("remaining")
+    seen = []
+    core.scheduler.task_finished = lambda rec, kind: seen.append((rec.task_id, rec.rounds, kind))
+    core.submit(InferenceRequest("a", 0, task_type="pick"))
+    (d,) = core.dispatch()
+    clock.advance_to(1.0)
+    core.complete(d.id, [chunk(4)])
+    core.finish_task("a")
+    core.finish_task("a")  # a repeated final report
+    core.submit(InferenceRequest("b", 0))  # no type: dropped, never finished, nothing learned
+    core.drop_task("b")
+    assert seen == [("a", 1, "pick")]

@@ -119,3 +119,44 @@ def test_generation_dominated_task_is_served_despite_long_execution_competitors(
     worst = run_closed_loop(make_core, chunk, "kairos", execs, [0, 0, 0, 0], aging=1, buckets=2)
     bound = kairos_skip_bound(4, 1, 2, 16 / HZ, 1 / 30)
     assert worst <= bound
+
+
+def remaining_skip_bound(n: int, aging: int, buckets: int, e_max: float) -> int:
+    """Most dispatch rounds one `remaining` request can be passed over (batch limit 1, n tasks).
+
+    From remaining.py: bucket = min(B-1, floor(B * wait_ratio) + skipped // A) and, inside a
+    bucket, smaller key = est - skipped / A first, with 1 <= est <= E_max.
+    1. After S0 = A * (B - 1) skips p is in the top bucket; a winner r must be there too with
+       key_r <= key_p, so s_r / A >= est_r - est_p + s_p / A >= 1 - E_max + s_p / A.
+    2. Once s_p >= S1 = ceil(A * (E_max - 1)) + n - 1, a winner needs s_r >= n - 1, and (as for
+       Kairos above) each other task can then win at most once in n consecutive rounds.
+    Bound: max(S0, S1) + n - 1.
+    """
+    return max(aging * (buckets - 1), math.ceil(aging * (e_max - 1)) + n - 1) + n - 1
+
+
+@settings(max_examples=40, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    fleet=fleets,
+    aging=st.integers(1, 4),
+    buckets=st.integers(1, 4),
+    finished=st.lists(st.integers(1, 60), max_size=6),
+)
+def test_remaining_never_starves_a_request(make_core, chunk, fleet, aging, buckets, finished):
+    """Learned lengths of finished tasks (`finished`) shape the estimates; none may starve."""
+    execs, arrivals = fleet
+    n = len(execs)
+    state = {}
+
+    def core_with_history(*a, **kw):
+        core, clock = make_core(*a, **kw)
+        for r in finished:
+            core.scheduler.task_finished(type("Rec", (), {"rounds": r})(), None)
+        state["s"] = core.scheduler
+        return core, clock
+
+    worst = run_closed_loop(core_with_history, chunk, "remaining", execs, arrivals, buckets=buckets, aging=aging,
+                            unknown_rounds=50.0)
+    s = state["s"]
+    e_max = max(s.expected_remaining(None, k) for k in range(ROUNDS + 1))
+    assert worst <= remaining_skip_bound(n, aging, buckets, e_max)

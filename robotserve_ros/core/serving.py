@@ -130,6 +130,7 @@ class ServingCore:
         self._horizon_params = {k: dict(v) for k, v in (horizon_params or {}).items()}
         self._horizons: dict[str, HorizonPolicy] = {}
         self.pending: dict[str, PendingRequest] = {}  # one per task
+        self._kinds: dict[str, Optional[str]] = {}  # task -> its type, told to the scheduler at finish
         self.inflight: dict[int, Dispatch] = {}
         self.last_reply: dict[str, ChunkReply] = {}  # per task: a reply lost on the way is asked for again
         self.epoch = 0
@@ -190,6 +191,7 @@ class ServingCore:
 
         if rec is None:
             self.ledger.open_task(req.task_id, now)
+            self._kinds[req.task_id] = req.kind
         old = self.pending.pop(req.task_id, None)
         if old is not None:  # the robot moved on: its newer round replaces the queued one
             self.ledger.cancel_last_round(req.task_id)
@@ -347,8 +349,12 @@ class ServingCore:
         """The robot reports its last execution done; returns the task's ledger record."""
         if task_id not in self.ledger.tasks:
             raise UnknownTask(f"task '{task_id}' is not known")
+        rec = self.ledger.tasks[task_id]
+        first = rec.finished_at is None
         self.ledger.record_finish(task_id, self.clock.now(), exec_info)
-        return self.ledger.tasks[task_id]
+        if first:  # a repeated final report must not count the task twice
+            self.scheduler.task_finished(rec, self._kinds.get(task_id))  # learns how long tasks run
+        return rec
 
     def generating(self, task_id: str) -> bool:
         """True while the task's latest round is being generated (dispatched, not complete)."""
@@ -360,6 +366,7 @@ class ServingCore:
         """Forget a task (robot gone): its queued request goes, replies in flight are dropped."""
         self.pending.pop(task_id, None)
         self.last_reply.pop(task_id, None)
+        self._kinds.pop(task_id, None)
         return self.ledger.remove(task_id) is not None
 
     # --- helpers -----------------------------------------------------------------------

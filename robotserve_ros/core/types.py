@@ -57,6 +57,15 @@ class InferenceRequest:
     # The client's estimate of the rounds its task still needs, this one included (a scripted
     # task or a planner with known segments knows it); None when unknown.
     remaining_rounds: Optional[int] = None
+    # What kind of task this is (a task template / suite name, e.g. "libero-spatial"): the
+    # `remaining` scheduler learns per type how long finished tasks ran. Never a length.
+    # Absent: the observation's instruction, when it has one.
+    task_type: Optional[str] = None
+
+    @property
+    def kind(self) -> Optional[str]:
+        """The task's type as the server sees it: task_type, else the instruction."""
+        return self.task_type or getattr(self.observation, "instruction", None) or None
 
 
 @dataclass

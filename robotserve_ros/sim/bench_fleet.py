@@ -27,7 +27,7 @@ import numpy as np
 
 from ..machine import machine_info
 from .runner import RunSpec, pooled, run_many
-from .workloads import SHAPES, builtin_names, builtin_workload, measured_names
+from .workloads import REGIME_SHAPES, SHAPES, builtin_workload, measured_names, regime_names
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,14 @@ CONFIGS = (
     Config("SRPT dynamic", "srpt", "dynamic"),
 )
 BY_LABEL = {c.label: c for c in CONFIGS}
+# The Table 2 block in the regime where ordering can pay (reports/fleet/regime.md): the
+# paper's configs, the SRPT oracle and `remaining` (learned remaining work, no client hint).
+REGIME_CONFIGS = tuple(c for c in CONFIGS if c.label in (
+    "FIFO", "Autellix", "Kairos static", "Kairos", "FIFO dynamic", "Autellix dynamic", "SRPT static")) + (
+    Config("remaining static", "remaining", "static"),
+    Config("remaining dynamic", "remaining", "dynamic"),
+)
+REGIME_FRACTIONS = (1.0, 1.2)
 RATE_FRACTIONS = (0.2, 0.4, 0.6, 0.8, 1.0)
 OVERLOAD_FRACTION = 1.25
 FLEETS = (10, 50, 100)
@@ -59,7 +67,8 @@ MEASURED_NOTE = "measured on a real policy (reports/horizon_study.md)"
 
 
 def default_workloads() -> list[str]:
-    return builtin_names() + measured_names()
+    """The main tables' workloads; the regime workloads have their own block (REGIME_CONFIGS)."""
+    return list(SHAPES) + measured_names()
 
 
 def peak_rate(workload: str, load: float = 0.9) -> float:
@@ -75,9 +84,13 @@ def reduction(base: float, new: float) -> float:
 
 
 def run_bench(out_dir: Path, seeds=(0, 1, 2), tasks: int = 400, peak_load: float = 0.9,
-              workloads=None, workers=None) -> dict:
+              workloads=None, workers=None, regime_workloads=None) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
-    names = list(workloads or default_workloads())
+    if workloads:  # named: the regime ones go to the regime block
+        names = [n for n in workloads if n not in REGIME_SHAPES]
+        regime_workloads = [n for n in workloads if n in REGIME_SHAPES]
+    else:
+        names = default_workloads()
     t0 = time.time()
     peaks = {}
     for n in names:
@@ -90,6 +103,13 @@ def run_bench(out_dir: Path, seeds=(0, 1, 2), tasks: int = 400, peak_load: float
                     specs.append(RunSpec(n, c.scheduler, c.horizon, "online", peaks[n]["rate"] * f, s, tasks))
                 for r in FLEETS:
                     specs.append(RunSpec(n, c.scheduler, c.horizon, "fleet", r, s))
+    reg = list(regime_names() if regime_workloads is None else regime_workloads)
+    for n in reg:
+        peaks[n] = {"rate": peak_rate(n, peak_load), "offered_load": peak_load}
+        for c in REGIME_CONFIGS:
+            for s in seeds:
+                for f in REGIME_FRACTIONS:
+                    specs.append(RunSpec(n, c.scheduler, c.horizon, "online", peaks[n]["rate"] * f, s, tasks))
     res = run_many(specs, workers, desc="fleet bench")
     data = {"workloads": {}, "meta": _meta(seeds, tasks, peak_load, time.time() - t0)}
     for n in names:
@@ -104,6 +124,17 @@ def run_bench(out_dir: Path, seeds=(0, 1, 2), tasks: int = 400, peak_load: float
             for r in FLEETS:
                 runs = [res[RunSpec(n, c.scheduler, c.horizon, "fleet", r, s)] for s in seeds]
                 fl.append(pooled(runs).summary())
+    data["regime"] = {}
+    for n in reg:
+        wd = data["regime"][n] = {"peak": peaks[n], "shape": _shape(n), "online": {}}
+        for c in REGIME_CONFIGS:
+            wd["online"][c.label] = [
+                {"fraction_of_peak": f, **pooled(
+                    [res[RunSpec(n, c.scheduler, c.horizon, "online", peaks[n]["rate"] * f, s, tasks)] for s in seeds]
+                ).summary()}
+                for f in REGIME_FRACTIONS
+            ]
+    data["meta"]["regime_fractions_of_peak"] = list(REGIME_FRACTIONS)
     data["meta"]["wall_s"] = round(time.time() - t0, 1)
     (out_dir / "fleet_bench.json").write_text(json.dumps(data, indent=1) + "\n")
     from .report import write_fleet_report
@@ -120,8 +151,8 @@ def _shape(name: str) -> dict:
     dy = np.concatenate([t.rounds["dynamic"] for t in w.tasks])
     # Seconds one round executes, per task's own control rate.
     phase = np.concatenate([np.asarray(t.rounds[m]) / t.control_hz for t in w.tasks for m in ("static", "dynamic")])
-    if name in SHAPES:
-        s = SHAPES[name]
+    if name in SHAPES or name in REGIME_SHAPES:
+        s = SHAPES.get(name) or REGIME_SHAPES[name]
         info = {"measured": False, "shaped_like": s.shaped_like, "profile": s.profile, "control_hz": s.control_hz,
                 "chunk": s.chunk}
     else:

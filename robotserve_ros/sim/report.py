@@ -118,6 +118,7 @@ def write_fleet_report(data: dict, out_dir: Path) -> Path:
             b = _peak(wd, base_label)
             cells = [f"{_red(b, _peak(wd, r[idx]), k):.1f}%" for r in TABLE2 for _, k in METRICS]
             L.append(f"| {_label(data, n)} | " + " | ".join(cells) + " |")
+    L += _regime_block(data)
     L += ["", "## Peak load, absolute", ""]
     L += _abs_table(data, lambda wd, c: _peak(wd, c), "rate")
     ov = m["overload_fraction_of_peak"]
@@ -140,6 +141,54 @@ def write_fleet_report(data: dict, out_dir: Path) -> Path:
     path = out_dir / "report.md"
     path.write_text("\n".join(L))
     return path
+
+
+def regime_targets(data: dict) -> list[tuple[str, str, float, float, bool]]:
+    """The issue's targets in the regime (where the SRPT oracle is >= 20 % below FIFO)."""
+    rows = []
+    for n, wd in data.get("regime", {}).items():
+        for f in data["meta"]["regime_fractions_of_peak"]:
+            b, k, s, r = (_at(wd, c, f) for c in ("FIFO", "Kairos static", "SRPT static", "remaining static"))
+            gk, gs, gr = (_red(b, x, "avg_latency_s") for x in (k, s, r))
+            if gs < 20:
+                continue
+            share = (gr - gk) / (gs - gk) * 100 if gs > gk else float("nan")
+            rows.append((n, f"{f:g}x peak: remaining half-way from Kairos to SRPT (avg)", share, 50.0, share >= 50))
+            p95 = -_red(b, r, "p95_latency_s")
+            rows.append((n, f"{f:g}x peak: remaining P95 <= FIFO + 5%", p95, 5.0, p95 <= 5))
+    return rows
+
+
+def _regime_block(data: dict) -> list[str]:
+    """Table 2 in the regime of reports/fleet/regime.md, beside the paper's setting above."""
+    reg = data.get("regime")
+    if not reg:
+        return []
+    L = ["", "## Table 2 in the regime where ordering can pay (reports/fleet/regime.md)", "",
+         "Workloads labelled regime: task types of very different lengths on an engine that does not batch "
+         "(saturation batch 1). Rows beyond the paper: the SRPT oracle (exact remaining rounds, a bound) and "
+         "`remaining` (remaining rounds learned online from task type and progress, no client hint).", ""]
+    rows = (("Kairos", "Kairos"), ("Kairos w/o dynamic horizon", "Kairos static"), ("Kairos w/o scheduler", None),
+            ("SRPT oracle static", "SRPT static"), ("remaining static", "remaining static"),
+            ("remaining dynamic", "remaining dynamic"))
+    for f in data["meta"]["regime_fractions_of_peak"]:
+        for base in ("FIFO", "Autellix"):
+            L += [f"### vs {base}, {f:g} x peak", ""]
+            L.append("| workload | " + " | ".join(f"{r[0]} {mm}" for r in rows for mm, _ in METRICS) + " |")
+            L.append("|---" * (1 + 3 * len(rows)) + "|")
+            for n, wd in reg.items():
+                b = _at(wd, base, f)
+                cells = []
+                for _, label in rows:
+                    label = label or f"{base} dynamic"
+                    cells += [f"{_red(b, _at(wd, label, f), k):.1f}%" for _, k in METRICS]
+                L.append(f"| {n} | " + " | ".join(cells) + " |")
+            L.append("")
+    L += ["### Regime targets (where the SRPT oracle is >= 20% below FIFO)", "",
+          "| workload | target | measured | met |", "|---|---|---|---|"]
+    for n, t, v, thr, ok in regime_targets(data):
+        L.append(f"| {n} | {t} | {v:+.1f}% | {'yes' if ok else '**no**'} |")
+    return L
 
 
 def _limits(data: dict) -> list[str]:
@@ -239,3 +288,114 @@ def _plot_fleet(data: dict, path: Path) -> None:
         ax.set_ylabel("average end-to-end latency (s)")
 
     _panels(data, path, draw)
+
+
+# --- `robotserve bench regime` (reports/fleet/regime.md) -------------------------------------
+_REGIME_SCHEDS = (("kairos", "Kairos"), ("srpt", "SRPT oracle"), ("remaining", "remaining"))
+
+
+def _setting(pt: dict) -> str:
+    if pt["workload"]:
+        return f"{pt['workload']} at {pt['load']:g} x peak"
+    return (f"spread {pt['spread']}, max batch {pt['max_batch']}, {pt['load']:g} x peak, slack {pt['slack']:g}, "
+            f"burstiness {pt['burst']:g}, instances {pt['slots']}")
+
+
+def halfway(row: dict) -> float:
+    """Share of the Kairos -> SRPT-oracle gap in average latency that `remaining` closes."""
+    g = row["gain_vs_fifo_pct"]
+    gap = g["srpt"] - g["kairos"]
+    return (g["remaining"] - g["kairos"]) / gap if gap > 0 else float("nan")
+
+
+def write_regime_report(data: dict, out_dir: Path) -> Path:
+    out_dir = Path(out_dir)
+    _plot_regime(data, out_dir / "regime_heatmap.png")
+    m = data["meta"]
+    L = [
+        "# Where execution-aware ordering pays: the regime sweep",
+        "",
+        f"Command: `{m['command']}` · {m['date']} · {m['machine']} · wall {m['wall_s']} s · seeds {m['seeds']} pooled, "
+        f"{m['tasks']} Poisson-arriving tasks per run, static horizons.",
+        "",
+        "Average-latency reduction vs FIFO (positive = faster) of Kairos (wait ratio, §3.2.2), the SRPT oracle "
+        "(exact remaining rounds from the trace: a bound, no server can know it) and `remaining` (learns "
+        "remaining rounds online from task type and progress, no client hint). Base point: the "
+        "libero-mixed-edge task suite (spread high), diffusion_arm's profile capped at max batch 1, 1.2 x peak, "
+        "just-in-time trigger (slack 1), Poisson arrivals, one engine instance; each sweep below moves one knob. "
+        "**pays** = SRPT oracle >= 10 %; **half-way** = share of the Kairos -> SRPT gap `remaining` closes; "
+        "P95 columns: change vs FIFO's P95 (negative = better).",
+        "",
+    ]
+    L += _regime_findings(data)
+    for name, rows in data["sweeps"].items():
+        L += [f"## {name}", "",
+              "| setting | FIFO x LB | FIFO mean batch | Kairos | SRPT oracle | remaining | half-way | remaining P95 vs FIFO | Kairos P95 vs FIFO | pays |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+        for r in rows:
+            g, q = r["gain_vs_fifo_pct"], r["p95_vs_fifo_pct"]
+            hw = halfway(r)
+            L.append(
+                f"| {_setting(r['point'])} | {r['fifo_x_lb']:.2f} | {r['fifo_mean_batch']:.2f} | {g['kairos']:+.1f}% "
+                f"| {g['srpt']:+.1f}% | {g['remaining']:+.1f}% | {'-' if hw != hw else f'{hw:.0%}'} "
+                f"| {q['remaining']:+.1f}% | {q['kairos']:+.1f}% | {'yes' if g['srpt'] >= 10 else 'no'} |"
+            )
+        L.append("")
+    L += ["![regime heat map](regime_heatmap.png)", ""]
+    path = out_dir / "regime.md"
+    path.write_text("\n".join(L))
+    return path
+
+
+def _regime_findings(data: dict) -> list[str]:
+    """What the numbers say, computed from them (so a rerun cannot contradict its text)."""
+    rows = [r for rs in data["sweeps"].values() for r in rs]
+    pays = [r for r in rows if r["gain_vs_fifo_pct"]["srpt"] >= 10]
+    regime = [r for r in rows if r["gain_vs_fifo_pct"]["srpt"] >= 20]
+    best_k = max(rows, key=lambda r: r["gain_vs_fifo_pct"]["kairos"])
+    hm = data["sweeps"].get("heatmap", [])
+    big = [r for r in hm if r["point"]["max_batch"] >= 16]
+    L = ["## Findings", ""]
+    L.append(f"- Ordering pays (SRPT oracle >= 10 % below FIFO) in {len(pays)} of {len(rows)} settings, "
+             f"all with max batch <= {max((r['point']['max_batch'] for r in pays if not r['point']['workload']), default=0)}"
+             " or an engine that does not batch. " + (
+                 f"At max batch 16 the oracle gains at most {max(r['gain_vs_fifo_pct']['srpt'] for r in big):+.1f} %: "
+                 "the queue rarely holds more requests than one batch, so every order dispatches the same batches "
+                 "(FIFO mean batch column)." if big else ""))
+    if regime:
+        hw = [halfway(r) for r in regime]
+        ok_p95 = sum(r["p95_vs_fifo_pct"]["remaining"] <= 5 for r in regime)
+        L.append(f"- The regime (oracle >= 20 % below FIFO): {len(regime)} settings. There `remaining` closes "
+                 f"{min(hw):.0%}-{max(hw):.0%} of the Kairos -> oracle gap in average latency (target >= 50 %), "
+                 f"with P95 <= FIFO + 5 % in {ok_p95} of {len(regime)}; its average gain is "
+                 f"{min(r['gain_vs_fifo_pct']['remaining'] for r in regime):+.1f} to "
+                 f"{max(r['gain_vs_fifo_pct']['remaining'] for r in regime):+.1f} % vs FIFO.")
+    L.append(f"- Kairos (static horizons) gains at most {best_k['gain_vs_fifo_pct']['kairos']:+.1f} % over FIFO in "
+             f"any setting ({_setting(best_k['point'])}); the paper's Table 2 'w/o dynamic horizon' reports "
+             "10.9-39.3 %. The wait ratio carries how long a task has waited relative to its age, not how much "
+             "work it has left, and where the queue is deep it is the remaining work that orders completions well "
+             "(the oracle's column). Earlier triggers (slack) give requests room before they are needed, the "
+             "premise of execution-aware ordering; the slack rows show how much that moves Kairos here.")
+    L.append("")
+    return L
+
+
+def _plot_regime(data: dict, path: Path) -> None:
+    rows = data["sweeps"]["heatmap"]
+    batches = sorted({r["point"]["max_batch"] for r in rows})
+    ys = list(dict.fromkeys((r["point"]["spread"], r["point"]["load"]) for r in rows))
+    fig, axes = plt.subplots(1, len(_REGIME_SCHEDS), figsize=(4.6 * len(_REGIME_SCHEDS), 3.6), squeeze=False)
+    for ax, (key, title) in zip(axes[0], _REGIME_SCHEDS):
+        grid = [[next(r["gain_vs_fifo_pct"][key] for r in rows if r["point"]["max_batch"] == b
+                      and (r["point"]["spread"], r["point"]["load"]) == y) for b in batches] for y in ys]
+        im = ax.imshow(grid, cmap="RdYlGn", vmin=-30, vmax=30, aspect="auto")
+        for i, line in enumerate(grid):
+            for j, v in enumerate(line):
+                ax.text(j, i, f"{v:+.0f}%", ha="center", va="center", fontsize=8)
+        ax.set_xticks(range(len(batches)), [str(b) for b in batches])
+        ax.set_yticks(range(len(ys)), [f"spread {s}, {l:g}x peak" for s, l in ys] if key == _REGIME_SCHEDS[0][0] else [])
+        ax.set_xlabel("max batch of the engine")
+        ax.set_title(f"{title}: avg latency vs FIFO")
+    fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8, label="% below FIFO")
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)

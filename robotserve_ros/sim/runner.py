@@ -38,19 +38,19 @@ def run_one(spec: RunSpec) -> SimResult:
     return sim.run_fleet(int(spec.load))
 
 
-def run_many(specs: Iterable[RunSpec], workers: Optional[int] = None, desc: str = "runs") -> dict:
-    """RunSpec -> SimResult for all specs, with a progress bar."""
+def run_many(specs: Iterable, workers: Optional[int] = None, desc: str = "runs", fn=run_one) -> dict:
+    """spec -> fn(spec) (a SimResult) for all specs, with a progress bar; fn must pickle."""
     specs = list(specs)
     workers = workers or os.cpu_count() or 1
     out = {}
     bar = tqdm(total=len(specs), desc=desc, unit="run", dynamic_ncols=True)
     if workers == 1:
         for s in specs:
-            out[s] = run_one(s)
+            out[s] = fn(s)
             bar.update()
     else:
         with ProcessPoolExecutor(workers) as pool:
-            futs = {pool.submit(run_one, s): s for s in specs}
+            futs = {pool.submit(fn, s): s for s in specs}
             for f in as_completed(futs):
                 out[futs[f]] = f.result()
                 bar.update()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Optional
@@ -30,6 +31,17 @@ from ..core.robot_timing import alone_latency, exec_start, request_after, trigge
 from .workload import HORIZON_MODES, TaskSpec, Workload
 
 _ARRIVE, _REQUEST, _DONE_GEN, _DONE_TASK, _COOLED = range(5)
+_VARIANT = re.compile(r"[-#]\d+$")
+
+
+def task_type_of(spec_id: str) -> str:
+    """A trace's task type, as a robot would name its instruction: the spec id without its
+    trailing variant number ("libero-mixed-edge-long-007" -> "libero-mixed-edge-long")."""
+    while True:
+        t = _VARIANT.sub("", spec_id)
+        if t == spec_id or not t:
+            return spec_id
+        spec_id = t
 
 
 @dataclass(frozen=True)
@@ -134,10 +146,11 @@ class SimResult:
 class _Robot:
     """One task in progress, seen from the robot."""
 
-    __slots__ = ("tid", "spec", "robot", "rounds", "arrival", "k", "prev_end", "idle")
+    __slots__ = ("tid", "spec", "robot", "rounds", "arrival", "k", "prev_end", "idle", "kind")
 
     def __init__(self, tid: str, spec: TaskSpec, robot: int, rounds, arrival: float) -> None:
         self.tid, self.spec, self.robot, self.rounds, self.arrival = tid, spec, robot, rounds, arrival
+        self.kind = task_type_of(spec.id)
         self.k = 0  # round being requested or executed
         self.prev_end: Optional[float] = None
         self.idle = 0.0
@@ -154,6 +167,8 @@ class Simulator:
         tiers: Optional[list] = None,
         faults: tuple = (),
         retry_pause_s: float = 0.1,
+        trigger_slack: float = 1.0,
+        burstiness: float = 1.0,
     ) -> None:
         if horizon not in HORIZON_MODES:
             raise ValueError(f"horizon must be one of {HORIZON_MODES}, got {horizon!r}")
@@ -172,6 +187,12 @@ class Simulator:
         if unknown:
             raise ValueError(f"fault on unknown tier(s) {unknown}; tiers: {names}")
         self.faults, self.retry_pause_s = tuple(faults), retry_pause_s
+        if not (trigger_slack >= 1.0 and burstiness > 0):
+            raise ValueError("trigger_slack must be >= 1 and burstiness > 0")
+        # Robots ask `trigger_slack` x earlier than just in time (ceil(slack x l1 x hz) actions
+        # left); burstiness is the squared coefficient of variation of task inter-arrival
+        # times (1: Poisson; > 1: gamma-distributed, burstier). Both are regime sweep knobs.
+        self.trigger_slack, self.burstiness = float(trigger_slack), float(burstiness)
 
     # --- public modes ------------------------------------------------------------
     def run_online(self, rate: float, n_tasks: int) -> SimResult:
@@ -179,7 +200,10 @@ class Simulator:
         if rate <= 0 or n_tasks < 1:
             raise ValueError("rate must be > 0 and n_tasks >= 1")
         rng = np.random.default_rng(self.seed)
-        times = np.cumsum(rng.exponential(1.0 / rate, n_tasks))
+        if self.burstiness == 1.0:
+            times = np.cumsum(rng.exponential(1.0 / rate, n_tasks))
+        else:
+            times = np.cumsum(rng.gamma(1.0 / self.burstiness, self.burstiness / rate, n_tasks))
         picks = rng.integers(0, len(self.workload.tasks), n_tasks)
         run = self._start("online", rate)
         for i, (t, j) in enumerate(zip(times, picks)):
@@ -268,7 +292,8 @@ class _Run:
         # Trace replay: the robot asks for the recorded horizon of this round.
         h = HorizonChoice("static", float(rb.rounds[rb.k]))
         left = len(rb.rounds) - rb.k  # the trace knows it exactly: only `srpt` reads it
-        self.core.submit(InferenceRequest(rb.tid, rb.k, info, h, remaining_rounds=left))
+        # The task's type is what a server sees (its instruction); `remaining` learns from it.
+        self.core.submit(InferenceRequest(rb.tid, rb.k, info, h, remaining_rounds=left, task_type=rb.kind))
 
     def _request(self, tid: str, info: ExecInfo) -> None:
         self._send(self.robots[tid], info)
@@ -283,7 +308,7 @@ class _Run:
         rb.prev_end = end
         rb.k += 1
         if rb.k < len(rb.rounds):
-            trig = trigger_actions(self.sim.l1, hz)
+            trig = trigger_actions(self.sim.l1 * self.sim.trigger_slack, hz)
             t_req = start + request_after(n, trig, hz)
             self.push(t_req, _REQUEST, (rb.tid, ExecInfo(start, min(n, trig), hz)))
         else:

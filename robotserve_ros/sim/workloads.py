@@ -51,6 +51,15 @@ class WorkloadShape:
     free_tau: tuple  # (min, max) tolerance of free motion, as fraction of chunk
     contact_tau: tuple  # (min, max) tolerance of contact, in actions
     tasks: int = 200
+    # Task types of a suite that mixes lengths (the regime shapes): ((type, (min, max) phases,
+    # weight), ...). Empty: one type, `phases` above. A task's id is "<name>-<type>-<i>", its
+    # type the id without the trailing number (simulator.task_type_of).
+    task_types: tuple = ()
+    # "profile": the profile of record as measured; "none": the same batch-1 latency on an
+    # engine that does not batch (latency grows linearly with the batch: saturation batch 1,
+    # as a large model on a small edge GPU). The latter is assumed, not measured.
+    batching: str = "profile"
+    regime: str = ""  # non-empty: a regime workload (reports/fleet/regime.md), this says why
 
 
 SHAPES = {
@@ -75,10 +84,43 @@ SHAPES = {
     )
 }
 
+# Regime workloads (reports/fleet/regime.md, `robotserve bench regime`): where ordering by
+# remaining work pays. Suites that mix short and long task types (LIBERO's spatial/object/
+# goal suites beside LIBERO-10's long-horizon tasks; Meta-World's easy..very hard), served by
+# an engine that does not batch, so the queue is deeper than any batch can absorb.
+REGIME_NOTE = "engine does not batch (saturation batch 1) + task types of very different lengths"
+REGIME_SHAPES = {
+    s.name: s
+    for s in (
+        WorkloadShape(
+            "libero-mixed-edge", "LIBERO suites mixed / large VLA on a small edge GPU", "diffusion_arm", 30.0, 50, 10,
+            (10, 15, 20, 25, 30, 40, 50), phases=(3, 7), free_len=(60, 180), contact_len=(30, 90), free_tau=(0.6, 1.0),
+            contact_tau=(10, 25), tasks=240,
+            task_types=(("spatial", (2, 3), 3), ("object", (3, 4), 3), ("goal", (3, 5), 3), ("long", (12, 18), 2)),
+            batching="none", regime=REGIME_NOTE,
+        ),
+        WorkloadShape(
+            "metaworld-mixed-edge", "Meta-World easy..very hard / large VLA on a small edge GPU", "diffusion_arm", 30.0, 50,
+            10, (10, 15, 20, 25, 30, 40, 50), phases=(2, 4), free_len=(40, 120), contact_len=(20, 60), free_tau=(0.5, 1.0),
+            contact_tau=(10, 30), tasks=240,
+            task_types=(("easy", (1, 2), 4), ("medium", (2, 4), 3), ("hard", (5, 7), 2), ("very-hard", (10, 14), 1)),
+            batching="none", regime=REGIME_NOTE,
+        ),
+        WorkloadShape(
+            "pusht-mixed-edge", "Push-T variants, short and long pushes / diffusion policy, no batching", "diffusion_pusht",
+            10.0, 16, 4, (4, 6, 8, 12, 16), phases=(3, 7), free_len=(12, 40), contact_len=(15, 50), free_tau=(0.6, 1.0),
+            contact_tau=(5, 10), tasks=240,
+            task_types=(("nudge", (1, 2), 4), ("push", (3, 5), 3), ("long-push", (9, 13), 2)),
+            batching="none", regime=REGIME_NOTE,
+        ),
+    )
+}
 
-def _phases(rng: np.random.Generator, s: WorkloadShape) -> tuple[np.ndarray, np.ndarray]:
+
+def _phases(rng: np.random.Generator, s: WorkloadShape, phases: tuple | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Per-action tolerance tau of one task, and the phase kind (True = contact)."""
-    n = int(rng.integers(s.phases[0], s.phases[1] + 1))
+    phases = phases or s.phases
+    n = int(rng.integers(phases[0], phases[1] + 1))
     taus, kinds = [], []
     for i in range(n):
         contact = i % 2 == 1
@@ -100,8 +142,8 @@ def round_optimal_horizon(tau: np.ndarray, pos: int, chunk: int) -> int:
     return int(np.argmax(stale)) if stale.any() else len(k)
 
 
-def make_task(rng: np.random.Generator, s: WorkloadShape, tid: str) -> TaskSpec:
-    tau, _ = _phases(rng, s)
+def make_task(rng: np.random.Generator, s: WorkloadShape, tid: str, phases: tuple | None = None) -> TaskSpec:
+    tau, _ = _phases(rng, s, phases)
     total = len(tau)
     safe = [h for h in s.static_choices if h <= tau.min()]
     h_static = max(safe) if safe else s.h_min
@@ -139,14 +181,45 @@ def measured_names() -> list[str]:
 def builtin_workload(name: str, seed: int = 0, tasks: int | None = None) -> Workload:
     if name in MEASURED:
         return measured_workload(name, seed, tasks)
-    try:
-        s = SHAPES[name]
-    except KeyError:
-        raise UnknownName(f"unknown built-in workload '{name}'; known: {', '.join(SHAPES)}") from None
-    rng = np.random.default_rng([seed, sum(map(ord, name))])
+    s = SHAPES.get(name) or REGIME_SHAPES.get(name)
+    if s is None:
+        raise UnknownName(f"unknown built-in workload '{name}'; known: {', '.join(all_names())}")
+    return shape_workload(s, seed, tasks)
+
+
+def shape_workload(s: WorkloadShape, seed: int = 0, tasks: int | None = None) -> Workload:
+    """The seeded workload of a shape (a built-in one or a sweep's variant)."""
+    rng = np.random.default_rng([seed, sum(map(ord, s.name))])
     n = tasks or s.tasks
-    return Workload(name, profiles.batch_latency_ms(s.profile), tuple(make_task(rng, s, f"{name}-{i:03d}") for i in range(n)))
+    if not s.task_types:
+        specs = tuple(make_task(rng, s, f"{s.name}-{i:03d}") for i in range(n))
+    else:
+        w = np.array([t[2] for t in s.task_types], float)
+        kinds = rng.choice(len(s.task_types), n, p=w / w.sum())
+        specs = tuple(
+            make_task(rng, s, f"{s.name}-{s.task_types[k][0]}-{i:03d}", s.task_types[k][1]) for i, k in enumerate(kinds)
+        )
+    return Workload(s.name, engine_latency_ms(s), specs)
+
+
+def engine_latency_ms(s: WorkloadShape) -> dict:
+    table = profiles.batch_latency_ms(s.profile)
+    if s.batching == "none":  # same batch-1 latency, no batching gain: saturation batch 1
+        return {b: table[1] * b for b in (1, 2, 4, 8, 16)}
+    if s.batching != "profile":
+        raise ValueError(f"shape '{s.name}': batching must be 'profile' or 'none', got {s.batching!r}")
+    return table
 
 
 def builtin_names() -> list[str]:
-    return list(SHAPES)
+    """Every generated built-in: the Table 1 shapes, then the regime shapes."""
+    return list(SHAPES) + list(REGIME_SHAPES)
+
+
+def regime_names() -> list[str]:
+    """Generated workloads of the regime where execution-aware ordering can pay."""
+    return list(REGIME_SHAPES)
+
+
+def all_names() -> list[str]:
+    return builtin_names() + list(MEASURED)

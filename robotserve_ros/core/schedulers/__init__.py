@@ -7,6 +7,7 @@ from .base import Scheduler, SchedulingContext
 from .edf import EdfScheduler
 from .fifo import FifoScheduler
 from .kairos import KairosScheduler
+from .remaining import RemainingScheduler
 from .srpt import SrptScheduler
 
 SCHEDULERS: Registry[Scheduler] = Registry("scheduler")
@@ -15,6 +16,7 @@ SCHEDULERS.register("autellix", AutellixScheduler)
 SCHEDULERS.register("kairos", KairosScheduler)
 SCHEDULERS.register("edf", EdfScheduler)
 SCHEDULERS.register("srpt", SrptScheduler)
+SCHEDULERS.register("remaining", RemainingScheduler)
 
 
 def make_scheduler(name: str, **params) -> Scheduler:

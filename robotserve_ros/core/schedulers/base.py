@@ -26,6 +26,9 @@ class Scheduler(ABC):
     ) -> list[PendingRequest]:
         """Pending requests in priority order; only the first `limit` when given."""
 
+    def task_finished(self, record, kind: Optional[str]) -> None:
+        """A task ended (its ledger record, its type or None); schedulers that learn override."""
+
 
 def top(pending: Sequence[PendingRequest], key: Callable, limit: Optional[int]) -> list[PendingRequest]:
     """The `limit` smallest by key (all, sorted, when limit is None): O(n log limit)."""
