@@ -215,3 +215,22 @@ def test_stale_observations_are_refreshed_from_the_robot(ros_ctx, tmp_path):
 
     assert ros_ctx.wait_for(lambda: int(last().get("refreshes", "0")) >= 3, 30), (last(), client.output())
     assert int(last()["refreshes"]) > int(last()["refresh_failures"]), last()
+
+
+def test_a_reply_that_does_not_come_in_time_is_asked_for_again(ros_ctx, tmp_path):
+    """Generation slower than the client's resend_after_s (as a reply lost in the RMW would
+    look): the client sends the same round again, the server attaches it to the round it is
+    generating (resent_requests), the robot gets one chunk per round and finishes its task."""
+    import json
+
+    stats = tmp_path / "client_{robot}.json"
+    params = fleet_params(tmp_path, server={"engine_batch_sizes": [1, 2], "engine_latency_ms": [1200.0, 1300.0]},
+                          resend_after_s=0.4, expected_latency_s=0.05, tasks=1, task_actions=30,
+                          stats_file=str(stats))
+    client, last = start_fleet_of_one(ros_ctx, params)
+    assert ros_ctx.wait_for(lambda: int(last().get("resent_requests", "0")) >= 1
+                            and int(last().get("finished_tasks", "0")) >= 1, 40), (last(), client.output())
+    client.stop()
+    acct = json.loads((tmp_path / "client_robot_0.json").read_text())
+    assert acct["resent"] >= 1 and acct["duplicates"] == 0 and acct["mismatched"] == 0, acct
+    assert int(last()["served"]) == acct["chunks"] - acct["answers_to_resent"], (last(), acct)

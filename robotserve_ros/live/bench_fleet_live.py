@@ -110,8 +110,8 @@ def aggregate(accounts: list[dict], t_ready: float, t_stop: float, lost_after_s:
     win_ticks = win_late = 0
     win_full_s = max(0, int(t_stop) - int(np.ceil(t_ready)))
     for a in accounts:
-        for k in ("requests", "resent", "chunks", "duplicates", "mismatched", "left_task_answers"):
-            tot[k] += a[k]
+        for k in ("requests", "resent", "chunks", "duplicates", "answers_to_resent", "mismatched", "left_task_answers"):
+            tot[k] += a.get(k, 0)
         errors.update(a["errors"])
         for task, rnd, t, ms, late in a["chunk_log"]:
             late_all.append(late)
@@ -150,9 +150,12 @@ def aggregate(accounts: list[dict], t_ready: float, t_stop: float, lost_after_s:
         "duplicate_chunks": tot["duplicates"],
         "mismatched_chunks": tot["mismatched"],
         "resent_requests": tot["resent"],
+        "answers_to_resent_requests": tot["answers_to_resent"],  # a round sent twice, answered twice, used once
         "answers_for_left_tasks": tot["left_task_answers"],
         "errors": dict(errors),
-        "answered_requests_check": tot["requests"] - len(unanswered_ages) - tot["chunks"] - sum(errors.values()),
+        # 0 when every round sent was answered once or is still unanswered (resends counted once).
+        "answered_requests_check": (tot["requests"] - tot["resent"] - len(unanswered_ages)
+                                    - (tot["chunks"] - tot["answers_to_resent"]) - sum(errors.values())),
         "lateness_p50_ms": pct(late_all, 50),
         "lateness_p99_ms": pct(late_all, 99),
         "lateness": {"all_chunks": dist(late_all), "rounds_after_first": dist(late_after0), "in_window": dist(late_win)},

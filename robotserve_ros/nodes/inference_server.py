@@ -221,8 +221,10 @@ class InferenceServerNode(Node):
             if pending.replay is not None:  # a re-sent round already answered: the cached reply
                 w.reply = pending.replay
                 w.event.set()
-            else:  # a re-sent round still queued or generating waits beside the first call
-                self.waiters.setdefault((req.task_id, req.round_id), []).append(w)
+            else:  # a re-sent round still queued or generating: the newest call gets the reply
+                self._answer((req.task_id, req.round_id), error=(
+                    "duplicate_request", "this round was sent again: its reply goes to the newer call"))
+                self.waiters[(req.task_id, req.round_id)] = w  # (one executor thread per round)
             self.last_seen[req.task_id] = time.monotonic()
             self.refresh_service[req.task_id] = request.refresh_service
 
@@ -288,8 +290,9 @@ class InferenceServerNode(Node):
             self._answer(key, error=error)
 
     def _answer(self, key: tuple, reply=None, error: Optional[tuple] = None) -> None:
-        """Under the lock: wake every call waiting for round `key` (a re-sent round has two)."""
-        for w in self.waiters.pop(key, ()):
+        """Under the lock: wake the call waiting for round `key`, if any."""
+        w = self.waiters.pop(key, None)
+        if w is not None:
             w.reply, w.error = reply, error
             w.event.set()
 

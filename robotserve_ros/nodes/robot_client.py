@@ -37,6 +37,7 @@ from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
 from ..core.action_queue import AGGREGATES, ActionQueue
 from ..core.robot_timing import trigger_actions
+from ..sim.simulator import task_type_of
 from ..msg import ExecutionProgress
 from ..srv import FetchObservation, Infer
 from .common import (NodeClock, NodeConfig, check, check_one_of, declare_config, lean_node_kwargs, param, run_nodes,
@@ -74,6 +75,11 @@ class RobotClientConfig(NodeConfig):
     # A safety net for answers that never come, not a latency bound: an overloaded machine
     # delivers replies seconds late, and a timed-out round's late answer is thrown away.
     request_timeout_s: float = param(30.0, "a round unanswered this long is given up, > 0")
+    # A reply lost on the way (an RMW drop, a server restart) must not freeze the robot: the
+    # same (task, round) goes again; the server attaches it to the round it already holds or
+    # answers it from its reply cache, and never generates a round twice.
+    resend_after_s: float = param(0.0, "re-send an unanswered round after this many s, >= 0 "
+                                       "(0: 20 x expected_latency_s, at least 2 s)")
     retry_s: float = param(0.2, "pause before resending after an error, > 0")
     stats_file: str = param("", "write the client's account here on shutdown; '{robot}' -> the robot's name; '' = off")
 
@@ -88,7 +94,7 @@ class RobotClientConfig(NodeConfig):
         check(self.horizon_policy != "", "horizon_policy", self.horizon_policy, "is empty")
         for name in ("control_hz", "task_actions", "progress_hz", "request_timeout_s", "retry_s"):
             check(getattr(self, name) > 0, name, getattr(self, name), "is not > 0")
-        for name in ("expected_latency_s", "tasks"):
+        for name in ("expected_latency_s", "tasks", "resend_after_s"):
             check(getattr(self, name) >= 0, name, getattr(self, name), "is not >= 0")
 
 
@@ -101,9 +107,11 @@ class ClientAccount:
     def __init__(self, robot: str, hz: float) -> None:
         self.robot, self.hz = robot, hz
         self.requests = self.resent = self.chunks = self.duplicates = self.mismatched = self.left_task_answers = 0
+        self.answers_to_resent = 0  # a second answer to a round sent twice: expected, never used twice
         self.errors = Counter()
         self.sent: dict = {}  # (task, round) -> send time, until answered
         self.keys = set()  # (task, round) of every request sent
+        self.resent_keys = set()  # (task, round) sent more than once
         self.seen = set()  # (task, round) of every chunk received
         self.log: list = []  # [task, round, arrival, reply_ms, lateness_ms] per chunk the robot used
         self.dry_since = None  # when the robot started holding position, while it holds
@@ -130,7 +138,9 @@ class ClientAccount:
 
     def on_send(self, key: tuple) -> None:
         self.requests += 1
-        self.resent += key in self.keys
+        if key in self.keys:
+            self.resent += 1
+            self.resent_keys.add(key)
         self.keys.add(key)
         self.sent[key] = time.monotonic()
 
@@ -145,7 +155,11 @@ class ClientAccount:
         else:
             got = (resp.chunk.task_id, resp.chunk.round_id)
             self.mismatched += got != key
-            self.duplicates += got in self.seen
+            if got in self.seen:  # a round answered twice: expected only if it was sent twice
+                if got in self.resent_keys:
+                    self.answers_to_resent += 1
+                else:
+                    self.duplicates += 1
             self.seen.add(got)
             self.chunks += 1
         return ms
@@ -161,7 +175,8 @@ class ClientAccount:
         now = time.monotonic()
         out = {
             "robot": self.robot, "control_hz": self.hz, "requests": self.requests, "resent": self.resent,
-            "chunks": self.chunks, "duplicates": self.duplicates, "mismatched": self.mismatched,
+            "chunks": self.chunks, "duplicates": self.duplicates, "answers_to_resent": self.answers_to_resent,
+            "mismatched": self.mismatched,
             "left_task_answers": self.left_task_answers, "errors": dict(self.errors),
             "unanswered": [[k[0], k[1], round(now - t, 4)] for k, t in self.sent.items()],
             "chunk_log": self.log, "ticks": dict(self.ticks), "tick_interval_ms": {str(k): v for k, v in sorted(self.tick_ms.items())},
@@ -184,6 +199,7 @@ class RobotClientNode(Node):
         self.robot = c.robot_name or (self.get_namespace().strip("/") or self.get_name())
         self.hz = c.control_hz
         self.trigger = c.trigger_actions if c.trigger_actions >= 0 else trigger_actions(c.expected_latency_s, self.hz)
+        self.resend_after = c.resend_after_s or max(2.0, 20 * c.expected_latency_s)
         self.mix = None
         if c.workload:
             from ..sim.workloads import builtin_workload
@@ -217,10 +233,15 @@ class RobotClientNode(Node):
         self.task_id = f"{self.robot}/task{self.task_k}"
         if self.mix is not None:  # the same robot, seed and k pick the same task every run
             rng = np.random.default_rng([self.config.mix_seed, self.robot_index, self.task_k])
-            self.rounds = list(self.mix[int(rng.integers(len(self.mix)))].rounds[self.config.horizon_mode])
+            spec = self.mix[int(rng.integers(len(self.mix)))]
+            self.rounds = list(spec.rounds[self.config.horizon_mode])
+            self.instruction = task_type_of(spec.id)  # what the robot is asked to do: its task's type
             self.cum_rounds = np.concatenate([[0], np.cumsum(self.rounds)[:-1]])  # first action of each round
+        else:
+            self.instruction = self.config.instruction
         self.round = 0
         self.outstanding = False
+        self.resending = False
         self.retry_at = 0.0
         self.queue.reset()
         self.task_start = None
@@ -255,7 +276,7 @@ class RobotClientNode(Node):
         obs.timestep = self.queue.timestep
         obs.images = list(self.images)  # forwarded as received: no copy, no re-encode
         obs.joint_state = self.joints
-        obs.instruction = self.config.instruction
+        obs.instruction = self.instruction
 
     # --- control loop -------------------------------------------------------------------
     def _tick(self) -> None:
@@ -315,15 +336,28 @@ class RobotClientNode(Node):
             self.task_start = now
         self.outstanding = True
         self.sent_at = now
+        if not self.resending:
+            self.first_sent_at = now
+        self.resending = False
         task, rnd = self.task_id, self.round
         self.acct.on_send((task, rnd))
         self.fut = self.cli.call_async(r)
         self.fut.add_done_callback(lambda f: self._on_reply(task, f, rnd))
 
     def _check_timeout(self) -> None:
-        """An answer that never comes must not freeze the robot: drop it, move to the next
-        round id (the server answers round_in_flight while the old one still generates)."""
-        if self.outstanding and self.clock.now() - self.sent_at > self.config.request_timeout_s:
+        """An answer that never comes must not freeze the robot: after resend_after the same
+        round goes again (a lost reply is recovered); after request_timeout_s it is given up
+        and the next round id follows (the server answers round_in_flight while the old one
+        still generates)."""
+        if not self.outstanding:
+            return
+        now = self.clock.now()
+        if now - self.sent_at > self.resend_after and now - self.first_sent_at <= self.config.request_timeout_s:
+            self.cli.remove_pending_request(self.fut)
+            self.outstanding, self.resending = False, True
+            self._send()
+            return
+        if now - self.first_sent_at > self.config.request_timeout_s:
             self.cli.remove_pending_request(self.fut)
             self.acct.errors["timeout"] += 1
             self.get_logger().warning(f"{self.task_id} round {self.round}: no answer in {self.config.request_timeout_s} s")
