@@ -38,7 +38,7 @@ def error_of(cls, **kw) -> str:
 # --- one bad value per node: the one line names the parameter and what is allowed -----
 @pytest.mark.parametrize("cls,kw,expected", [
     (InferenceServerConfig, {"scheduler": "nosuch"},
-     "parameter 'scheduler': 'nosuch' is not one of autellix, edf, fifo, kairos, srpt"),
+     "parameter 'scheduler': 'nosuch' is not one of autellix, edf, fifo, kairos, remaining, srpt"),
     (InferenceServerConfig, {"threads": 2}, "parameter 'threads': 2 is not >= 4"),
     (InferenceServerConfig, {"scheduler_params": "{buckets: 3}"}, "parameter 'scheduler_params': '{buckets: 3}' is not a JSON object"),
     (RobotClientConfig, {"command_type": "velocity"}, "parameter 'command_type': 'velocity' is not one of trajectory, position"),
