@@ -219,9 +219,9 @@ def test_stale_observation_is_refreshed_before_dispatch(chunk):
     """Algorithm 1 lines 20-21: a request whose observation grew stale while queued is refreshed."""
     calls = []
 
-    def refresher(req):
-        calls.append(req.task_id)
-        return None if req.task_id == "offline" else (f"fresh-{req.task_id}", 2.9)
+    def refresher(reqs):
+        calls.append([r.task_id for r in reqs])  # one call for the whole batch
+        return [None if r.task_id == "offline" else (f"fresh-{r.task_id}", 2.9) for r in reqs]
 
     clock = VirtualClock()
     tier = Tier("edge", EngineProfile({1: 1000.0, 4: 1000.0}), max_batch=4)
@@ -236,7 +236,7 @@ def test_stale_observation_is_refreshed_before_dispatch(chunk):
     core.refresh_stale(d)
     obs = {p.task_id: p.request.observation for p in d.requests}
     assert obs == {"stale": "fresh-stale", "fresh": "new", "offline": "old", "no-stamp": "x"}
-    assert sorted(calls) == ["offline", "stale"]
+    assert calls == [["stale", "offline"]]
     assert core.stats.refreshes == 1
     assert core.stats.refresh_failures == 1
     assert core.stats.obs_age_n == 3
@@ -340,3 +340,18 @@ def test_resent_round_whose_reply_is_gone_is_refused(make_core, chunk):
     del core.last_reply["a"]
     with pytest.raises(DuplicateRequest, match="reply is gone"):
         core.submit(InferenceRequest("a", 0))
+
+
+def test_a_broken_refresher_costs_freshness_never_the_round(chunk):
+    """A refresher that answers the wrong number of observations: the batch keeps what it
+    has (counted as failed refreshes) and is served."""
+    clock = VirtualClock()
+    tier = Tier("edge", EngineProfile({1: 10.0, 4: 10.0}), max_batch=4)
+    core = ServingCore(make_scheduler("fifo"), [tier], clock, refresher=lambda reqs: [], stale_obs_s=0.5)
+    for t in ("a", "b"):
+        core.submit(InferenceRequest(t, 0, observation="old", obs_stamp=0.0))
+    clock.advance_to(2.0)
+    (d,) = core.dispatch()
+    core.refresh_stale(d)
+    assert [p.request.observation for p in d.requests] == ["old", "old"] and core.stats.refresh_failures == 2
+    assert len(core.complete(d.id, [chunk(4), chunk(4)])) == 2

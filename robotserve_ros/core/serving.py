@@ -82,7 +82,10 @@ class FillInOrder:
 
 
 # A refresher returns (observation, stamp) fetched from the robot, or None if it cannot.
-Refresher = Callable[[InferenceRequest], Optional[tuple]]
+# A refresher fetches fresh observations for a batch's stale requests, all at once and within
+# its own deadline (dispatch must never wait on robots one by one): one (observation, stamp)
+# or None per request, in order.
+Refresher = Callable[[Sequence[InferenceRequest]], Sequence[Optional[tuple]]]
 
 
 @dataclass
@@ -254,22 +257,25 @@ class ServingCore:
 
     def refresh_stale(self, d: Dispatch) -> None:
         """Algorithm 1 lines 20-21: fetch a fresh observation for each dispatched request whose
-        observation aged past stale_obs_s while queued; record every observation's age."""
+        observation aged past stale_obs_s while queued (one refresher call for the batch); a
+        request whose refresh does not come back keeps the observation it has (counted).
+        Records every observation's age at dispatch."""
         now = self.clock.now()
         s = self.stats
-        for p in d.requests:
-            req = p.request
-            if req.obs_stamp is None:
-                continue
-            age = now - req.obs_stamp
-            if self.refresher is not None and self.stale_obs_s is not None and age > self.stale_obs_s:
-                fresh = self.refresher(req)
-                if fresh is None:
+        stamped = [p for p in d.requests if p.request.obs_stamp is not None]
+        stale = [p for p in stamped if self.stale_obs_s is not None and now - p.request.obs_stamp > self.stale_obs_s]
+        if stale and self.refresher is not None:
+            fresh = list(self.refresher([p.request for p in stale]))
+            if len(fresh) != len(stale):  # a broken refresher costs the freshness, never the round
+                fresh = [None] * len(stale)
+            for p, f in zip(stale, fresh):
+                if f is None:
                     s.refresh_failures += 1
                 else:
-                    req.observation, req.obs_stamp = fresh
+                    p.request.observation, p.request.obs_stamp = f
                     s.refreshes += 1
-                    age = now - req.obs_stamp
+        for p in stamped:
+            age = now - p.request.obs_stamp
             s.obs_age_sum += age
             s.obs_age_n += 1
             s.obs_age_max = max(s.obs_age_max, age)

@@ -309,27 +309,43 @@ class InferenceServerNode(Node):
             self._answer((p.task_id, p.request.round_id), error=(
                 "engine_failure", f"round {p.request.round_id} failed {p.failures} batches ({type(exc).__name__}); send it again"))
 
-    def _refresh(self, req):
-        """Algorithm 1 lines 20-21 over srv/FetchObservation; None if the robot cannot answer."""
-        name = self.refresh_service.get(req.task_id)
-        if not name:
-            return None
-        cli = self._fetch_clients.get(name)
-        if cli is None:
-            cli = self._fetch_clients[name] = self.create_client(FetchObservation, name, callback_group=self._group)
-        if not cli.service_is_ready():
-            return None
-        done = threading.Event()
-        fut = cli.call_async(FetchObservation.Request(task_id=req.task_id, round_id=req.round_id))
-        fut.add_done_callback(lambda _: done.set())
-        if not done.wait(self.config.refresh_timeout_s) or fut.result() is None or not fut.result().ok:
-            fut.cancel()
-            return None
-        try:
-            obs = observation_from_msg(fut.result().observation, self.spec)
-        except RequestError:
-            return None
-        return obs, obs.stamp
+    def _refresh(self, reqs) -> list:
+        """Algorithm 1 lines 20-21 over srv/FetchObservation, for a batch's stale requests: all
+        asked at once, all waited for within one refresh_timeout_s, so a slow or silent robot
+        costs the batch at most that, never the engine one timeout per robot. None for a robot
+        that cannot answer in time: its round goes with the observation it has."""
+        calls = []
+        for req in reqs:
+            name = self.refresh_service.get(req.task_id)
+            cli = self._fetch_clients.get(name) if name else None
+            if name and cli is None:
+                cli = self._fetch_clients[name] = self.create_client(FetchObservation, name, callback_group=self._group)
+            if cli is None or not cli.service_is_ready():
+                calls.append(None)
+                continue
+            done = threading.Event()
+            fut = cli.call_async(FetchObservation.Request(task_id=req.task_id, round_id=req.round_id))
+            fut.add_done_callback(lambda _, done=done: done.set())
+            calls.append((cli, fut, done))
+        end = time.monotonic() + self.config.refresh_timeout_s
+        out = []
+        for call in calls:
+            if call is None:
+                out.append(None)
+                continue
+            cli, fut, done = call
+            res = fut.result() if done.wait(max(0.0, end - time.monotonic())) else None
+            if res is None or not res.ok:
+                cli.remove_pending_request(fut)
+                out.append(None)
+                continue
+            try:
+                obs = observation_from_msg(res.observation, self.spec)
+            except RequestError:
+                out.append(None)
+                continue
+            out.append((obs, obs.stamp))
+        return out
 
     # --- diagnostics ------------------------------------------------------------------
     def stats(self) -> dict:

@@ -155,10 +155,14 @@ class LeRobotCompatServicer:
         except RequestError as e:  # counted by the core
             raise Refused(e.code, grpc.StatusCode.FAILED_PRECONDITION, e.message, counted=True) from None
 
-    def _refresh(self, req: InferenceRequest):
-        """The core's refresher (outside the lock, at dispatch): a LeRobot client cannot be
-        asked for an observation, but the newest it sent (one filtered as similar, or held)
-        is fresher than the queued one; the chunk is then timed from it. None: none newer."""
+    def _refresh(self, reqs) -> list:
+        """The core's refresher (outside the lock, at dispatch), for a batch's stale requests."""
+        return [self._refresh_one(r) for r in reqs]
+
+    def _refresh_one(self, req: InferenceRequest):
+        """A LeRobot client cannot be asked for an observation, but the newest it sent (one
+        filtered as similar, or held) is fresher than the queued one; the chunk is then timed
+        from it. None: none newer."""
         with self.lock:
             c = self.by_task.get(req.task_id)
             meta = c.rounds.get(req.round_id) if c is not None else None
