@@ -142,7 +142,12 @@ def cmd_up(a) -> int:
 def cmd_demo(a) -> int:
     from .live.demo import run_demo
 
-    res = run_demo(Path(a.out), robots=a.robots, tasks=a.tasks, workload=a.workload, seed=a.seed, config=a.config)
+    try:
+        res = run_demo(Path(a.out), robots=a.robots, tasks=a.tasks, workload=a.workload, seed=a.seed, config=a.config,
+                       ablation=a.ablation)
+    except RuntimeError as e:  # a fleet process died: which, and where its log is
+        print(f"robotserve {e}", file=sys.stderr)
+        return 1
     missing = [k for k, r in res["runs"].items() if len(r["tasks"]) < a.robots * a.tasks]
     print(f"report: {Path(a.out) / 'live_demo.md'}")
     if missing:
@@ -268,13 +273,14 @@ def build_parser() -> argparse.ArgumentParser:
     lerobot_command.add_arguments(lr)
     lr.set_defaults(func=lerobot_command.cli)
 
-    d = sub.add_parser("demo", help="live fleet on this machine: server + simulated robots, FIFO then Kairos")
-    d.add_argument("--robots", type=positive(int), default=8)
-    d.add_argument("--tasks", type=positive(int), default=1, help="tasks per robot")
-    d.add_argument("--workload", default="bimanual-diffusion")
+    d = sub.add_parser("demo", help="live fleet on this machine: server + simulated robots, FIFO vs Kairos vs remaining")
+    d.add_argument("--robots", type=positive(int), default=12)
+    d.add_argument("--tasks", type=positive(int), default=2, help="tasks per robot")
+    d.add_argument("--workload", default="metaworld-mixed-edge", help="a built-in workload (robotserve workload list)")
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--config", help="ROS params file (default config/fleet.yaml)")
     d.add_argument("--out", default="reports/live")
+    d.add_argument("--ablation", action="store_true", help="also run FIFO with the dynamic horizon")
     d.set_defaults(func=cmd_demo)
 
     pr = sub.add_parser("profile", help="engine latency vs batch size: the engine profile JSON + Markdown report")

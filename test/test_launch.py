@@ -3,6 +3,7 @@ processes) must start the same nodes with the same parameters; and the main job 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -39,15 +40,39 @@ def test_launch_files_build_a_ros2_launch_description():
         assert load_launch_file(name).generate_launch_description().entities
 
 
-def test_live_demo_runs_both_schedulers(tmp_path):
-    """The main job in small: 2 robots, short Meta-World-shaped tasks, FIFO then Kairos."""
+def test_live_demo_runs_fifo_kairos_and_remaining(tmp_path):
+    """The main job in small: 2 robots, short Meta-World-shaped tasks, three configurations."""
     pytest.importorskip("rclpy")
-    assert main(["demo", "--robots", "2", "--workload", "metaworld-smolvla", "--out", str(tmp_path)]) == 0
+    assert main(["demo", "--robots", "2", "--workload", "metaworld-smolvla", "--tasks", "1", "--out", str(tmp_path)]) == 0
     res = json.loads((tmp_path / "live_demo.json").read_text())
-    for label in ("FIFO", "Kairos"):
-        run = res["runs"][label]
+    assert list(res["runs"]) == ["FIFO", "Kairos", "remaining"]
+    for label, run in res["runs"].items():
         assert len(run["tasks"]) == 2, run
         assert all(t["latency_s"] > 0 and t["chunks"] > 0 for t in run["tasks"].values())
         assert int(run["server"]["served"]) >= 2
-    assert (tmp_path / "live_demo.md").read_text().count("|") > 10
+        s = run["summary"]
+        assert {"avg_latency_s", "p25_latency_s", "p95_latency_s", "mean_idle_s", "chunks_served"} <= set(s), s
+        assert s["p25_latency_s"] <= s["avg_latency_s"] <= s["p95_latency_s"] * 1.0001 and s["chunks_served"] >= 2
+    md = (tmp_path / "live_demo.md").read_text()
+    assert md.count("|") > 10 and "Why: " in md and "fewer rounds" in md
     assert (tmp_path / "live_demo.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_demo_reports_a_dead_fleet_process_at_once(tmp_path, monkeypatch, capsys):
+    """A robot process that dies must fail the demo with its name, not a 4-minute wait."""
+    pytest.importorskip("rclpy")
+    from robotserve_ros.live import demo
+
+    real = demo.fleet
+
+    def broken_fleet(params, robots):  # the robot clients' process cannot start: it exits at once
+        import dataclasses
+
+        return [dataclasses.replace(s, executable="no_such_node") if s.executable == "robot_client" else s
+                for s in real(params, robots)]
+
+    monkeypatch.setattr(demo, "fleet", broken_fleet)
+    t0 = time.monotonic()
+    assert main(["demo", "--robots", "1", "--workload", "metaworld-smolvla", "--tasks", "1", "--out", str(tmp_path)]) == 1
+    assert time.monotonic() - t0 < 60
+    assert "robot_clients" in capsys.readouterr().err
