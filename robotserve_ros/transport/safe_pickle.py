@@ -174,6 +174,7 @@ class _Machine:
     def __init__(self, data: bytes, lim: Limits) -> None:
         self.data, self.pos, self.lim = memoryview(data), 0, lim
         self.stack: list = []
+        self.op = b""  # the opcode being run
         self.marks: list = []
         self.memo: dict = {}
         self.spent = 0  # bytes of bytes/str/array data built
@@ -387,7 +388,7 @@ class _Machine:
             ops += 1
             if ops > self.lim.max_ops:
                 raise PickleLimit(f"more than max_ops ({self.lim.max_ops}) pickle opcodes")
-            op = self.read(1)
+            op = self.op = self.read(1)
             fn = _OPS.get(op)
             if fn is None:
                 _refuse(f"opcode {op!r} is not accepted")
@@ -459,7 +460,7 @@ def _none(m):
 
 @_op(P.NEWTRUE, P.NEWFALSE)
 def _bool(m):
-    m.push(m.data[m.pos - 1:m.pos] == P.NEWTRUE)
+    m.push(m.op == P.NEWTRUE)
 
 
 @_op(P.INT)
@@ -475,13 +476,13 @@ def _long(m):
 
 @_op(P.BININT, P.BININT1, P.BININT2)
 def _binint(m):
-    op = bytes(m.data[m.pos - 1:m.pos])
+    op = m.op
     m.push(m.sized({P.BININT: "<i", P.BININT1: "<B", P.BININT2: "<H"}[op]))
 
 
 @_op(P.LONG1, P.LONG4)
 def _long_n(m):
-    n = m.sized("<B") if bytes(m.data[m.pos - 1:m.pos]) == P.LONG1 else m.sized("<i")
+    n = m.sized("<B") if m.op == P.LONG1 else m.sized("<i")
     if not 0 <= n <= _MAX_INT_BYTES:
         _refuse(f"an integer of {n} bytes (at most {_MAX_INT_BYTES})")
     m.push(int.from_bytes(m.read(n), "little", signed=True))
@@ -499,7 +500,7 @@ def _binfloat(m):
 
 @_op(P.STRING, P.BINSTRING, P.SHORT_BINSTRING)
 def _py2_string(m):  # Python 2 str: decoded as ASCII, as pickle.loads does by default
-    op = bytes(m.data[m.pos - 1:m.pos])
+    op = m.op
     if op == P.STRING:
         raw = m.readline()
         if len(raw) < 2 or raw[0] != raw[-1] or raw[:1] not in (b'"', b"'"):
@@ -521,7 +522,7 @@ def _unicode(m):
 
 @_op(P.BINUNICODE, P.SHORT_BINUNICODE, P.BINUNICODE8)
 def _binunicode(m):
-    op = bytes(m.data[m.pos - 1:m.pos])
+    op = m.op
     n = m.sized({P.BINUNICODE: "<I", P.SHORT_BINUNICODE: "<B", P.BINUNICODE8: "<Q"}[op])
     m.text(n)
     m.push(m.read(n).decode("utf-8", "surrogatepass"))
@@ -529,7 +530,7 @@ def _binunicode(m):
 
 @_op(P.BINBYTES, P.SHORT_BINBYTES, P.BINBYTES8, P.BYTEARRAY8)
 def _bytes(m):
-    op = bytes(m.data[m.pos - 1:m.pos])
+    op = m.op
     n = m.sized({P.BINBYTES: "<I", P.SHORT_BINBYTES: "<B", P.BINBYTES8: "<Q", P.BYTEARRAY8: "<Q"}[op])
     b = m.read(n)
     m.spend(n)
@@ -548,7 +549,7 @@ def _tuple(m):
 
 @_op(P.TUPLE1, P.TUPLE2, P.TUPLE3)
 def _tuple_n(m):
-    n = {P.TUPLE1: 1, P.TUPLE2: 2, P.TUPLE3: 3}[bytes(m.data[m.pos - 1:m.pos])]
+    n = {P.TUPLE1: 1, P.TUPLE2: 2, P.TUPLE3: 3}[m.op]
     items = [m.pop() for _ in range(n)][::-1]
     m.push(m.tuple_(items))
 
@@ -593,34 +594,24 @@ def _dict(m):
     m.push(d)
 
 
-@_op(P.APPEND)
-def _append(m):
+_ADD = {P.APPEND: (list, list.append), P.SETITEM: (dict, lambda d, kv: _setitems(d, list(kv)))}
+_ADD_MARKED = {P.APPENDS: (list, list.extend), P.SETITEMS: (dict, _setitems), P.ADDITEMS: (set, set.update)}
+
+
+@_op(*_ADD)
+def _add(m):
+    kind, add = _ADD[m.op]
     v = m.pop()
-    _target(m, list).append(v)
+    if kind is dict:
+        v = (m.pop(), v)  # SETITEM: key below value
+    add(_target(m, kind), v)
 
 
-@_op(P.APPENDS)
-def _appends(m):
+@_op(*_ADD_MARKED)
+def _add_marked(m):
+    kind, add = _ADD_MARKED[m.op]
     items = m.pop_mark()
-    _target(m, list).extend(items)
-
-
-@_op(P.SETITEM)
-def _setitem(m):
-    v, k = m.pop(), m.pop()
-    _setitems(_target(m, dict), [k, v])
-
-
-@_op(P.SETITEMS)
-def _setitems_op(m):
-    items = m.pop_mark()
-    _setitems(_target(m, dict), items)
-
-
-@_op(P.ADDITEMS)
-def _additems(m):
-    items = m.pop_mark()
-    _target(m, set).update(items)
+    add(_target(m, kind), items)
 
 
 @_op(P.FROZENSET)
@@ -649,7 +640,7 @@ def _reduce(m):
 
 @_op(P.NEWOBJ, P.NEWOBJ_EX)
 def _newobj(m):
-    kwargs = m.pop() if bytes(m.data[m.pos - 1:m.pos]) == P.NEWOBJ_EX else {}
+    kwargs = m.pop() if m.op == P.NEWOBJ_EX else {}
     args, cls = m.pop(), m.pop()
     if type(cls) is not _Global or cls.kind != "dataclass" or args != () or kwargs != {}:
         _refuse("NEWOBJ: only the allowed LeRobot dataclasses, without arguments")
@@ -669,7 +660,7 @@ def _build(m):
 
 @_op(P.PUT, P.BINPUT, P.LONG_BINPUT, P.MEMOIZE)
 def _put(m):
-    op = bytes(m.data[m.pos - 1:m.pos])
+    op = m.op
     if op == P.MEMOIZE:
         key = len(m.memo)
     elif op == P.PUT:
@@ -683,7 +674,7 @@ def _put(m):
 
 @_op(P.GET, P.BINGET, P.LONG_BINGET)
 def _get(m):
-    op = bytes(m.data[m.pos - 1:m.pos])
+    op = m.op
     key = int(m.readline()) if op == P.GET else m.sized("<B" if op == P.BINGET else "<I")
     if key not in m.memo:
         _refuse("memo key not found")
