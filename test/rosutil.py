@@ -86,9 +86,12 @@ def ros_env(extra: Optional[Dict[str, str]] = None, *, test_id: Optional[str] = 
     env = dict(os.environ)
     domain = domain_id_for_test(test_id)
     env["ROS_DOMAIN_ID"] = str(domain)
-    env["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
     env.pop("ROS_STATIC_PEERS", None)
     env.pop("ROS_LOCALHOST_ONLY", None)  # deprecated; conflicts with the discovery range
+    # DDS traffic itself stays on loopback, not only discovery (a Fast DDS profile; see there)
+    from robotserve_ros.live.processes import loopback_dds
+
+    loopback_dds(env)
     log_dir = os.path.join(_tmp_dir(), f"domain{domain}", "log")
     os.makedirs(log_dir, exist_ok=True)
     env["ROS_LOG_DIR"] = log_dir

@@ -52,6 +52,10 @@ class ObservationSpec:
     encodings: tuple = ("rgb8", "bgr8", "mono8")
     joints: Optional[int] = None
     max_bytes: int = 8 << 20
+    # Limits on the request's other fields (docs/security.md), checked before it is queued.
+    max_task_id_bytes: int = 256  # task id, and the other names a request carries (UTF-8 bytes)
+    max_instruction_bytes: int = 4096
+    max_images: int = 16
 
 
 def decode_image(i: int, encoding: str, width: int, height: int, step: int, data, spec: ObservationSpec) -> np.ndarray:
@@ -94,3 +98,15 @@ def check_size(nbytes: int, spec: ObservationSpec) -> None:
 def check_stamp(t: float) -> None:
     if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t):
         raise BadObservation("observation stamp is not finite")
+
+
+def check_text(what: str, text: str, cap: int) -> None:
+    """A client-sent string within `cap` UTF-8 bytes; the error names the field, never echoes it."""
+    n = len(text.encode("utf-8", "surrogatepass"))
+    if n > cap:
+        raise RequestError(f"{what}: {n} bytes, at most {cap}")
+
+
+def check_image_count(n: int, spec: ObservationSpec) -> None:
+    if n > spec.max_images:
+        raise RequestError(f"observation.images: {n} images, at most {spec.max_images}")

@@ -17,7 +17,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from ..launch_description import NodeSpec
+from ..launch_description import NodeSpec, default_config
 
 
 def _udp_ports() -> set:
@@ -45,11 +45,26 @@ def pick_free_domain(lo: int = 1, hi: int = 100) -> int:
     raise RuntimeError(f"every ROS domain {lo}..{hi} is in use on this machine")
 
 
+def loopback_dds(env: dict) -> dict:
+    """Keep every DDS byte of a run on this machine: config/fastdds_loopback.xml limits Fast
+    DDS to UDP on 127.0.0.1 and shared memory. The discovery range is SUBNET on purpose:
+    rmw_fastrtps's LOCALHOST mode adds transports of its own that open sockets on every
+    interface (seen with ss), while the profile's allow-list leaves only loopback ones."""
+    profile = default_config("fastdds_loopback.xml")
+    if not os.path.exists(profile):  # installed without config/: discovery stays local at least
+        env.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
+        return env
+    env["FASTDDS_DEFAULT_PROFILES_FILE"] = profile  # Fast DDS 3 (ROS Kilted); FASTRTPS_* is deprecated there
+    env.pop("FASTRTPS_DEFAULT_PROFILES_FILE", None)
+    env["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "SUBNET"
+    env.pop("ROS_LOCALHOST_ONLY", None)
+    return env
+
+
 def ros_env(domain_id: Optional[int] = None, log_dir: Optional[str] = None) -> dict:
-    env = dict(os.environ)
+    env = loopback_dds(dict(os.environ))
     if domain_id is not None:
         env["ROS_DOMAIN_ID"] = str(domain_id)
-    env.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
     if log_dir:
         env["ROS_LOG_DIR"] = log_dir
     env["PYTHONUNBUFFERED"] = "1"

@@ -11,8 +11,10 @@ from ..core.observation import (
     Observation,
     ObservationSpec,
     check_camera_count,
+    check_image_count,
     check_joints,
     check_size,
+    check_text,
     decode_image,
 )
 from ..core.types import ChunkReply, ExecInfo, HorizonChoice, InferenceRequest
@@ -26,6 +28,8 @@ STATUS = {k.lower(): v for k, v in vars(Status).items() if k.isupper() and isins
 
 def observation_from_msg(m, spec: ObservationSpec) -> Observation:
     """msg/Observation -> validated arrays (views on the message's bytes)."""
+    check_image_count(len(m.images), spec)
+    check_text("observation.instruction", m.instruction, spec.max_instruction_bytes)
     check_size(sum(len(im.data) for im in m.images) + 8 * len(m.joint_state.position), spec)
     check_camera_count(len(m.images), spec)
     images = [decode_image(i, im.encoding, im.width, im.height, im.step, im.data, spec) for i, im in enumerate(m.images)]
@@ -35,14 +39,17 @@ def observation_from_msg(m, spec: ObservationSpec) -> Observation:
 
 def request_from_msg(r, spec: ObservationSpec) -> InferenceRequest:
     """srv/Infer request -> core InferenceRequest; RequestError on anything malformed."""
+    if not r.task_id:
+        raise RequestError("task_id must be a non-empty string")
+    check_text("task_id", r.task_id, spec.max_task_id_bytes)  # before anything keeps it (ledger, caches)
+    check_text("horizon.name", r.horizon.name, spec.max_task_id_bytes)
+    check_text("refresh_service", r.refresh_service, spec.max_task_id_bytes)
     obs = observation_from_msg(r.observation, spec)
     info: Optional[ExecInfo] = None
     if r.has_exec_info:
         e = r.exec_info
         info = ExecInfo(to_sec(e.exec_start), int(e.actions_left), float(e.control_hz))
     hz = HorizonChoice(r.horizon.name, float(r.horizon.param) if r.horizon.has_param else None)
-    if not r.task_id:
-        raise RequestError("task_id must be a non-empty string")
     return InferenceRequest(
         r.task_id,
         int(r.round_id),

@@ -78,6 +78,9 @@ class InferenceServerConfig(NodeConfig):
     obs_encodings: tuple[str, ...] = param(("rgb8", "bgr8", "mono8"), "image encodings accepted (of those the engine takes)")
     obs_joints: int = param(-1, "joint positions per observation (< 0: what the engine takes)")
     max_request_bytes: int = param(8 << 20, "largest observation payload accepted, > 0")
+    max_task_id_bytes: int = param(256, "longest task id (and horizon name, refresh service) accepted, UTF-8 bytes, > 0")
+    max_instruction_bytes: int = param(4096, "longest instruction accepted, UTF-8 bytes, > 0")
+    max_images: int = param(16, "most images in one observation, > 0")
     diagnostics_hz: float = param(1.0, "/diagnostics publication rate, > 0")
     threads: int = param(128, "Infer calls served at once, >= 4")
     # Cloud tiers: GPU servers (robotserve gpu-server), each an object with "address" and
@@ -109,7 +112,8 @@ class InferenceServerConfig(NodeConfig):
                 EngineProfile(dict(zip(b, ms)))
             except ValueError as e:
                 raise bad_param("engine_latency_ms", ms, f"is not a profile: {e}") from None
-        for name in ("stale_obs_s", "refresh_timeout_s", "task_timeout_s", "max_request_bytes", "diagnostics_hz"):
+        for name in ("stale_obs_s", "refresh_timeout_s", "task_timeout_s", "max_request_bytes", "diagnostics_hz",
+                     "max_task_id_bytes", "max_instruction_bytes", "max_images"):
             check(getattr(self, name) > 0, name, getattr(self, name), "is not > 0")
         check(self.max_batch >= 0, "max_batch", self.max_batch, "is not >= 0 (0: the saturation batch)")
         check(self.threads >= 4, "threads", self.threads, "is not >= 4")
@@ -277,6 +281,9 @@ class InferenceServerNode(Node):
             encodings=tuple(x for x in c.obs_encodings if x in e.encodings),
             joints=c.obs_joints if c.obs_joints >= 0 else e.joints,
             max_bytes=c.max_request_bytes,
+            max_task_id_bytes=c.max_task_id_bytes,
+            max_instruction_bytes=c.max_instruction_bytes,
+            max_images=c.max_images,
         )
 
     def _forget(self, tid: str, error: tuple) -> None:

@@ -24,6 +24,16 @@ class CompatConfig:
     # (seed 000 Algorithm 1 lines 20-21); None: never (observation age is recorded either way).
     stale_obs_s: Optional[float] = None
     max_payload_bytes: int = 32 << 20  # one observation or policy setup, after joining pieces
+    # What one payload may expand into (safe_pickle.Limits; docs/security.md): the data it
+    # builds is bounded by max_payload_bytes too, checked before anything is allocated.
+    max_array_elements: int = 32 << 20  # elements of all its arrays together
+    max_nesting_depth: int = 32  # containers within containers
+    max_string_bytes: int = 64 << 10  # one string (task, key, path)
+    max_pickle_ops: int = 200_000  # pickle opcodes: bounds the time one payload takes
+    # Uploads (SendObservations streams): each holds a handler thread until it ends.
+    upload_timeout_s: float = 10.0  # a stream still open after this is cancelled
+    max_upload_pieces: int = 1024  # transfer pieces in one stream (LeRobot sends 2 MiB pieces)
+    max_uploads: Optional[int] = None  # streams open at once; None: half the threads
     threads: int = 32  # gRPC handler threads; each client holds about two
     keep_trace: bool = False  # remember every delivered action per task (tests)
 
@@ -46,8 +56,15 @@ class CompatConfig:
         positive("similarity_atol", self.similarity_atol, zero_ok=True)
         if self.stale_obs_s is not None:
             positive("stale_obs_s", self.stale_obs_s, zero_ok=True)
-        for name in ("max_payload_bytes", "threads"):
+        positive("upload_timeout_s", self.upload_timeout_s)
+        for name in ("max_payload_bytes", "threads", "max_array_elements", "max_nesting_depth", "max_string_bytes",
+                     "max_pickle_ops", "max_upload_pieces"):
             positive(name, getattr(self, name), kind=int)
+        if self.max_uploads is not None:
+            positive("max_uploads", self.max_uploads, kind=int)
+            if self.max_uploads >= self.threads:
+                raise ValueError(f"max_uploads must be < threads ({self.threads}), so stalled uploads cannot take "
+                                 f"every handler thread; got {self.max_uploads}")
         if self.max_batch is not None:
             positive("max_batch", self.max_batch, kind=int)
         for name in ("scheduler_params", "engine_params"):
@@ -69,3 +86,15 @@ class CompatConfig:
         if isinstance(self.policy_dirs, str) or not all(isinstance(d, str) and d for d in self.policy_dirs):
             raise ValueError(f"policy_dirs must be a sequence of directory names, got {self.policy_dirs!r}")
         object.__setattr__(self, "policy_dirs", tuple(self.policy_dirs))
+
+    @property
+    def upload_slots(self) -> int:
+        """Upload streams served at once: the other threads stay free for the other calls."""
+        return self.max_uploads if self.max_uploads is not None else max(1, self.threads // 2)
+
+    def pickle_limits(self):
+        from ..safe_pickle import Limits
+
+        return Limits(max_bytes=self.max_payload_bytes, max_array_elements=self.max_array_elements,
+                      max_depth=self.max_nesting_depth, max_string_bytes=self.max_string_bytes,
+                      max_ops=self.max_pickle_ops)

@@ -15,6 +15,7 @@ from ...core.runner import Runner
 from ...core.schedulers import make_scheduler
 from ...core.serving import Refresher, ServingCore, Tier
 from .config import CompatConfig
+from ..tensors import shown
 from .payloads import IMAGE_PREFIX, STATE_KEY, Layout, Refused
 
 log = logging.getLogger("robotserve.lerobot")
@@ -54,9 +55,9 @@ class PolicyGroups:
         ptype, path, apc = spec.policy_type, spec.pretrained_name_or_path, spec.actions_per_chunk
         feats, rename = spec.lerobot_features, spec.rename_map
         if not isinstance(ptype, str) or ptype not in self.supported:
-            raise _bad(f"policy type {ptype!r} is not one LeRobot's async inference serves ({', '.join(self.supported)})")
+            raise _bad(f"policy type {shown(str(ptype))} is not one LeRobot's async inference serves ({', '.join(self.supported)})")
         if isinstance(apc, bool) or not isinstance(apc, int) or apc < 1:
-            raise _bad(f"actions_per_chunk must be an integer >= 1, got {apc!r}")
+            raise _bad(f"actions_per_chunk must be an integer >= 1, got {shown(str(apc))}")
         if not isinstance(path, str) or not path:
             raise _bad("pretrained_name_or_path must be a non-empty string")
         if not isinstance(feats, dict) or not isinstance(rename, dict):
@@ -75,19 +76,19 @@ class PolicyGroups:
             local = Path(path).expanduser()
             resolved = local.resolve() if local.exists() else local
         except (OSError, RuntimeError) as e:  # an unknown ~user, a symlink loop
-            raise _bad(f"policy path {path!r}: {e}") from None
+            raise _bad(f"policy path {shown(path)}: {type(e).__name__}") from None
         if cfg.policy_dirs and not any(resolved.is_relative_to(Path(d).expanduser().resolve()) for d in cfg.policy_dirs):
             raise Refused("policy_not_allowed", grpc.StatusCode.PERMISSION_DENIED,
-                          f"policy path {path!r} is outside the directories this server loads policies from")
+                          f"policy path {shown(path)} is outside the directories this server loads policies from")
         if cfg.engine == "lerobot":
             from ...engines.lerobot_engine import PolicyDirError, check_policy_dir
 
             try:
                 found = check_policy_dir(resolved)["type"]
             except PolicyDirError as e:
-                raise _bad(f"{e} (this server loads local checkpoints only, never from the hub)") from None
+                raise _bad(f"{shown(str(e), 300)} (this server loads local checkpoints only, never from the hub)") from None
             if found != ptype:
-                raise _bad(f"policy type {ptype!r} asked for, but {path!r} holds a {found!r} policy")
+                raise _bad(f"policy type {shown(ptype)} asked for, but {shown(path)} holds a {shown(str(found))} policy")
             key = (ptype, str(resolved))
         else:  # a stand-in engine: one per policy name and action size
             key = (ptype, str(resolved), n_joints)
@@ -117,7 +118,7 @@ class PolicyGroups:
             engine = make_engine(cfg.engine, profile, **params)
         except (OSError, TypeError, ValueError, KeyError) as e:
             raise Refused("policy_load_failed", grpc.StatusCode.FAILED_PRECONDITION,
-                          f"cannot load {key[0]} policy from {path!r}: {e}") from None
+                          f"cannot load {key[0]} policy from {shown(path)}: {shown(str(e), 300)}") from None
         log.info("loaded %s policy from %s in %.1f s", key[0], path, time.monotonic() - t)
         core = ServingCore(make_scheduler(cfg.scheduler, **cfg.scheduler_params),
                            [Tier(TIER, engine.profile, max_batch=cfg.max_batch)], self.clock,

@@ -12,6 +12,7 @@ import numpy as np
 
 from ...core.observation import BadObservation, Observation, PayloadTooLarge
 from .. import safe_pickle
+from ..tensors import shown
 
 STATE_KEY = "observation.state"
 IMAGE_PREFIX = "observation.images."
@@ -48,17 +49,27 @@ def lerobot_modules():
 class Payloads:
     """Decoding and encoding for one endpoint (its caps, its clock, its action rate)."""
 
-    def __init__(self, pb, helpers, max_bytes: int, fps: float, clock) -> None:
-        self.pb, self.helpers, self.max_bytes, self.fps, self.clock = pb, helpers, max_bytes, fps, clock
+    def __init__(self, pb, helpers, cfg, clock) -> None:
+        self.pb, self.helpers, self.fps, self.clock = pb, helpers, cfg.fps, clock
+        self.max_bytes, self.limits = cfg.max_payload_bytes, cfg.pickle_limits()
+        self.max_pieces, self.timeout_s = cfg.max_upload_pieces, cfg.upload_timeout_s
         import torch
 
         self.torch = torch
 
     def join(self, pieces) -> bytes:
-        """LeRobot's chunked transfer (transport.utils.receive_bytes_in_chunks), size-capped."""
+        """LeRobot's chunked transfer (transport.utils.receive_bytes_in_chunks), capped in
+        bytes, pieces and time (a stream stalled between pieces is cancelled by the servicer)."""
         pb, cap = self.pb, self.max_bytes
         buf, n = [], 0
-        for item in pieces:
+        end = time.monotonic() + self.timeout_s
+        for count, item in enumerate(pieces, 1):
+            if count > self.max_pieces:
+                raise Refused("upload_limit", grpc.StatusCode.RESOURCE_EXHAUSTED,
+                              f"observation stream of more than max_upload_pieces ({self.max_pieces}) pieces")
+            if time.monotonic() > end:
+                raise Refused("upload_limit", grpc.StatusCode.DEADLINE_EXCEEDED,
+                              f"observation stream open longer than upload_timeout_s ({self.timeout_s} s)")
             st = item.transfer_state
             if st == pb.TRANSFER_BEGIN:
                 buf, n = [], 0
@@ -67,7 +78,7 @@ class Payloads:
             n += len(item.data)
             if n > cap:
                 raise Refused(PayloadTooLarge.code, grpc.StatusCode.RESOURCE_EXHAUSTED,
-                              f"observation larger than the {cap} bytes this server accepts")
+                              f"observation larger than max_payload_bytes ({cap}) this server accepts")
             buf.append(item.data)
             if st == pb.TRANSFER_END:
                 return b"".join(buf)
@@ -75,7 +86,7 @@ class Payloads:
 
     def loads(self, data: bytes, kind: type, what: str):
         try:
-            obj = safe_pickle.loads(data, self.max_bytes)
+            obj = safe_pickle.loads(data, limits=self.limits)
         except PayloadTooLarge as e:
             raise Refused(e.code, grpc.StatusCode.RESOURCE_EXHAUSTED, f"{what}: {e.message}") from None
         except safe_pickle.UnsafePickle as e:
@@ -92,13 +103,13 @@ class Payloads:
         if not isinstance(raw, dict):
             raise BadObservation(f"observation must be a dict, got {type(raw).__name__}")
         if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
-            raise BadObservation(f"timestep must be an integer >= 0, got {step!r}")
+            raise BadObservation(f"timestep must be an integer >= 0, got {shown(str(step))}")
         if not isinstance(stamp, (float, int, np.floating)) or not math.isfinite(stamp):
-            raise BadObservation(f"timestamp must be a finite number, got {stamp!r}")
+            raise BadObservation(f"timestamp must be a finite number, got {shown(str(stamp))}")
         try:
             q = np.array([raw[n] for n in layout.state_names], dtype=np.float32)
         except KeyError as e:
-            raise BadObservation(f"joint {e.args[0]!r} missing from the observation") from None
+            raise BadObservation(f"joint {shown(e.args[0])} missing from the observation") from None
         except (TypeError, ValueError):
             raise BadObservation("joint values must be numbers") from None
         if q.ndim != 1 or not np.all(np.isfinite(q)):
@@ -107,7 +118,7 @@ class Payloads:
         for cam, hw in layout.cameras:
             img = raw.get(cam)
             if not isinstance(img, np.ndarray) or img.dtype != np.uint8 or img.ndim != 3 or img.shape[2] != 3 or 0 in img.shape:
-                raise BadObservation(f"camera {cam!r} must be an HxWx3 uint8 array, got "
+                raise BadObservation(f"camera {shown(cam)} must be an HxWx3 uint8 array, got "
                                       f"{getattr(img, 'dtype', type(img).__name__)} {getattr(img, 'shape', '')}")
             if hw is not None and img.shape[:2] != hw:
                 import cv2  # LeRobot's server resizes to the policy's image size too (bilinear)

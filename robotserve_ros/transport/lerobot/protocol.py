@@ -2,6 +2,7 @@
 the package docstring for the mapping and the execution info it derives)."""
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -24,6 +25,25 @@ log = logging.getLogger("robotserve.lerobot")
 CLIENT_ID_HEADER = "robotserve-client"
 
 
+def _rpc(fn):
+    """Every call ends in a clear status: a Refused with its own code, anything else
+    INTERNAL naming only the exception's type (never the client's bytes; the log has it)."""
+
+    @functools.wraps(fn)
+    def call(self, request, context):
+        try:
+            return fn(self, request, context)
+        except Refused as f:
+            failure = f
+        except Exception as e:  # noqa: BLE001 - the boundary: nothing escapes as UNKNOWN
+            log.exception("%s failed", fn.__name__)
+            failure = Refused("internal", grpc.StatusCode.INTERNAL,
+                              f"{fn.__name__}: internal error ({type(e).__name__}); the server logged it")
+        self._abort(context, failure)
+
+    return call
+
+
 class LeRobotCompatServicer:
     """transport.AsyncInference over the fleet scheduler.
 
@@ -34,7 +54,7 @@ class LeRobotCompatServicer:
         self.cfg = cfg
         self.helpers, constants, self.pb, _ = lerobot_modules()
         self.clock = clock or WallClock()
-        self.payloads = Payloads(self.pb, self.helpers, cfg.max_payload_bytes, cfg.fps, self.clock)
+        self.payloads = Payloads(self.pb, self.helpers, cfg, self.clock)
         self.lock = threading.RLock()
         self.changed = threading.Condition(self.lock)  # a chunk is ready, or a client went
         self.clients: dict[str, Client] = {}
@@ -44,12 +64,15 @@ class LeRobotCompatServicer:
         self.groups = self.policies.groups
         self.protocol_errors: dict[str, int] = {}  # calls refused before any core saw a request
         self.clients_reaped = 0
+        self.uploads: dict = {}  # open SendObservations streams: token -> (deadline, context)
+        self.uploads_cancelled = 0
         self._n = 0
         self._stop = threading.Event()
         self._reaper = threading.Thread(target=self._reap_loop, name="lerobot-reaper", daemon=True)
         self._reaper.start()
 
     # --- the four RPCs ------------------------------------------------------------------
+    @_rpc
     def Ready(self, request, context):  # noqa: N802 - the service's method names
         key = self._key(context)
         with self.lock:
@@ -57,13 +80,11 @@ class LeRobotCompatServicer:
         log.info("client %s ready", key)
         return self.pb.Empty()
 
+    @_rpc
     def SendPolicyInstructions(self, request, context):  # noqa: N802
         key = self._key(context)
-        try:
-            spec = self.payloads.loads(request.data, self.helpers.RemotePolicyConfig, "policy setup")
-            group, layout, apc = self.policies.resolve(spec)
-        except Refused as f:
-            self._abort(context, f)
+        spec = self.payloads.loads(request.data, self.helpers.RemotePolicyConfig, "policy setup")
+        group, layout, apc = self.policies.resolve(spec)
         with self.lock:
             c = self.clients.get(key)
             if c is None or c.group is not None or c.next_round:  # no Ready, or a new policy: a fresh task
@@ -73,36 +94,60 @@ class LeRobotCompatServicer:
         log.info("client %s: task %s on %s %s, %d actions per chunk", key, c.task_id, *group.key[:2], apc)
         return self.pb.Empty()
 
+    @_rpc
     def SendObservations(self, request_iterator, context):  # noqa: N802
         key = self._key(context)
+        tobs = self.payloads.loads(self._upload(request_iterator, context), self.helpers.TimedObservation, "observation")
+        with self.lock:
+            c = self._client(key)
+            c.last_seen = self.clock.now()
+            layout = c.layout
+        if layout is None:
+            raise Refused("no_policy", grpc.StatusCode.FAILED_PRECONDITION,
+                          "send the policy instructions (SendPolicyInstructions) before observations")
         try:
-            tobs = self.payloads.loads(self.payloads.join(request_iterator), self.helpers.TimedObservation, "observation")
-            with self.lock:
-                c = self._client(key)
-                c.last_seen = self.clock.now()
-                layout = c.layout
-            if layout is None:
-                raise Refused("no_policy", grpc.StatusCode.FAILED_PRECONDITION,
-                              "send the policy instructions (SendPolicyInstructions) before observations")
-            try:
-                obs = self.payloads.observation(tobs, layout)  # outside the lock: images may be resized
-            except BadObservation as e:  # a malformed request of the client's task: its core counts it
-                c.group.runner.count_error(e)
-                raise Refused(e.code, grpc.StatusCode.INVALID_ARGUMENT, e.message, counted=True) from None
-            with self.lock:
-                if self.clients.get(key) is c:
-                    self._offer(c, tobs, obs)
-        except Refused as f:
-            self._abort(context, f)
+            obs = self.payloads.observation(tobs, layout)  # outside the lock: images may be resized
+        except BadObservation as e:  # a malformed request of the client's task: its core counts it
+            c.group.runner.count_error(e)
+            raise Refused(e.code, grpc.StatusCode.INVALID_ARGUMENT, e.message, counted=True) from None
+        with self.lock:
+            if self.clients.get(key) is c:
+                self._offer(c, tobs, obs)
         return self.pb.Empty()
 
+    def _upload(self, pieces, context) -> bytes:
+        """The stream's payload, within the upload slots: each open stream holds a handler
+        thread, so at most cfg.upload_slots at once, each cancelled by the reaper once
+        upload_timeout_s has passed (a stream that stalls between pieces never ends itself)."""
+        token = object()
+        with self.lock:
+            if len(self.uploads) >= self.cfg.upload_slots:
+                raise Refused("too_many_uploads", grpc.StatusCode.RESOURCE_EXHAUSTED,
+                              f"{self.cfg.upload_slots} observation uploads already open (max_uploads); retry")
+            self.uploads[token] = [time.monotonic() + self.cfg.upload_timeout_s, context, False]
+        try:
+            return self.payloads.join(pieces)
+        except Refused:
+            raise
+        except Exception:  # the stream broke: cancelled by the reaper, or by the client
+            with self.lock:
+                late = self.uploads[token][2]
+            if late:
+                raise Refused("upload_limit", grpc.StatusCode.DEADLINE_EXCEEDED,
+                              f"observation stream open longer than upload_timeout_s ({self.cfg.upload_timeout_s} s)") from None
+            raise Refused("bad_transfer", grpc.StatusCode.CANCELLED, "observation stream broken off") from None
+        finally:
+            with self.lock:
+                self.uploads.pop(token, None)
+
+    @_rpc
     def GetActions(self, request, context):  # noqa: N802
         key = self._key(context)
         end = time.monotonic() + self.cfg.get_actions_timeout_s
         with self.lock:
             c = self.clients.get(key)
         if c is None:
-            self._abort(context, self._no_session(key))
+            raise self._no_session(key)
         with self.changed:
             while c.ready is None:
                 c.last_seen = self.clock.now()
@@ -235,7 +280,15 @@ class LeRobotCompatServicer:
                 forget(c.task_id)
 
     def _reap_loop(self) -> None:
-        while not self._stop.wait(0.5):
+        while not self._stop.wait(min(0.5, self.cfg.upload_timeout_s / 4)):
+            now = time.monotonic()
+            with self.lock:
+                late = [u for u in self.uploads.values() if u[0] < now and not u[2]]
+                for u in late:
+                    u[2] = True
+                    self.uploads_cancelled += 1
+            for u in late:  # frees the handler thread: the stream's next read fails
+                u[1].cancel()
             cutoff = self.clock.now() - self.cfg.client_timeout_s
             with self.changed:
                 for key in [k for k, c in self.clients.items() if c.last_seen < cutoff]:
@@ -259,6 +312,7 @@ class LeRobotCompatServicer:
         with self.lock:
             now = self.clock.now()
             out = {"protocol_errors": dict(self.protocol_errors), "clients_reaped": self.clients_reaped,
+                   "uploads_open": len(self.uploads), "uploads_cancelled": self.uploads_cancelled,
                    "clients": {}, "policies": {}}
             for c in self.clients.values():
                 ledger = c.group.core.ledger if c.group is not None else None
