@@ -224,6 +224,7 @@ class RobotClientNode(Node):
         self.cli = self.create_client(Infer, c.service, qos_profile=service_qos())
         self.task_k = 0
         self.finished_tasks = 0
+        self.tasks_continued = 0
         self._start_task()
         self.create_timer(1.0 / self.hz, self._tick)
         self.create_timer(1.0 / c.progress_hz, self._publish_progress)
@@ -249,6 +250,15 @@ class RobotClientNode(Node):
         self.idle = 0.0
         self.chunks = 0
         self.done = False
+
+    def _continue_task(self) -> None:
+        """The server no longer knows the task (it restarted, or reaped it): the motion goes on
+        under a new task id from round 0, the queued actions kept; counted."""
+        self.task_k += 1
+        self.task_id = f"{self.robot}/task{self.task_k}"
+        self.round = 0
+        self.outstanding = self.resending = False
+        self.tasks_continued += 1
 
     def _task_actions(self) -> int:
         # A replayed task is its motion: done when the trace's actions are executed, however
@@ -378,8 +388,7 @@ class RobotClientNode(Node):
             self.get_logger().warning(f"{self.task_id} round {self.round}: {resp.status.reason}: {resp.status.message}")
             self.retry_at = self.clock.now() + self.config.retry_s
             if resp.status.reason in ("unknown_task", "task_dropped"):
-                self.task_k += 1
-                self._start_task()  # the server forgot us: start over under a new id
+                self._continue_task()  # the server forgot us (restarted, or reaped the task)
             return
         dropped, _ = self.queue.merge(resp.chunk.first_timestep, chunk_to_array(resp.chunk))
         self.acct.on_chunk_used((task, rnd), reply_ms, len(self.queue))
@@ -425,7 +434,8 @@ class RobotClientNode(Node):
         """run_nodes calls this on shutdown: write the account, if asked for."""
         if self.config.stats_file:
             self.acct.dump(self.config.stats_file.replace("{robot}", self.robot),
-                           {"finished_tasks": self.finished_tasks, "task_id": self.task_id})
+                           {"finished_tasks": self.finished_tasks, "task_id": self.task_id,
+                            "tasks_continued": self.tasks_continued})
 
 
 def main(argv=None) -> int:
