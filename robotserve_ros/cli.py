@@ -192,6 +192,12 @@ def cmd_bench_soak(a) -> int:
     return cli(a)
 
 
+def cmd_bench_chaos(a) -> int:
+    from .live.bench_chaos import cli
+
+    return cli(a)
+
+
 def cmd_gpu_server(a) -> int:
     from .transport.gpu_server import cli
 
@@ -270,6 +276,14 @@ def build_parser() -> argparse.ArgumentParser:
     so.add_argument("--config", help="ROS params file (default config/fleet.yaml)")
     so.add_argument("--out", default="reports/live/soak.json", help="result JSON")
     so.set_defaults(func=cmd_bench_soak)
+
+    ch = b.add_parser("chaos", help="faults in a live light fleet: server killed/restarted, robot process killed, server frozen")
+    ch.add_argument("--scenarios", nargs="+", default=["server_kill", "client_kill", "server_freeze"],
+                    choices=["server_kill", "client_kill", "server_freeze"])
+    ch.add_argument("--robots", type=positive(int), default=10)
+    ch.add_argument("--config", help="ROS params file (default config/fleet.yaml)")
+    ch.add_argument("--out", default="reports/live/chaos.json", help="result JSON")
+    ch.set_defaults(func=cmd_bench_chaos)
 
     hy = b.add_parser("hybrid", help="edge-only vs cloud-only vs hybrid placement over a shaped link (netns, root)")
     bench_hybrid.add_arguments(hy)
