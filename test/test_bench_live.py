@@ -129,7 +129,7 @@ def test_fleet_live_light_reports_the_servers_numbers(tmp_path, monkeypatch):
     assert 0 < head["in_server_ms_p50"] <= head["in_server_ms_p99"]
     u = res["engine_utilization_when_backlogged"]
     assert u is None or 0 <= u <= 1.0001
-    assert res["server_rss_kb"] and all(kb > 0 for _, kb in res["server_rss_kb"])
+    assert res["server_rss_kb"] and all(kb > 0 and threads >= 1 for _, kb, threads in res["server_rss_kb"])
     assert res["cpu"]["process_cores_used_by_role"]["light_clients"] > 0
     assert all(code == 0 for code in res["process_exit_codes"].values()), res["process_exit_codes"]
 

@@ -94,10 +94,10 @@ class Runner:
         # The last samples (seconds, core clock) of: a dispatch step that made batches; a slot
         # freed while backlogged -> its next batch dispatched (gap_dispatch) -> the engine
         # starting after the refresh (gap_refresh).
-        self.dispatch_s: deque = deque(maxlen=4096)
-        self.gap_dispatch_s: deque = deque(maxlen=4096)
-        self.gap_refresh_s: deque = deque(maxlen=4096)
-        self.gap_handoff_s: deque = deque(maxlen=4096)  # dispatched -> its slot thread begins
+        self.dispatch_s: deque = deque(maxlen=1024)
+        self.gap_dispatch_s: deque = deque(maxlen=1024)
+        self.gap_refresh_s: deque = deque(maxlen=1024)
+        self.gap_handoff_s: deque = deque(maxlen=1024)  # dispatched -> its slot thread begins
         self._freed_at: dict = {}  # tier -> when a slot freed while backlogged
         self._dispatched_at: dict = {}  # dispatch id -> when, for batches dispatched so
         # Refresh ahead (live driver only): prefresh_lead_s before a batch is expected to end

@@ -64,12 +64,12 @@ def engine_profile_ms(srv_cfg: dict) -> dict:
     return {int(b): float(ms) for b, ms in prof.to_dict().items()}
 
 
-def rss_kb(pid: int) -> Optional[int]:
-    """A process's resident set (VmRSS, kB); None once it is gone."""
+def proc_status(pid: int, field: str = "VmRSS") -> Optional[int]:
+    """A number from /proc/PID/status (VmRSS: resident set in kB; Threads); None once it is gone."""
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
-                if line.startswith("VmRSS:"):
+                if line.startswith(f"{field}:"):
                     return int(line.split()[1])
     except (OSError, ValueError, IndexError):
         pass
@@ -303,7 +303,7 @@ def run_fleet_live(out: Path, robots: int = 100, duration: float = 60.0, per_pro
                                     env, log_dir)
     codes: dict = {}
     samples: list = []  # (t, cpu_times, {name: cpu_s}) once a second
-    rss: list = []  # (s since the window began, the server's resident set in kB) once a second
+    rss: list = []  # (s since the window began, the server's resident set in kB, its threads) once a second
     t_launch = time.monotonic()
     failed: list = []
     t_ready = t_stop = None
@@ -321,9 +321,9 @@ def run_fleet_live(out: Path, robots: int = 100, duration: float = 60.0, per_pro
             procs["bench_listener"] = proc_cpu_s(os.getpid())
             samples.append((time.monotonic(), cpu_times(), procs, os.getloadavg()[0]))
         srv_pid = next((p.pid for s, p in base_group.procs if s.name == "inference_server"), None)
-        kb = rss_kb(srv_pid) if srv_pid else None
+        kb = proc_status(srv_pid) if srv_pid else None
         if kb is not None:
-            rss.append((round(time.monotonic() - t_ready, 1) if t_ready else 0.0, kb))
+            rss.append((round(time.monotonic() - t_ready, 1) if t_ready else 0.0, kb, proc_status(srv_pid, "Threads")))
 
     try:
         say(f"domain {domain}: server + {robots} robots ({per_process} per process), {hz:g} Hz control, "

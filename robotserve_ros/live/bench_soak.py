@@ -26,8 +26,8 @@ from .bench_fleet_live import run_fleet_live
 
 
 def rss_growth(rss: list, warmup_s: float, end_s: float) -> dict:
-    """rss: [(s since the window began, kB)]; growth after warmup_s up to end_s."""
-    run = [(t, kb) for t, kb in rss if 0 <= t <= end_s]
+    """rss: [(s since the window began, kB, ...)]; growth after warmup_s up to end_s."""
+    run = [(x[0], x[1]) for x in rss if 0 <= x[0] <= end_s]
     after = [(t, kb) for t, kb in run if t >= warmup_s]
     if len(after) < 2:
         return {"rss_growth_fraction": None, "rss_baseline_kb": None, "rss_last_kb": None, "rss_max_kb": None}
@@ -49,7 +49,7 @@ def run_soak(out: Path, minutes: float = 20.0, robots: int = 50, config: Optiona
                          light=True, drain_s=task_timeout + 5.0, verbose=verbose)
     warmup = min(120.0, duration / 4)
     rss = res["server_rss_kb"]
-    every = [[t, kb] for i, (t, kb) in enumerate(rss) if i == 0 or int(t // rss_every_s) != int(rss[i - 1][0] // rss_every_s)]
+    every = [list(x) for i, x in enumerate(rss) if i == 0 or int(x[0] // rss_every_s) != int(rss[i - 1][0] // rss_every_s)]
     after = res["server_after_stop"]
     freed = bool(after) and all(after.get(k) == 0 for k in ("tasks", "waiters", "reply_cache", "queue_length", "in_flight"))
     soak = {

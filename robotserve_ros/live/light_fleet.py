@@ -32,7 +32,7 @@ from typing import Optional
 
 import numpy as np
 
-from ..core.robot_timing import trigger_actions
+from ..core.robot_timing import trigger_actions, unanswered_action
 
 
 def _robot_config(params: Optional[str]):
@@ -196,13 +196,14 @@ class LightFleetNode:
         request_timeout_s (the next round id follows)."""
         if not r.outstanding:
             return
-        if now - r.sent_at > self.resend_after and now - r.first_sent_at <= self.c.request_timeout_s:
+        act = unanswered_action(now, r.sent_at, r.first_sent_at, self.resend_after, self.c.request_timeout_s)
+        if act == "resend":
             self.cli.remove_pending_request(r.fut)
             r.outstanding, r.resending = False, True
             if ready:
                 self._send(r, now)
             return
-        if now - r.first_sent_at > self.c.request_timeout_s:
+        if act == "give_up":
             self.cli.remove_pending_request(r.fut)
             r.acct.errors["timeout"] += 1
             r.outstanding = False

@@ -126,6 +126,27 @@ class InferenceServerConfig(NodeConfig):
         return json.loads(getattr(self, name))
 
 
+def _trim_heap() -> None:
+    """Give the heap pages freed since the last call back to the OS (glibc malloc_trim). A
+    long-running server sees peaks of queued observations on ~150 threads' malloc arenas;
+    without this its resident set keeps the highest peak's fragments (a 10-minute soak grew
+    7 % after its first 2 minutes, with nothing leaking in the server's own structures)."""
+    global _libc
+    if _libc is None:
+        try:
+            import ctypes
+
+            _libc = ctypes.CDLL("libc.so.6")
+            _libc.malloc_trim.argtypes = [ctypes.c_size_t]
+        except (OSError, AttributeError):  # not glibc: nothing to do
+            _libc = False
+    if _libc:
+        _libc.malloc_trim(0)
+
+
+_libc = None
+
+
 def _ms_pct(samples, q: float):
     """The q-th percentile of recent durations (s) in ms; None for none."""
     xs = list(samples)
@@ -192,8 +213,8 @@ class InferenceServerNode(Node):
         self.finished = Counter()
         self.served_by_tier = Counter()  # replies per tier: how much the placement offloaded
         self._t0 = self.clock.now()  # engine time is measured on the core's clock too
-        self.in_server_s: deque = deque(maxlen=4096)  # received -> answered, the last ok rounds
-        self.refresh_s: deque = deque(maxlen=4096)  # one batch's refresh, call to return
+        self.in_server_s: deque = deque(maxlen=1024)  # received -> answered, the last ok rounds
+        self.refresh_s: deque = deque(maxlen=1024)  # one batch's refresh, call to return
         self._fetch_clients: dict = {}  # (rclpy's Node keeps its own _clients)
         self._fetch_lock = threading.Lock()  # refreshes run from two threads (refresh ahead)
         # Rounds whose robot did not answer a refresh in time (oldest first, bounded): asked
@@ -207,6 +228,7 @@ class InferenceServerNode(Node):
         self.diag = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
         self.create_timer(1.0 / c.diagnostics_hz, self._publish_diagnostics)
         self.create_timer(min(1.0, c.task_timeout_s / 4), self._reap)
+        self.create_timer(30.0, _trim_heap)
         # The core's one serving loop (core/runner.py): a thread per tier slot, edge and cloud at once.
         self.trace = StageTrace(time.monotonic_ns) if c.stage_trace_file else None
         # Refresh ahead: the next batch's stale observations are fetched while the current one
@@ -368,7 +390,7 @@ class InferenceServerNode(Node):
                 cli.remove_pending_request(fut)
                 with self._fetch_lock:
                     self._no_refresh[(req.task_id, req.round_id)] = True
-                    while len(self._no_refresh) > 4096:
+                    while len(self._no_refresh) > 1024:
                         self._no_refresh.pop(next(iter(self._no_refresh)))
                 out.append(None)
                 continue

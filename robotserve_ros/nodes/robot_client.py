@@ -36,7 +36,7 @@ from std_msgs.msg import Float64MultiArray
 from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
 from ..core.action_queue import AGGREGATES, ActionQueue
-from ..core.robot_timing import trigger_actions
+from ..core.robot_timing import trigger_actions, unanswered_action
 from ..sim.simulator import task_type_of
 from ..msg import ExecutionProgress
 from ..srv import FetchObservation, Infer
@@ -361,13 +361,14 @@ class RobotClientNode(Node):
         still generates)."""
         if not self.outstanding:
             return
-        now = self.clock.now()
-        if now - self.sent_at > self.resend_after and now - self.first_sent_at <= self.config.request_timeout_s:
+        act = unanswered_action(self.clock.now(), self.sent_at, self.first_sent_at, self.resend_after,
+                                self.config.request_timeout_s)
+        if act == "resend":
             self.cli.remove_pending_request(self.fut)
             self.outstanding, self.resending = False, True
             self._send()
             return
-        if now - self.first_sent_at > self.config.request_timeout_s:
+        if act == "give_up":
             self.cli.remove_pending_request(self.fut)
             self.acct.errors["timeout"] += 1
             self.get_logger().warning(f"{self.task_id} round {self.round}: no answer in {self.config.request_timeout_s} s")
