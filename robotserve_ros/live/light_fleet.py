@@ -76,7 +76,7 @@ class LightRobot:
     """One robot's state; its timing and re-send rules are robot_client's."""
 
     __slots__ = ("name", "acct", "task_k", "task_id", "round", "timestep", "queue_end", "outstanding", "sent_at",
-                 "first_sent_at", "resending", "retry_at", "task_start", "exec_start", "idle", "chunks", "fut",
+                 "first_sent_at", "resending", "retry_at", "task_start", "exec_start", "idle", "chunks", "fut", "futs",
                  "finished_tasks", "continued", "done", "obs_k")
 
     def __init__(self, name: str, hz: float) -> None:
@@ -84,7 +84,7 @@ class LightRobot:
 
         self.name, self.acct = name, ClientAccount(name, hz)
         self.task_k = self.finished_tasks = self.continued = self.obs_k = 0
-        self.fut = None
+        self.fut, self.futs = None, []
         self.start_task(time.monotonic())
 
     def start_task(self, now: float, keep_motion: bool = False) -> None:
@@ -189,6 +189,7 @@ class LightFleetNode:
         key = (r.task_id, r.round)
         r.acct.on_send(key)
         r.fut = self.cli.call_async(q)
+        r.futs.append(r.fut)
         r.fut.add_done_callback(lambda f, r=r, key=key: self._on_reply(r, key, f))
 
     def _check_timeout(self, r: LightRobot, now: float, ready: bool) -> None:
@@ -197,25 +198,34 @@ class LightFleetNode:
         if not r.outstanding:
             return
         act = unanswered_action(now, r.sent_at, r.first_sent_at, self.resend_after, self.c.request_timeout_s)
-        if act == "resend":
-            self.cli.remove_pending_request(r.fut)
+        if act == "resend":  # the earlier call stays open (robot_client's rule): first answer wins
             r.outstanding, r.resending = False, True
             if ready:
                 self._send(r, now)
             return
         if act == "give_up":
-            self.cli.remove_pending_request(r.fut)
+            self._drop_calls(r)
             r.acct.errors["timeout"] += 1
             r.outstanding = False
             r.round += 1
 
+    def _drop_calls(self, r: LightRobot) -> None:
+        for f in r.futs:
+            if not f.done():
+                self.cli.remove_pending_request(f)
+        r.futs = []
+
     def _on_reply(self, r: LightRobot, key: tuple, fut) -> None:
         resp = fut.result()
+        if key == (r.task_id, r.round) and fut is not r.fut and resp is not None \
+                and resp.status.reason == "duplicate_request":
+            return  # an earlier call of a round sent again: the newer call gets the answer
         reply_ms = r.acct.on_answer(key, resp)
         if key != (r.task_id, r.round):
             r.acct.left_task_answers += 1
             return
         r.outstanding = False
+        self._drop_calls(r)
         now = self.clock.now()
         if resp is None:
             r.retry_at = now + self.c.retry_s

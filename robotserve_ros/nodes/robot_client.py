@@ -225,6 +225,7 @@ class RobotClientNode(Node):
         self.task_k = 0
         self.finished_tasks = 0
         self.tasks_continued = 0
+        self.fut, self.futs = None, []  # the latest call, and every call open for the current round
         self._start_task()
         self.create_timer(1.0 / self.hz, self._tick)
         self.create_timer(1.0 / c.progress_hz, self._publish_progress)
@@ -352,6 +353,7 @@ class RobotClientNode(Node):
         task, rnd = self.task_id, self.round
         self.acct.on_send((task, rnd))
         self.fut = self.cli.call_async(r)
+        self.futs.append(self.fut)
         self.fut.add_done_callback(lambda f: self._on_reply(task, f, rnd))
 
     def _check_timeout(self) -> None:
@@ -364,24 +366,38 @@ class RobotClientNode(Node):
         act = unanswered_action(self.clock.now(), self.sent_at, self.first_sent_at, self.resend_after,
                                 self.config.request_timeout_s)
         if act == "resend":
-            self.cli.remove_pending_request(self.fut)
+            # The earlier call stays open: on a loaded robot its reply may only be late in our
+            # own executor, and dropping it here would drop every reply slower than
+            # resend_after (a livelock at 100 robots on 2 cores). Whichever answer comes first
+            # is used; the server never generates the round twice.
             self.outstanding, self.resending = False, True
             self._send()
             return
         if act == "give_up":
-            self.cli.remove_pending_request(self.fut)
+            self._drop_calls()
             self.acct.errors["timeout"] += 1
             self.get_logger().warning(f"{self.task_id} round {self.round}: no answer in {self.config.request_timeout_s} s")
             self.outstanding = False
             self.round += 1
 
+    def _drop_calls(self) -> None:
+        """The calls still open for the current round are no longer wanted."""
+        for f in self.futs:
+            if not f.done():
+                self.cli.remove_pending_request(f)
+        self.futs = []
+
     def _on_reply(self, task: str, fut, rnd: int = -1) -> None:
-        reply_ms = self.acct.on_answer((task, rnd), fut.result())
+        resp = fut.result()
+        if (task, rnd) == (self.task_id, self.round) and fut is not self.fut and resp is not None \
+                and resp.status.reason == "duplicate_request":
+            return  # an earlier call of the round we sent again: the newer call gets the answer
+        reply_ms = self.acct.on_answer((task, rnd), resp)
         if task != self.task_id or rnd != self.round:
             self.acct.left_task_answers += 1
             return  # an answer for a task we left, or a round we gave up on
         self.outstanding = False
-        resp = fut.result()
+        self._drop_calls()
         if resp is None:
             self.retry_at = self.clock.now() + self.config.retry_s
             return
