@@ -191,6 +191,18 @@ def cmd_bench_fleet_live(a) -> int:
     return cli(a)
 
 
+def cmd_bench_soak(a) -> int:
+    from .live.bench_soak import cli
+
+    return cli(a)
+
+
+def cmd_bench_chaos(a) -> int:
+    from .live.bench_chaos import cli
+
+    return cli(a)
+
+
 def cmd_gpu_server(a) -> int:
     from .transport.gpu_server import cli
 
@@ -255,11 +267,28 @@ def build_parser() -> argparse.ArgumentParser:
     fl.add_argument("--out", required=True, help="result JSON")
     fl.add_argument("--robots", type=positive(int), default=100)
     fl.add_argument("--duration", type=positive(), default=60.0, help="seconds, after every robot has started")
-    fl.add_argument("--per-process", type=positive(int), default=25, help="robots per sim_robot / robot_client process")
+    fl.add_argument("--per-process", type=positive(int), help="robots per process (default 25; 150 with --light)")
     fl.add_argument("--config", help="ROS params file (default config/fleet.yaml)")
     fl.add_argument("--lost-after", type=float, default=10.0, help="an answer missing longer than this at the stop is lost")
     fl.add_argument("--trace-server", action="store_true", help="run the server with per-round marks (where lost rounds went)")
+    fl.add_argument("--light", action="store_true", help="light load generator (live/light_fleet.py): many robots per "
+                    "process, no rendering; the server's numbers are the headline")
     fl.set_defaults(func=cmd_bench_fleet_live)
+
+    so = b.add_parser("soak", help="the server under a steady light fleet for minutes: RSS growth, lost chunks, ledger freed")
+    so.add_argument("--minutes", type=positive(), default=20.0)
+    so.add_argument("--robots", type=positive(int), default=50)
+    so.add_argument("--config", help="ROS params file (default config/fleet.yaml)")
+    so.add_argument("--out", default="reports/live/soak.json", help="result JSON")
+    so.set_defaults(func=cmd_bench_soak)
+
+    ch = b.add_parser("chaos", help="faults in a live light fleet: server killed/restarted, robot process killed, server frozen")
+    ch.add_argument("--scenarios", nargs="+", default=["server_kill", "client_kill", "server_freeze"],
+                    choices=["server_kill", "client_kill", "server_freeze"])
+    ch.add_argument("--robots", type=positive(int), default=10)
+    ch.add_argument("--config", help="ROS params file (default config/fleet.yaml)")
+    ch.add_argument("--out", default="reports/live/chaos.json", help="result JSON")
+    ch.set_defaults(func=cmd_bench_chaos)
 
     hy = b.add_parser("hybrid", help="edge-only vs cloud-only vs hybrid placement over a shaped link (netns, root)")
     bench_hybrid.add_arguments(hy)

@@ -108,3 +108,66 @@ def test_fleet_live_small(tmp_path, monkeypatch):
     assert trace["stage_trace_missing"] is None, trace
     assert trace["rounds_reaching_server"] >= trace["ok_replies_answered"] >= res["chunks_served"], trace
     assert 0 <= trace["in_server_ms"]["p50"] <= trace["in_server_ms"]["max"]
+
+
+def test_fleet_live_light_reports_the_servers_numbers(tmp_path, monkeypatch):
+    """--light: robots from live/light_fleet.py (several in one process), the server's own
+    numbers (backlog utilisation, dispatch time, in-server latency) in the report."""
+    from robotserve_ros.live.bench_fleet_live import run_fleet_live
+
+    _apply_env(monkeypatch)
+    res = run_fleet_live(tmp_path / "light.json", robots=6, duration=8.0, per_process=3, log_dir=tmp_path / "logs",
+                         verbose=False, light=True)
+    assert res["light"] and res["processes"] == {"inference_server": 1, "light_fleet": 2}
+    assert res["robot_accounts"] == 6 and res["robots_seen_by_server"] == 6
+    assert res["lost_chunks"] == 0 and res["duplicate_chunks"] == 0 and res["mismatched_chunks"] == 0, res
+    assert res["chunks_served"] > 0 and res["answered_requests_check"] == 0, res
+    for key in ("engine_utilization_when_backlogged", "resent_requests", "replies_replayed", "server_headline"):
+        assert key in res, key
+    head = res["server_headline"]
+    assert head["dispatch_ms_p99"] is not None and 0 <= head["dispatch_ms_p50"] <= head["dispatch_ms_p99"]
+    assert 0 < head["in_server_ms_p50"] <= head["in_server_ms_p99"]
+    u = res["engine_utilization_when_backlogged"]
+    assert u is None or 0 <= u <= 1.0001
+    assert res["server_rss_kb"] and all(kb > 0 and threads >= 1 for _, kb, threads in res["server_rss_kb"])
+    assert res["cpu"]["process_cores_used_by_role"]["light_clients"] > 0
+    assert all(code == 0 for code in res["process_exit_codes"].values()), res["process_exit_codes"]
+
+
+def test_soak_short_frees_every_task(tmp_path, monkeypatch):
+    """A 30 s soak: RSS sampled, nothing lost or duplicated, and once the robots stop the
+    server's reaper leaves no task, waiter or cached reply behind."""
+    from robotserve_ros.live.bench_soak import run_soak
+
+    _apply_env(monkeypatch)
+    res = run_soak(tmp_path / "soak.json", minutes=0.5, robots=6, verbose=False)
+    assert json.loads((tmp_path / "soak.json").read_text()) == json.loads(json.dumps(res))
+    assert res["lost_chunks"] == 0 and res["duplicate_chunks"] == 0 and res["chunks_served"] > 0, res
+    assert res["ledger_freed"], res["server_after_stop"]
+    assert res["rss_baseline_kb"] > 0 and isinstance(res["rss_growth_fraction"], float)
+    assert len(res["server_rss_kb_every"]) >= 3
+
+
+def test_chaos_server_killed_and_restarted(tmp_path, monkeypatch):
+    """The server SIGKILLed mid-fleet and started again: every robot gets chunks again, the
+    tasks the new server does not know continue under new ids, nothing lost or duplicated."""
+    from robotserve_ros.live.bench_chaos import run_scenario
+
+    _apply_env(monkeypatch)
+    r = run_scenario("server_kill", tmp_path, robots=4, before_s=4.0, after_s=12.0)
+    assert r["robot_accounts"] == 4
+    assert r["lost_chunks"] == 0 and r["duplicate_chunks"] == 0 and r["mismatched_chunks"] == 0, r
+    assert r["robots_with_chunks_after_fault"] == 4, r
+    assert r["errors"].get("unknown_task", 0) == r["tasks_continued"], r  # every unknown_task continued once
+    assert r["answered_requests_check"] == 0, r
+
+
+def test_chaos_robot_process_killed_its_tasks_are_reaped(tmp_path, monkeypatch):
+    from robotserve_ros.live.bench_chaos import run_scenario
+
+    _apply_env(monkeypatch)
+    r = run_scenario("client_kill", tmp_path, robots=4, before_s=3.0, after_s=5.0)
+    assert r["robots_killed"] == 2 and r["robot_accounts"] == 2  # the killed process wrote no account
+    assert int(r["server_at_end"]["reaped_tasks"]) >= 2, r
+    assert int(r["server_at_end"]["tasks"]) <= 2, r  # only the live robots' tasks are left
+    assert r["lost_chunks"] == 0 and r["duplicate_chunks"] == 0, r

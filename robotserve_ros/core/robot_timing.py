@@ -36,3 +36,15 @@ def alone_latency(rounds: Sequence[int], control_hz: float, batch1_latency_s: fl
         prev_end = start + n / control_hz
         t_req = start + request_after(n, trig, control_hz)
     return prev_end
+
+
+def unanswered_action(now: float, sent_at: float, first_sent_at: float, resend_after_s: float,
+                      request_timeout_s: float) -> Optional[str]:
+    """What a robot does about its unanswered round: "resend" the same round once
+    resend_after_s passed since the last send (a lost reply is recovered), "give_up" once
+    request_timeout_s passed since the first (the next round id follows), else None."""
+    if now - first_sent_at > request_timeout_s:
+        return "give_up"
+    if now - sent_at > resend_after_s:
+        return "resend"
+    return None

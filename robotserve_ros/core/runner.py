@@ -26,10 +26,11 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from collections import Counter
+from collections import Counter, deque
 from typing import Callable, Mapping, Optional, Sequence
 
 from .errors import RequestError
+from .schedulers import SchedulingContext
 from .serving import Dispatch, ServingCore
 from .types import ChunkReply, InferenceRequest, PendingRequest
 
@@ -66,6 +67,7 @@ class Runner:
         on_given_up: Optional[Callable[[list, Exception], None]] = None,
         retry_pause_s: float = 0.1,
         max_attempts: int = 3,
+        prefresh_lead_s: Optional[float] = None,
     ) -> None:
         missing = [t.name for t in core.tiers if t.name not in engines]
         if missing:
@@ -80,6 +82,31 @@ class Runner:
         self.busy_s: Counter = Counter()  # engine time per tier, on the core's clock
         self.failures: Counter = Counter()
         self.late_replies = 0
+        # Load accounting (read under the lock; the node's diagnostics and benches use it):
+        # the core is backlogged while more requests wait than one full batch of every tier
+        # slot; backlogged_s integrates that time, busy_backlogged_s[tier] the slot-seconds
+        # the tier's engine ran meanwhile (a well-fed engine is busy all of it).
+        self.backlog_threshold = sum(t.batch_limit * t.slots for t in core.tiers)
+        self.backlogged_s = 0.0
+        self.busy_backlogged_s: Counter = Counter()
+        self.running: Counter = Counter()  # tier -> slots inside engine.infer now
+        self._acct_at: Optional[float] = None
+        # The last samples (seconds, core clock) of: a dispatch step that made batches; a slot
+        # freed while backlogged -> its next batch dispatched (gap_dispatch) -> the engine
+        # starting after the refresh (gap_refresh).
+        self.dispatch_s: deque = deque(maxlen=1024)
+        self.gap_dispatch_s: deque = deque(maxlen=1024)
+        self.gap_refresh_s: deque = deque(maxlen=1024)
+        self.gap_handoff_s: deque = deque(maxlen=1024)  # dispatched -> its slot thread begins
+        self._freed_at: dict = {}  # tier -> when a slot freed while backlogged
+        self._dispatched_at: dict = {}  # dispatch id -> when, for batches dispatched so
+        # Refresh ahead (live driver only): prefresh_lead_s before a batch is expected to end
+        # (its tier's engine profile), the requests the scheduler would run next get their
+        # stale observations fetched, so the engine does not wait on robots between batches.
+        self.prefresh_lead_s = prefresh_lead_s
+        self.prefreshes = Counter()  # ok / failed / skipped (taken meanwhile)
+        self._prefresh_at: dict = {}  # tier -> when to refresh its next batch ahead
+        self._prefresh_wake = threading.Condition(threading.Lock())
         self._work = threading.Event()
         self._stop = threading.Event()
         self._queues: dict = {}
@@ -96,12 +123,27 @@ class Runner:
             except Exception:  # a diagnostics fault must never cost a robot its round
                 log.exception("stage observer failed at %s", stage)
 
+    def _account(self) -> None:
+        """Under the lock, before any change of the queue or of the running slots: the time
+        since the last change goes to the backlog integrals."""
+        now = self.core.clock.now()
+        if self._acct_at is not None and len(self.core.pending) > self.backlog_threshold:
+            dt = max(0.0, now - self._acct_at)
+            self.backlogged_s += dt
+            for tier, n in self.running.items():
+                self.busy_backlogged_s[tier] += n * dt
+        self._acct_at = now
+
+    def backlogged(self) -> bool:
+        return len(self.core.pending) > self.backlog_threshold
+
     # --- the steps ------------------------------------------------------------------------
     def submit(self, req: InferenceRequest, then: Optional[Callable[[PendingRequest], None]] = None) -> PendingRequest:
         """Validate and queue a request (RequestError if refused, counted by the core).
         `then(pending)` runs under the same lock, before any batch can take the request: a
         caller registers its waiter there so no reply can come before it."""
         with self.lock:
+            self._account()
             p = self.core.submit(req)
             if then is not None:
                 then(p)
@@ -116,7 +158,19 @@ class Runner:
 
     def dispatch(self) -> list[Dispatch]:
         with self.lock:
+            self._account()
+            backlogged = self.backlogged()
+            t0 = self.core.clock.now()
             ds = self.core.dispatch()
+            if ds:
+                t1 = self.core.clock.now()
+                self.dispatch_s.append(t1 - t0)
+                for d in ds:
+                    freed = self._freed_at.pop(d.tier, None)
+                    if freed is not None:
+                        self.gap_dispatch_s.append(t0 - freed)
+                    if freed is not None or backlogged:
+                        self._dispatched_at[d.id] = t1
         for d in ds:
             self._emit("dispatch", _rounds(d))
         return ds
@@ -124,9 +178,24 @@ class Runner:
     def begin(self, d: Dispatch) -> float:
         """Refresh stale observations (outside the lock: a refresh is a round trip to the
         robot), then mark the engine's start; returns it on the core's clock."""
+        frm = self._dispatched_at.get(d.id)
+        if frm is not None:
+            self.gap_handoff_s.append(self.core.clock.now() - frm)
         self.core.refresh_stale(d)
         self._emit("engine_start", _rounds(d))
-        return self.core.clock.now()
+        with self.lock:
+            self._account()
+            started = self.core.clock.now()
+            self.running[d.tier] += 1
+            frm = self._dispatched_at.pop(d.id, None)
+            if frm is not None:
+                self.gap_refresh_s.append(started - frm)
+        if self.prefresh_lead_s is not None and self._threads:
+            expected = self.core.tier(d.tier).profile.latency_s(len(d.requests))
+            with self._prefresh_wake:
+                self._prefresh_at[d.tier] = started + max(0.0, expected - self.prefresh_lead_s)
+                self._prefresh_wake.notify()
+        return started
 
     def finish(self, d: Dispatch, results: list, started: float) -> bool:
         """Complete a batch and hand its replies on; False (and counted) when the batch was
@@ -134,7 +203,7 @@ class Runner:
         rounds = _rounds(d)
         self._emit("engine_end", rounds)
         with self.lock:
-            self.busy_s[d.tier] += self.core.clock.now() - started
+            self._engine_done(d.tier, started)
             if d.id not in self.core.inflight:
                 self.late_replies += 1
                 return False
@@ -154,7 +223,7 @@ class Runner:
         tier = self.core.tier(d.tier)
         with self.lock:
             if started is not None:
-                self.busy_s[d.tier] += self.core.clock.now() - started
+                self._engine_done(d.tier, started)
             self.failures[d.tier] += 1
             self.core.stats.errors["engine_failure"] += 1
             if d.id in self.core.inflight:
@@ -163,6 +232,67 @@ class Runner:
         log.warning("tier %s failed a batch of %d (%r); requeued", d.tier, len(d.requests), e)
         if self.on_error is not None:
             self.on_error(d, e)
+
+    def _engine_done(self, tier: str, started: float) -> None:
+        """Under the lock: the tier's engine finished (or failed) a batch begun at `started`."""
+        self._account()
+        now = self.core.clock.now()
+        self.busy_s[tier] += now - started
+        self.running[tier] = max(0, self.running[tier] - 1)
+        if self.backlogged():
+            self._freed_at[tier] = now
+
+    def prefresh(self, tier_name: str) -> int:
+        """Seed 000 Algorithm 1 lines 20-21 ahead of time: fetch the observations that will be
+        stale at the tier's next dispatch (prefresh_lead_s from now) for the requests the
+        scheduler would put in its next batch now. Outside the lock (a round trip to the
+        robots); a request dispatched or replaced meanwhile keeps what it has. The dispatch
+        itself still decides and still refreshes whatever is stale then. Returns the number
+        of observations replaced."""
+        core, lead = self.core, self.prefresh_lead_s or 0.0
+        if core.refresher is None or core.stale_obs_s is None:
+            return 0
+        with self.lock:
+            if not core.pending:
+                return 0
+            tier, now = core.tier(tier_name), core.clock.now()
+            ordered = core.scheduler.select(list(core.pending.values()), SchedulingContext(now, core.ledger, core.epoch),
+                                            tier.batch_limit)[: tier.batch_limit]
+            due = [p for p in ordered if p.request.obs_stamp is not None and now + lead - p.request.obs_stamp > core.stale_obs_s]
+        if not due:
+            return 0
+        fresh = list(core.refresher([p.request for p in due]))
+        if len(fresh) != len(due):
+            fresh = [None] * len(due)
+        done = 0
+        with self.lock:
+            for p, f in zip(due, fresh):
+                if f is None:
+                    self.prefreshes["failed"] += 1
+                elif core.pending.get(p.task_id) is not p:
+                    self.prefreshes["skipped"] += 1
+                else:
+                    p.request.observation, p.request.obs_stamp = f
+                    self.prefreshes["ok"] += 1
+                    done += 1
+        return done
+
+    def _prefresh_loop(self) -> None:
+        while not self._stop.is_set():
+            with self._prefresh_wake:
+                now = self.core.clock.now()
+                due = [t for t, at in self._prefresh_at.items() if at <= now]
+                if not due:
+                    nxt = min(self._prefresh_at.values(), default=None)
+                    self._prefresh_wake.wait(0.5 if nxt is None else min(0.5, max(0.0, nxt - now)))
+                    continue
+                for t in due:
+                    del self._prefresh_at[t]
+            for t in due:
+                try:
+                    self.prefresh(t)
+                except Exception:  # freshness is an optimisation: never cost a round
+                    log.exception("refresh ahead on %s failed", t)
 
     def _requeue(self, d: Dispatch, e: Exception) -> None:
         """Under the lock: the batch's requests wait again, up to max_attempts failures each."""
@@ -196,6 +326,8 @@ class Runner:
             return self
         self._queues = {t.name: queue.SimpleQueue() for t in self.core.tiers}
         self._threads = [threading.Thread(target=self._dispatch_loop, name="dispatcher", daemon=True)]
+        if self.prefresh_lead_s is not None:
+            self._threads.append(threading.Thread(target=self._prefresh_loop, name="prefresh", daemon=True))
         for t in self.core.tiers:
             for k in range(t.slots):
                 self._threads.append(threading.Thread(target=self._slot_loop, args=(t.name,), name=f"tier-{t.name}-{k}", daemon=True))
@@ -237,6 +369,8 @@ class Runner:
     def close(self) -> None:
         self._stop.set()
         self._work.set()
+        with self._prefresh_wake:
+            self._prefresh_wake.notify()
         for q in self._queues.values():
             for _ in range(len(self._threads)):
                 q.put(None)

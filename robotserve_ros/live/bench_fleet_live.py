@@ -42,7 +42,7 @@ import yaml
 
 from ..launch_description import default_config, robots as robot_specs, server as server_specs
 from ..machine import busy_fraction, cpu_times, machine_info, proc_cpu_s
-from .processes import (DomainContext, ProcessGroup, foreign_nodes, pct, pick_free_domain, read_stage_trace, ros_env,
+from .processes import (DomainContext, ModuleSpec, ProcessGroup, foreign_nodes, pct, pick_free_domain, read_stage_trace, ros_env,
                         server_diagnostics)
 
 
@@ -62,6 +62,18 @@ def engine_profile_ms(srv_cfg: dict) -> dict:
 
     prof = InferenceServerConfig(**srv_cfg).profile()
     return {int(b): float(ms) for b, ms in prof.to_dict().items()}
+
+
+def proc_status(pid: int, field: str = "VmRSS") -> Optional[int]:
+    """A number from /proc/PID/status (VmRSS: resident set in kB; Threads); None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(f"{field}:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def _num(v):
@@ -97,6 +109,29 @@ def _hist_pct(hist: Counter, q: float) -> float:
 def _in(sec_counts: dict, t0: float, t1: float) -> int:
     """Sum of per-second counts whose whole second lies in [t0, t1)."""
     return sum(v for k, v in sec_counts.items() if t0 <= int(k) and int(k) + 1 <= t1)
+
+
+# The server's own numbers, from its last diagnostics (recent-sample percentiles).
+HEADLINE = ("dispatch_ms_p50", "dispatch_ms_p99", "in_server_ms_p50", "in_server_ms_p99", "gap_to_dispatch_ms_p99",
+            "gap_refresh_ms_p50", "gap_refresh_ms_p99", "engine_utilization", "backlog_threshold", "refreshes",
+            "refresh_failures", "resent_requests", "replies_replayed", "given_up")
+
+
+def backlog_window(series: list, t0: float, t1: float) -> dict:
+    """Engine busy fraction over the time the server's queue held more than the saturation
+    batch, within [t0, t1], from the differences of its cumulative diagnostics
+    (backlogged_s, busy_while_backlogged_s) between the first and last sample there."""
+    pts = [(t, d) for t, d in series if t0 <= t <= t1 and "backlogged_s" in d]
+    if len(pts) < 2:
+        return {"engine_utilization_when_backlogged": None, "backlogged_s_in_window": 0.0}
+    (_, a), (_, b) = pts[0], pts[-1]
+    wall = float(b["backlogged_s"]) - float(a["backlogged_s"])
+    busy = float(b["busy_while_backlogged_s"]) - float(a["busy_while_backlogged_s"])
+    eb = float(b["engine_busy_s"]) - float(a["engine_busy_s"])
+    span = pts[-1][0] - pts[0][0]
+    return {"engine_utilization_when_backlogged": round(busy / wall, 4) if wall > 0.5 else None,
+            "backlogged_s_in_window": round(wall, 2),
+            "engine_utilization_in_window": round(eb / span, 4) if span > 0 else None}
 
 
 def aggregate(accounts: list[dict], t_ready: float, t_stop: float, lost_after_s: float, hz: float) -> dict:
@@ -226,7 +261,11 @@ class _Listener:
 def run_fleet_live(out: Path, robots: int = 100, duration: float = 60.0, per_process: int = 25,
                    config: Optional[str] = None, lost_after_s: float = 10.0, startup_timeout: float = 60.0,
                    domain_id: Optional[int] = None, log_dir: Optional[Path] = None, trace_server: bool = False,
-                   verbose: bool = True) -> dict:
+                   verbose: bool = True, light: bool = False, drain_s: float = 2.2) -> dict:
+    """light: the robots are light_fleet's (live/light_fleet.py: per_process of them in one
+    process, no simulated robots, pre-encoded observations) and the server is what is measured.
+    drain_s: how long the server is watched after the clients stopped (its ledger and reply
+    cache are freed by the reaper after task_timeout_s)."""
     if robots < 1 or per_process < 1 or duration <= 0:
         raise ValueError("robots >= 1, per_process >= 1 and duration > 0 are needed")
     out = Path(out)
@@ -251,24 +290,40 @@ def run_fleet_live(out: Path, robots: int = 100, duration: float = 60.0, per_pro
 
     listener = _Listener(env)
     srv = server_specs(params)
-    base_group = ProcessGroup(srv + [s for s in robot_specs(params, robots, per_process) if s.executable == "sim_robot"],
-                              env, log_dir)
-    client_group = ProcessGroup([s for s in robot_specs(params, robots, per_process) if s.executable == "robot_client"], env, log_dir)
+    if light:
+        base_group = ProcessGroup(srv, env, log_dir)
+        client_group = ProcessGroup([ModuleSpec(f"light_fleet_{i}", "robotserve_ros.live.light_fleet",
+                                                ["--robots", str(min(per_process, robots - i)), "--first-index", str(i),
+                                                 "--params", params, "--stats-dir", str(stats_dir)])
+                                     for i in range(0, robots, per_process)], env, log_dir)
+    else:
+        base_group = ProcessGroup(srv + [s for s in robot_specs(params, robots, per_process) if s.executable == "sim_robot"],
+                                  env, log_dir)
+        client_group = ProcessGroup([s for s in robot_specs(params, robots, per_process) if s.executable == "robot_client"],
+                                    env, log_dir)
     codes: dict = {}
     samples: list = []  # (t, cpu_times, {name: cpu_s}) once a second
+    rss: list = []  # (s since the window began, the server's resident set in kB, its threads) once a second
     t_launch = time.monotonic()
     failed: list = []
     t_ready = t_stop = None
     foreign: set = set()
 
     def ours(n: str) -> bool:
+        if light and n.split("/")[-1].startswith("light_fleet_robot_") and n.count("/") == 1:
+            return True
         return n.split("/")[-1] in ("inference_server", "sim_robot", "robot_client", "fleet_live_bench_listener") and \
             (n.count("/") == 1 or n.split("/")[1].removeprefix("robot_").isdigit() and int(n.split("/")[1][6:]) < robots)
 
-    def sample():
-        procs = {s.name: proc_cpu_s(p.pid) for g in (base_group, client_group) for s, p in g.procs}
-        procs["bench_listener"] = proc_cpu_s(os.getpid())
-        samples.append((time.monotonic(), cpu_times(), procs, os.getloadavg()[0]))
+    def sample(rss_only: bool = False):
+        if not rss_only:  # the CPU window ends at the stop
+            procs = {s.name: proc_cpu_s(p.pid) for g in (base_group, client_group) for s, p in g.procs}
+            procs["bench_listener"] = proc_cpu_s(os.getpid())
+            samples.append((time.monotonic(), cpu_times(), procs, os.getloadavg()[0]))
+        srv_pid = next((p.pid for s, p in base_group.procs if s.name == "inference_server"), None)
+        kb = proc_status(srv_pid) if srv_pid else None
+        if kb is not None:
+            rss.append((round(time.monotonic() - t_ready, 1) if t_ready else 0.0, kb, proc_status(srv_pid, "Threads")))
 
     try:
         say(f"domain {domain}: server + {robots} robots ({per_process} per process), {hz:g} Hz control, "
@@ -299,7 +354,10 @@ def run_fleet_live(out: Path, robots: int = 100, duration: float = 60.0, per_pro
         foreign.update(foreign_nodes(listener.node, ours))
         say("stopping the robot clients")
         codes.update(client_group.stop(timeout=20.0))
-        listener.spin(2.2)  # the server's diagnostics after the last client request
+        drain_end = time.monotonic() + max(2.2, drain_s)  # the server's diagnostics after the last client request
+        while time.monotonic() < drain_end:
+            listener.spin(min(1.0, drain_end - time.monotonic()))
+            sample(rss_only=True)
     finally:
         codes.update(base_group.stop())
         client_group.stop()
@@ -367,6 +425,7 @@ def run_fleet_live(out: Path, robots: int = 100, duration: float = 60.0, per_pro
                 "inference_server": round(sum(v for k, v in procs.items() if k == "inference_server"), 3),
                 "sim_robots": round(sum(v for k, v in procs.items() if k.startswith("sim_robots")), 3),
                 "robot_clients": round(sum(v for k, v in procs.items() if k.startswith("robot_clients")), 3),
+                "light_clients": round(sum(v for k, v in procs.items() if k.startswith("light_fleet")), 3),
                 "bench_listener": procs.get("bench_listener"),
             },
             # Machine busy time not accounted for by this benchmark's processes: the kernel's
@@ -375,6 +434,7 @@ def run_fleet_live(out: Path, robots: int = 100, duration: float = 60.0, per_pro
             "loadavg_1m_samples": [round(s[3], 2) for s in samples[:: max(1, len(samples) // 12)]],
             "loadavg_at_end": [round(x, 2) for x in os.getloadavg()],
         }
+    backlog = backlog_window(series, t_ready, t_stop)
     ql = [_num(d.get("queue_length")) for t, d in series if t_ready <= t < t_stop and "queue_length" in d]
     served_at = [(t, _num(d.get("served"))) for t, d in series if t_ready <= t <= t_stop and "served" in d]
     window = t_stop - t_ready
@@ -388,7 +448,9 @@ def run_fleet_live(out: Path, robots: int = 100, duration: float = 60.0, per_pro
         "machine": machine,
         "robots": robots,
         "per_process": per_process,
-        "processes": {"inference_server": 1, "sim_robot": -(-robots // per_process), "robot_client": -(-robots // per_process)},
+        "light": light,
+        "processes": ({"inference_server": 1, "light_fleet": -(-robots // per_process)} if light else
+                      {"inference_server": 1, "sim_robot": -(-robots // per_process), "robot_client": -(-robots // per_process)}),
         "duration_s": duration,
         "startup_s": round(t_ready - t_launch, 2),
         "startup_complete": startup_complete,
@@ -402,11 +464,17 @@ def run_fleet_live(out: Path, robots: int = 100, duration: float = 60.0, per_pro
         **agg,
         "chunks_per_s_in_window": round(chunks_in_window / window, 2) if window > 0 else None,
         "server_served_per_s_in_window": round(srv_rate, 2),
+        "engine_utilization_when_backlogged": backlog["engine_utilization_when_backlogged"],
+        "replies_replayed": server.get("replies_replayed"),
+        "server_headline": {**backlog, **{k: server.get(k) for k in HEADLINE}},
         "server": server,
         "server_minus_client_chunks": (server.get("served") - agg["chunks_served"]) if isinstance(server.get("served"), int) else None,
         "server_queue_length_in_window": {"mean": float(np.mean(ql)) if ql else None, "max": max(ql) if ql else None,
                                           "samples": len(ql)},
         "cpu": cpu,
+        "server_rss_kb": [list(x) for x in rss],
+        "server_after_stop": {k: _num(last.get(k)) for k in ("tasks", "queue_length", "in_flight", "waiters", "reply_cache",
+                                                             "finished_tasks", "reaped_tasks")} if last else {},
         "rmw_replies_dropped_by_process": dict(dropped),
         "other_warnings_by_process": dict(warnings),
         "lost_requests_where": where,
@@ -442,7 +510,9 @@ def summary_lines(res: dict) -> list[str]:
         f"idle fraction {res['idle_fraction']:.3f}; chunks/s {res['chunks_per_s_in_window']}",
         f"control ticks: {ct['achieved_hz_in_window']:.2f} Hz achieved (target {ct['target_hz']:g}), "
         f"late {ct['late_tick_fraction_in_window']:.3%}, interval p99 {ct['interval_p99_ms']:.0f} ms, max {ct['interval_max_ms']:.0f} ms",
-        f"server: served {srv.get('served')}, queue {srv.get('queue_length')}, engine utilization {srv.get('engine_utilization')}",
+        f"server: served {srv.get('served')}, engine utilization when backlogged {res['engine_utilization_when_backlogged']} "
+        f"(backlogged {res['server_headline']['backlogged_s_in_window']} s), dispatch p99 {srv.get('dispatch_ms_p99')} ms, "
+        f"in-server p99 {srv.get('in_server_ms_p99')} ms, replayed {res['replies_replayed']}, resent {res['resent_requests']}",
         f"cpu: machine busy mean {cpu.get('machine_busy_fraction_mean')}, max 1 s {cpu.get('machine_busy_fraction_max_1s')}, "
         f"by role {cpu.get('process_cores_used_by_role')}",
     ]
@@ -450,8 +520,9 @@ def summary_lines(res: dict) -> list[str]:
 
 def cli(a) -> int:
     """`robotserve bench fleet-live` (registered in cli.py)."""
-    res = run_fleet_live(Path(a.out), robots=a.robots, duration=a.duration, per_process=a.per_process,
-                         config=a.config, lost_after_s=a.lost_after, trace_server=a.trace_server)
+    per_process = a.per_process or (150 if a.light else 25)
+    res = run_fleet_live(Path(a.out), robots=a.robots, duration=a.duration, per_process=per_process,
+                         config=a.config, lost_after_s=a.lost_after, trace_server=a.trace_server, light=a.light)
     print("\n".join(summary_lines(res)))
     print(f"wrote {a.out}")
     bad = res["lost_chunks"] or res["duplicate_chunks"] or res["mismatched_chunks"] or res["processes_failed_during_run"]

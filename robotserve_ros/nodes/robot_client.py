@@ -36,7 +36,7 @@ from std_msgs.msg import Float64MultiArray
 from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
 from ..core.action_queue import AGGREGATES, ActionQueue
-from ..core.robot_timing import trigger_actions
+from ..core.robot_timing import trigger_actions, unanswered_action
 from ..sim.simulator import task_type_of
 from ..msg import ExecutionProgress
 from ..srv import FetchObservation, Infer
@@ -224,6 +224,8 @@ class RobotClientNode(Node):
         self.cli = self.create_client(Infer, c.service, qos_profile=service_qos())
         self.task_k = 0
         self.finished_tasks = 0
+        self.tasks_continued = 0
+        self.fut, self.futs = None, []  # the latest call, and every call open for the current round
         self._start_task()
         self.create_timer(1.0 / self.hz, self._tick)
         self.create_timer(1.0 / c.progress_hz, self._publish_progress)
@@ -249,6 +251,15 @@ class RobotClientNode(Node):
         self.idle = 0.0
         self.chunks = 0
         self.done = False
+
+    def _continue_task(self) -> None:
+        """The server no longer knows the task (it restarted, or reaped it): the motion goes on
+        under a new task id from round 0, the queued actions kept; counted."""
+        self.task_k += 1
+        self.task_id = f"{self.robot}/task{self.task_k}"
+        self.round = 0
+        self.outstanding = self.resending = False
+        self.tasks_continued += 1
 
     def _task_actions(self) -> int:
         # A replayed task is its motion: done when the trace's actions are executed, however
@@ -342,6 +353,7 @@ class RobotClientNode(Node):
         task, rnd = self.task_id, self.round
         self.acct.on_send((task, rnd))
         self.fut = self.cli.call_async(r)
+        self.futs.append(self.fut)
         self.fut.add_done_callback(lambda f: self._on_reply(task, f, rnd))
 
     def _check_timeout(self) -> None:
@@ -351,26 +363,41 @@ class RobotClientNode(Node):
         still generates)."""
         if not self.outstanding:
             return
-        now = self.clock.now()
-        if now - self.sent_at > self.resend_after and now - self.first_sent_at <= self.config.request_timeout_s:
-            self.cli.remove_pending_request(self.fut)
+        act = unanswered_action(self.clock.now(), self.sent_at, self.first_sent_at, self.resend_after,
+                                self.config.request_timeout_s)
+        if act == "resend":
+            # The earlier call stays open: on a loaded robot its reply may only be late in our
+            # own executor, and dropping it here would drop every reply slower than
+            # resend_after (a livelock at 100 robots on 2 cores). Whichever answer comes first
+            # is used; the server never generates the round twice.
             self.outstanding, self.resending = False, True
             self._send()
             return
-        if now - self.first_sent_at > self.config.request_timeout_s:
-            self.cli.remove_pending_request(self.fut)
+        if act == "give_up":
+            self._drop_calls()
             self.acct.errors["timeout"] += 1
             self.get_logger().warning(f"{self.task_id} round {self.round}: no answer in {self.config.request_timeout_s} s")
             self.outstanding = False
             self.round += 1
 
+    def _drop_calls(self) -> None:
+        """The calls still open for the current round are no longer wanted."""
+        for f in self.futs:
+            if not f.done():
+                self.cli.remove_pending_request(f)
+        self.futs = []
+
     def _on_reply(self, task: str, fut, rnd: int = -1) -> None:
-        reply_ms = self.acct.on_answer((task, rnd), fut.result())
+        resp = fut.result()
+        if (task, rnd) == (self.task_id, self.round) and fut is not self.fut and resp is not None \
+                and resp.status.reason == "duplicate_request":
+            return  # an earlier call of the round we sent again: the newer call gets the answer
+        reply_ms = self.acct.on_answer((task, rnd), resp)
         if task != self.task_id or rnd != self.round:
             self.acct.left_task_answers += 1
             return  # an answer for a task we left, or a round we gave up on
         self.outstanding = False
-        resp = fut.result()
+        self._drop_calls()
         if resp is None:
             self.retry_at = self.clock.now() + self.config.retry_s
             return
@@ -378,8 +405,7 @@ class RobotClientNode(Node):
             self.get_logger().warning(f"{self.task_id} round {self.round}: {resp.status.reason}: {resp.status.message}")
             self.retry_at = self.clock.now() + self.config.retry_s
             if resp.status.reason in ("unknown_task", "task_dropped"):
-                self.task_k += 1
-                self._start_task()  # the server forgot us: start over under a new id
+                self._continue_task()  # the server forgot us (restarted, or reaped the task)
             return
         dropped, _ = self.queue.merge(resp.chunk.first_timestep, chunk_to_array(resp.chunk))
         self.acct.on_chunk_used((task, rnd), reply_ms, len(self.queue))
@@ -425,7 +451,8 @@ class RobotClientNode(Node):
         """run_nodes calls this on shutdown: write the account, if asked for."""
         if self.config.stats_file:
             self.acct.dump(self.config.stats_file.replace("{robot}", self.robot),
-                           {"finished_tasks": self.finished_tasks, "task_id": self.task_id})
+                           {"finished_tasks": self.finished_tasks, "task_id": self.task_id,
+                            "tasks_continued": self.tasks_continued})
 
 
 def main(argv=None) -> int:

@@ -1,0 +1,346 @@
+"""A lightweight load generator: many robot clients in one process, so that a live bench
+measures the inference server, not the robots (`robotserve bench fleet-live --light`).
+
+Each light robot follows robot_client's rules (core.robot_timing's trigger point, the same
+re-send and give-up rule, the same account: nodes.robot_client.ClientAccount) but renders
+nothing and computes no actions: it replays a few pre-encoded observations (built once at
+start, rotated per round), and its "action queue" is a count (the chunk covers timesteps
+first_timestep .. first_timestep + horizon; each control tick executes one if there is one,
+else the robot holds position and the tick counts as idle). One rclpy node hosts them all:
+one Infer client (calls in flight concurrently, one per robot), one control timer that
+ticks every robot at the control rate, one FetchObservation service answering for all of
+them (the server's refresh), and progress published round-robin, each robot every
+progress_period_s (liveness) and at once when its task is done (the server frees the task).
+
+When the server answers unknown_task or task_dropped (it restarted, or reaped the task),
+the robot continues its motion under a new task id from round 0 (counted as
+tasks_continued), as robot_client does.
+
+Run: python -m robotserve_ros.live.light_fleet --robots N --first-index I --params FILE
+--stats-dir DIR; SIGINT writes one account per robot to DIR/{robot}.json.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from ..core.robot_timing import trigger_actions, unanswered_action
+
+
+def _robot_config(params: Optional[str]):
+    """RobotClientConfig from a params file's /**/robot_client section (defaults without one)."""
+    import yaml
+
+    from ..nodes.robot_client import RobotClientConfig
+
+    section = {}
+    if params:
+        cfg = yaml.safe_load(Path(params).read_text()) or {}
+        section = dict(cfg.get("/**/robot_client", {}).get("ros__parameters", {}))
+    names = set(RobotClientConfig.__dataclass_fields__)
+    return RobotClientConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in section.items() if k in names})
+
+
+def recorded_observations(n: int = 8, width: int = 96, height: int = 96, joints: int = 6, seed: int = 0) -> list:
+    """n pre-encoded observations (a moving gradient scene and joint angles), rotated per
+    round: the generator never renders or encodes on the hot path."""
+    from sensor_msgs.msg import Image, JointState
+
+    from ..msg import Observation
+
+    rng = np.random.default_rng(seed)
+    yy, xx = np.mgrid[0:height, 0:width]
+    out = []
+    for k in range(n):
+        img = np.stack([(xx * 255 // max(1, width - 1) + 16 * k) % 256, (yy * 255 // max(1, height - 1)) % 256,
+                        np.full_like(xx, 40 * k % 256)], axis=-1).astype(np.uint8)
+        im = Image(height=height, width=width, encoding="rgb8", is_bigendian=0, step=3 * width)
+        im.data = img.tobytes()
+        js = JointState(name=[f"joint_{j}" for j in range(joints)], position=[float(x) for x in rng.uniform(-1, 1, joints)])
+        o = Observation()
+        o.images = [im]
+        o.joint_state = js
+        out.append(o)
+    return out
+
+
+class LightRobot:
+    """One robot's state; its timing and re-send rules are robot_client's."""
+
+    __slots__ = ("name", "acct", "task_k", "task_id", "round", "timestep", "queue_end", "outstanding", "sent_at",
+                 "first_sent_at", "resending", "retry_at", "task_start", "exec_start", "idle", "chunks", "fut", "futs",
+                 "finished_tasks", "continued", "done", "obs_k")
+
+    def __init__(self, name: str, hz: float) -> None:
+        from ..nodes.robot_client import ClientAccount
+
+        self.name, self.acct = name, ClientAccount(name, hz)
+        self.task_k = self.finished_tasks = self.continued = self.obs_k = 0
+        self.fut, self.futs = None, []
+        self.start_task(time.monotonic())
+
+    def start_task(self, now: float, keep_motion: bool = False) -> None:
+        self.task_id = f"{self.name}/task{self.task_k}"
+        self.round = 0
+        self.outstanding = self.resending = self.done = False
+        self.retry_at = 0.0
+        self.chunks = 0
+        if not keep_motion:
+            self.timestep = self.queue_end = 0
+            self.task_start = None
+            self.exec_start = now
+            self.idle = 0.0
+
+    def left(self) -> int:
+        return max(0, self.queue_end - self.timestep)
+
+
+class LightFleetNode:
+    """N light robots on one rclpy node (see the module docstring)."""
+
+    def __init__(self, names: list, params: Optional[str], stats_dir: Optional[str], context=None) -> None:
+        from rclpy.node import Node
+        from rclpy.qos import QoSProfile, ReliabilityPolicy
+
+        from ..msg import ExecutionProgress
+        from ..nodes.common import NodeClock, lean_node_kwargs, service_qos
+        from ..srv import FetchObservation, Infer
+
+        self.c = c = _robot_config(params)
+        self.hz = c.control_hz
+        self.trigger = c.trigger_actions if c.trigger_actions >= 0 else trigger_actions(c.expected_latency_s, self.hz)
+        self.resend_after = c.resend_after_s or max(2.0, 20 * c.expected_latency_s)
+        self.stats_dir = stats_dir
+        first = names[0] if names else "light"
+        self.node = Node(f"light_fleet_{first.replace('/', '_')}", context=context, **lean_node_kwargs())
+        self.clock = NodeClock(self.node)
+        self.Infer, self.ExecutionProgress = Infer, ExecutionProgress
+        self.obs = recorded_observations()
+        self.robots = [LightRobot(n, self.hz) for n in names]
+        self.by_task = {r.task_id: r for r in self.robots}
+        self.cli = self.node.create_client(Infer, c.service, qos_profile=service_qos())
+        self.node.create_service(FetchObservation, "~/fetch_observation", self._on_fetch)
+        self.fetch_name = self.node.resolve_service_name("~/fetch_observation")
+        self.progress = self.node.create_publisher(ExecutionProgress, c.progress_topic,
+                                                   QoSProfile(depth=1000, reliability=ReliabilityPolicy.RELIABLE))
+        self.node.create_timer(1.0 / self.hz, self._tick)
+        # Round-robin liveness: every robot every progress period, spread over 10 slices a second.
+        self.progress_period_s = max(1.0 / c.progress_hz, 2.0)
+        self._slice = max(1, math.ceil(len(self.robots) / (10 * self.progress_period_s)))
+        self._next = 0
+        self.node.create_timer(0.1, self._publish_some)
+
+    # --- control -------------------------------------------------------------------------
+    def _tick(self) -> None:
+        now = self.clock.now()
+        ready = self.cli.service_is_ready()
+        total = self.c.task_actions
+        for r in self.robots:
+            if r.done:
+                continue
+            commanded = r.timestep < r.queue_end
+            r.acct.tick(commanded, r.task_start is not None)
+            if commanded:
+                r.timestep += 1
+            elif r.task_start is not None:
+                r.idle += 1.0 / self.hz
+            if r.timestep >= total:
+                self._finish(r, now)
+                continue
+            self._check_timeout(r, now, ready)
+            if not r.outstanding and r.left() <= self.trigger and r.queue_end < total and ready:
+                self._send(r, now)
+
+    def _send(self, r: LightRobot, now: float) -> None:
+        if now < r.retry_at:
+            return
+        from ..nodes.common import to_time
+
+        q = self.Infer.Request()
+        q.task_id, q.round_id = r.task_id, r.round
+        src = self.obs[r.obs_k % len(self.obs)]
+        r.obs_k += 1
+        o = q.observation
+        o.header.stamp = to_time(now)
+        o.timestep = r.timestep
+        o.images, o.joint_state, o.instruction = src.images, src.joint_state, self.c.instruction
+        q.has_exec_info = r.round > 0
+        q.exec_info.exec_start = to_time(r.exec_start)
+        q.exec_info.actions_left = r.left()
+        q.exec_info.control_hz = float(self.hz)
+        q.horizon.name = self.c.horizon_policy
+        q.horizon.has_param = self.c.horizon_param >= 0
+        q.horizon.param = float(max(0.0, self.c.horizon_param))
+        q.refresh_service = self.fetch_name
+        if r.task_start is None:
+            r.task_start = now
+        r.outstanding, r.sent_at = True, now
+        if not r.resending:
+            r.first_sent_at = now
+        r.resending = False
+        key = (r.task_id, r.round)
+        r.acct.on_send(key)
+        r.fut = self.cli.call_async(q)
+        r.futs.append(r.fut)
+        r.fut.add_done_callback(lambda f, r=r, key=key: self._on_reply(r, key, f))
+
+    def _check_timeout(self, r: LightRobot, now: float, ready: bool) -> None:
+        """robot_client's rule: the same round again after resend_after, given up after
+        request_timeout_s (the next round id follows)."""
+        if not r.outstanding:
+            return
+        act = unanswered_action(now, r.sent_at, r.first_sent_at, self.resend_after, self.c.request_timeout_s)
+        if act == "resend":  # the earlier call stays open (robot_client's rule): first answer wins
+            r.outstanding, r.resending = False, True
+            if ready:
+                self._send(r, now)
+            return
+        if act == "give_up":
+            self._drop_calls(r)
+            r.acct.errors["timeout"] += 1
+            r.outstanding = False
+            r.round += 1
+
+    def _drop_calls(self, r: LightRobot) -> None:
+        for f in r.futs:
+            if not f.done():
+                self.cli.remove_pending_request(f)
+        r.futs = []
+
+    def _on_reply(self, r: LightRobot, key: tuple, fut) -> None:
+        resp = fut.result()
+        if key == (r.task_id, r.round) and fut is not r.fut and resp is not None \
+                and resp.status.reason == "duplicate_request":
+            return  # an earlier call of a round sent again: the newer call gets the answer
+        reply_ms = r.acct.on_answer(key, resp)
+        if key != (r.task_id, r.round):
+            r.acct.left_task_answers += 1
+            return
+        r.outstanding = False
+        self._drop_calls(r)
+        now = self.clock.now()
+        if resp is None:
+            r.retry_at = now + self.c.retry_s
+            return
+        if resp.status.code != 0:
+            r.retry_at = now + self.c.retry_s
+            if resp.status.reason in ("unknown_task", "task_dropped"):
+                # The server forgot the task (restarted, or reaped it): the motion goes on
+                # under a new task id from round 0; the queue left is kept.
+                self.by_task.pop(r.task_id, None)
+                r.task_k += 1
+                r.continued += 1
+                r.start_task(now, keep_motion=True)
+                self.by_task[r.task_id] = r
+            return
+        ch = resp.chunk
+        r.queue_end = max(r.timestep, int(ch.first_timestep) + int(ch.horizon))
+        r.acct.on_chunk_used(key, reply_ms, r.left())
+        r.exec_start = now
+        r.chunks += 1
+        r.round += 1
+
+    def _finish(self, r: LightRobot, now: float) -> None:
+        r.done = True
+        r.finished_tasks += 1
+        self._publish(r, now, task_done=True)
+        if self.c.tasks == 0 or r.finished_tasks < self.c.tasks:
+            self.by_task.pop(r.task_id, None)
+            r.task_k += 1
+            r.start_task(now)
+            self.by_task[r.task_id] = r
+
+    # --- progress and refresh ----------------------------------------------------------------
+    def _publish(self, r: LightRobot, now: float, task_done: bool = False) -> None:
+        from ..nodes.common import to_time
+
+        if r.task_start is None:
+            return
+        m = self.ExecutionProgress()
+        m.header.stamp = to_time(now)
+        m.task_id = r.task_id
+        m.task_start = to_time(r.task_start)
+        m.round_id = max(0, r.round - 1)
+        m.timestep = r.timestep
+        m.actions_left = r.left()
+        m.exec_start = to_time(r.exec_start)
+        m.control_hz = float(self.hz)
+        m.idle_s = r.idle
+        m.chunks = r.chunks
+        m.task_done = task_done
+        self.progress.publish(m)
+
+    def _publish_some(self) -> None:
+        if not self.robots:
+            return
+        now = self.clock.now()
+        for _ in range(self._slice):
+            self._publish(self.robots[self._next % len(self.robots)], now)
+            self._next += 1
+
+    def _on_fetch(self, request, response):
+        from ..nodes.common import to_time
+
+        r = self.by_task.get(request.task_id)
+        if r is None or r.done:
+            response.ok = False
+            return response
+        src = self.obs[r.obs_k % len(self.obs)]
+        o = response.observation
+        o.header.stamp = to_time(self.clock.now())
+        o.timestep = r.timestep
+        o.images, o.joint_state, o.instruction = src.images, src.joint_state, self.c.instruction
+        response.ok = True
+        return response
+
+    def close(self) -> None:
+        if not self.stats_dir:
+            return
+        for r in self.robots:
+            r.acct.dump(os.path.join(self.stats_dir, f"{r.name}.json"),
+                        {"finished_tasks": r.finished_tasks, "task_id": r.task_id, "tasks_continued": r.continued,
+                         "light": True})
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="light_fleet", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--robots", type=int, required=True)
+    ap.add_argument("--first-index", type=int, default=0)
+    ap.add_argument("--params", help="ROS params file: its /**/robot_client section (default: robot_client's defaults)")
+    ap.add_argument("--stats-dir", help="write each robot's account here on SIGINT")
+    a, rest = ap.parse_known_args(sys.argv[1:] if argv is None else argv)
+    import rclpy
+    from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
+
+    from ..nodes.common import prepare_process
+
+    prepare_process()
+    rclpy.init(args=[sys.argv[0]] + rest)
+    fleet = LightFleetNode([f"robot_{a.first_index + i}" for i in range(a.robots)], a.params, a.stats_dir)
+    ex = SingleThreadedExecutor()
+    ex.add_node(fleet.node)
+    try:
+        ex.spin()
+    except (KeyboardInterrupt, ExternalShutdownException):
+        pass
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        fleet.close()
+        try:
+            fleet.node.destroy_node()
+            rclpy.try_shutdown()
+        except Exception:
+            pass
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
