@@ -97,3 +97,15 @@ def test_lerobot_server_path_serves_chunks_and_fails_on_diffusion_without_the_qu
 def test_bench_peer_refuses_a_missing_policy_dir(tmp_path, capsys):
     assert main(["bench", "peer", "--policy-dir", str(tmp_path / "nope"), "--out", str(tmp_path / "o.json")]) == 2
     assert "nope" in capsys.readouterr().err
+
+
+def test_bench_peer_at_a_given_batch_says_it_was_not_swept(tiny_dp, tmp_path):
+    from robotserve_ros.engines.bench_peer import run_peer
+
+    out = tmp_path / "b2.json"
+    rep = run_peer(str(tiny_dp), out, batch=2, repeats=1, warmup=1)
+    assert tuple(rep) == REPORT_KEYS and rep["saturation_batch"] == 2
+    meta = json.loads(out.with_suffix(".meta.json").read_text())
+    assert meta["sweep"]["stopped"].startswith("given") and set(meta["sweep"]["profile_ms"]) == {"1", "2"}
+    assert all(len(r) == 2 for r in meta["lerobot_round_ms"])
+    assert "not swept" in out.with_suffix(".md").read_text()

@@ -15,7 +15,8 @@ import pytest
 from rosutil import REPO_ROOT
 
 if importlib.util.find_spec("torchvision") is None or importlib.util.find_spec("torch") is None:
-    pytest.skip("torch/torchvision not installed", allow_module_level=True)  # (importing torchvision here needs the shim)
+    # (not importorskip: importing torchvision in this process would need the shim)
+    pytest.skip("torch/torchvision not installed", allow_module_level=True)
 
 PRELUDE = f"""
 import json, sys

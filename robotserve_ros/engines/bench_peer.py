@@ -185,6 +185,14 @@ def sweep_batched(engine, *, max_batch: int, warmup: int, repeats: int, seed: in
         b *= 2
 
 
+def measure_batch_sizes(engine, batch: int, *, warmup: int, seed: int) -> dict:
+    """One timed call at batch 1 and at `batch` (after warm-up): the latency table when the
+    batch is given rather than swept."""
+    from .profiling import DeviceProbe, measure
+
+    return measure(engine, sorted({1, batch}), warmup=warmup, repeats=1, seed=seed, probe=DeviceProbe(engine))
+
+
 def _batched_round(engine, batch: list) -> float:
     _sync(engine)
     t0 = time.perf_counter()
@@ -196,8 +204,10 @@ def _batched_round(engine, batch: list) -> float:
 
 
 def run_peer(policy_dir: str, out: Path, *, device: str = "cpu", max_batch: int = 16, repeats: int = 3,
-             warmup: int = 1, fps: Optional[float] = None, time_cap_s: float = 480.0, seed: int = 0) -> dict:
-    """The sweep (at most half the time cap) finds the saturation batch B; then rounds of B
+             warmup: int = 1, fps: Optional[float] = None, time_cap_s: float = 480.0, seed: int = 0,
+             batch: Optional[int] = None) -> dict:
+    """`batch` given: no sweep, the rounds use that many robots (where the sweep cannot find
+    the saturation batch in time; the report says so). Otherwise the sweep (at most half the time cap) finds the saturation batch B; then rounds of B
     robots alternate between LeRobot's server and the batched engine, so drift in the
     machine's load lands on both alike."""
     from . import make_engine
@@ -215,11 +225,14 @@ def run_peer(policy_dir: str, out: Path, *, device: str = "cpu", max_batch: int 
         n_params = sum(p.numel() for p in engine.policy.parameters())
         kind, chunk, state_dim = engine.policy_type, engine.chunk_len, engine.state_dim
         cameras = [(k.removeprefix("observation.images."), s) for k, s in zip(engine.image_keys, engine.image_shapes)]
-        samples, stopped = sweep_batched(engine, max_batch=max_batch, warmup=warmup, repeats=repeats, seed=seed,
-                                         deadline=t_start + time_cap_s / 2)
+        if batch:
+            samples, stopped = measure_batch_sizes(engine, batch, warmup=warmup, seed=seed), "given (--batch)"
+        else:
+            samples, stopped = sweep_batched(engine, max_batch=max_batch, warmup=warmup, repeats=repeats, seed=seed,
+                                             deadline=t_start + time_cap_s / 2)
         prof = build_report(samples, engine_name="lerobot", warmup=warmup,
                             engine_params={"policy_dir": str(policy_dir), "device": device})
-        sat = int(prof["engine_profile"]["saturation_batch"])
+        sat = int(batch or prof["engine_profile"]["saturation_batch"])
         fps = float(fps or CONTROL_HZ.get(kind, 30.0))
 
         peer = LeRobotPeer(str(policy_dir), device=device, state_dim=state_dim, cameras=cameras, chunk=chunk, fps=fps)
@@ -336,8 +349,10 @@ def markdown(rep: dict, meta: dict) -> str:
              f"Device: {rep['device']}. Load average {meta['loadavg_start']} at start, {meta['loadavg_end']} at end "
              f"(the machine is shared; CPU timings move with it). Torch {meta['torch']['version']}.",
              f"Weights are random ({meta['weights_note']}).", "",
-             f"{sat} robot(s) need a chunk at once: the batched engine's saturation batch (sweep stopped: "
-             f"{meta['sweep']['stopped']}). LeRobot's PolicyServer serves them robot after robot through its own "
+             f"{sat} robot(s) need a chunk at once: "
+             + ("a batch given on the command line, not swept" if meta["sweep"]["stopped"].startswith("given")
+                else f"the batched engine's saturation batch (sweep stopped: {meta['sweep']['stopped']})") + ". "
+             f"LeRobot's PolicyServer serves them robot after robot through its own "
              f"servicer methods; the batched engine in one forward pass. Rounds alternate between the two; median "
              f"of {len(meta['lerobot_round_ms'])} rounds after {meta['method']['warmup']} warm-up.", "",
              "| | LeRobot, one robot per pass | batched |", "|---|---:|---:|",
@@ -366,7 +381,7 @@ def cli(a) -> int:
 
     try:
         rep = run_peer(a.policy_dir, Path(a.out), device=a.device, max_batch=a.max_batch, repeats=a.repeats,
-                       warmup=a.warmup, fps=a.fps, time_cap_s=a.time_cap, seed=a.seed)
+                       warmup=a.warmup, fps=a.fps, time_cap_s=a.time_cap, seed=a.seed, batch=a.batch)
     except PolicyDirError as e:
         print(f"robotserve bench peer: {e}", file=sys.stderr)
         return 2
@@ -386,4 +401,6 @@ def add_arguments(p) -> None:
                    + ", ".join(f"{k} {v:g}" for k, v in CONTROL_HZ.items()) + ")")
     p.add_argument("--time-cap", type=float, default=480.0, help="seconds; the sweep and the rounds stop early to fit")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batch", type=int, help="compare at this many robots instead of the swept saturation batch "
+                   "(the report then says the batch was given)")
     p.set_defaults(func=cli)
