@@ -290,6 +290,9 @@ def build_parser() -> argparse.ArgumentParser:
     ch.add_argument("--out", default="reports/live/chaos.json", help="result JSON")
     ch.set_defaults(func=cmd_bench_chaos)
 
+    pe = b.add_parser("peer", help="LeRobot's own policy server (one robot per pass) vs the batched engine, same policy")
+    __import__(f"{__package__}.engines.bench_peer", fromlist=["_"]).add_arguments(pe)
+
     hy = b.add_parser("hybrid", help="edge-only vs cloud-only vs hybrid placement over a shaped link (netns, root)")
     bench_hybrid.add_arguments(hy)
     hy.set_defaults(func=bench_hybrid.cli)
@@ -314,6 +317,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     pr = sub.add_parser("profile", help="engine latency vs batch size: the engine profile JSON + Markdown report")
     profiling.add_arguments(pr)
+
+    mp = sub.add_parser("make-policy", help="write a random-weight LeRobot policy directory (default or real size)")
+    __import__(f"{__package__}.engines.tiny_policies", fromlist=["_"]).add_arguments(mp)
 
     u = sub.add_parser("up", help="start the nodes of a launch file as processes (no ros2 launch needed)")
     u.add_argument("config", help="ROS params file, e.g. config/fleet.yaml")

@@ -106,3 +106,61 @@ def test_profiles_of_record_load_by_name():
         assert prof.latency_ms(1) > 0 and load_profile_file(name).to_dict() == prof.to_dict()
     with pytest.raises(ValueError, match="unknown engine profile 'nosuch'; profiles of record: act_small"):
         profiles.record("nosuch")
+
+
+def _tiny_act(tmp_path):
+    pytest.importorskip("lerobot")
+    from robotserve_ros.engines.tiny_policies import make_policy_dir
+
+    return make_policy_dir("act", tmp_path / "act")
+
+
+def test_profile_variants_on_cpu_give_speedup_and_action_difference(tmp_path):
+    from robotserve_ros.engines.profiling import run_profile
+
+    d = _tiny_act(tmp_path)
+    rep = run_profile("lerobot", {"policy_dir": str(d)}, [1, 2], tmp_path / "v.json", warmup=1, repeats=2,
+                      variants=["fp32", "bf16", "graphs"])
+    v = rep["variants"]
+    assert v["fp32"]["max_abs_action_diff_vs_fp32"] == 0.0
+    bf = v["bf16"]
+    assert bf["engine_params"]["dtype"] == "bf16" and set(bf["median_ms"]) == {"1", "2"}
+    for b in ("1", "2"):
+        assert bf["speedup_vs_fp32"][b] == pytest.approx(rep["median_ms"][b] / bf["median_ms"][b], rel=1e-2)
+    # bf16 arithmetic moves the actions, by a little (actions are O(1) after unnormalisation).
+    assert 0.0 < bf["max_abs_action_diff_vs_fp32"] < 1.0
+    assert v["graphs"]["skipped"].startswith("CUDA graphs need")
+    md = (tmp_path / "v.md").read_text()
+    assert "| bf16 |" in md and "CUDA graphs need" in md
+
+
+def test_engine_refuses_a_bad_dtype_and_graphs_without_cuda(tmp_path):
+    from robotserve_ros.engines import make_engine
+
+    d = _tiny_act(tmp_path)
+    with pytest.raises(ValueError, match="dtype 'fp8'"):
+        make_engine("lerobot", None, policy_dir=str(d), dtype="fp8")
+    with pytest.raises(ValueError, match="cuda_graphs needs device cuda"):
+        make_engine("lerobot", None, policy_dir=str(d), cuda_graphs=True)
+
+
+def _cuda():
+    torch = pytest.importorskip("torch")
+    from robotserve_ros.engines.torch_env import import_torch
+
+    import_torch()
+    return torch.cuda.is_available()
+
+
+@pytest.mark.skipif("not _cuda()", reason="needs a CUDA device")
+def test_cuda_profile_synchronises_and_records_the_gpu_and_peak_memory(tmp_path):
+    from robotserve_ros.engines.profiling import run_profile
+
+    d = _tiny_act(tmp_path)
+    rep = run_profile("lerobot", {"policy_dir": str(d), "device": "cuda"}, [1, 2], tmp_path / "g.json", warmup=1,
+                      repeats=2, variants=["fp32", "bf16", "graphs"])
+    gpu = rep["torch"]["gpu"]
+    assert gpu["name"] and gpu["cuda"]
+    assert set(rep["peak_memory_mib"]) == {"1", "2"} and all(v > 0 for v in rep["peak_memory_mib"].values())
+    g = rep["variants"]["graphs"]
+    assert "median_ms" in g or "error" in g  # recorded either way, never fatal

@@ -29,6 +29,7 @@ from ..core.profile import EngineProfile
 from ..core.types import ChunkResult, InferenceRequest
 
 SUPPORTED = ("diffusion", "smolvla", "act")
+DTYPES = ("fp32", "bf16")
 # Used when neither a profile nor a profile file is given: one made-up point (100 ms at
 # batch 1), NOT a measurement. Run `robotserve profile` and pass its JSON as profile_file.
 NOMINAL_PROFILE_MS = {1: 100.0}
@@ -107,7 +108,15 @@ class LeRobotEngine(Engine):
     name = "lerobot"
 
     def __init__(self, profile: Optional[EngineProfile] = None, *, policy_dir: str, device: str = "cpu",
-                 compile: bool = False, seed: int = 0, profile_file: Optional[str] = None) -> None:
+                 compile: bool = False, seed: int = 0, profile_file: Optional[str] = None, dtype: str = "fp32",
+                 cuda_graphs: bool = False) -> None:
+        """dtype "bf16": the network runs under bfloat16 autocast (weights stay fp32; matmuls and
+        convolutions in bf16). Casting the weights instead fails in LeRobot 0.4.4's code (fp32
+        sinusoidal step embeddings and state projections meet bf16 Linear layers).
+        compile: torch.compile the network each denoising step runs. cuda_graphs (CUDA only):
+        the same in mode "reduce-overhead", which replays each batch size as a CUDA graph."""
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
         raw_cfg = check_policy_dir(policy_dir)
         if profile_file is not None:
             from .profiling import load_profile_file
@@ -129,6 +138,8 @@ class LeRobotEngine(Engine):
 
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise ValueError(f"device {device!r} asked for, but torch sees no CUDA device")
+        if cuda_graphs and not device.startswith("cuda"):
+            raise ValueError(f"cuda_graphs needs device cuda, not {device!r}")
         self.device = torch.device(device)
         try:
             cfg = PreTrainedConfig.from_pretrained(self.policy_dir)
@@ -141,6 +152,7 @@ class LeRobotEngine(Engine):
             raise PolicyDirError(self.policy_dir, f"cannot load the {raw_cfg['type']} checkpoint: {e}") from e
         self.policy.to(self.device).eval()
         self.cfg = cfg
+        self.dtype, self.cuda_graphs = dtype, bool(cuda_graphs)
 
         self.state_key = "observation.state"
         feats = cfg.input_features
@@ -160,8 +172,8 @@ class LeRobotEngine(Engine):
         self._captured: list = []
         self._row_gens: Optional[list] = None
         self._install_capture()
-        if compile:
-            self._compile()
+        if compile or cuda_graphs:
+            self._compile("reduce-overhead" if cuda_graphs else None)
 
     # --- public --------------------------------------------------------------------------
     @property
@@ -195,10 +207,13 @@ class LeRobotEngine(Engine):
             self._captured = []
             self._row_gens = gens
             try:
-                chunk = self._sample(model_batch, noise)  # normalized [B, chunk, action_dim]
+                if self.cuda_graphs:
+                    torch.compiler.cudagraph_mark_step_begin()  # a new round: earlier graph outputs are done with
+                with self._autocast():
+                    chunk = self._sample(model_batch, noise)  # normalized [B, chunk, action_dim]
             finally:
                 self._row_gens = None
-            actions = self.post(chunk.clone())
+            actions = self.post(chunk.float().clone())
         actions = actions.detach().to("cpu", torch.float32).numpy()
         updates = x_t = None
         if self._captured:
@@ -218,6 +233,13 @@ class LeRobotEngine(Engine):
     def close(self) -> None:
         self._hist.clear()
         self.policy = self.pre = self.post = None
+
+    def _autocast(self):
+        import contextlib
+
+        if self.dtype == "bf16":
+            return self.torch.autocast(device_type=self.device.type, dtype=self.torch.bfloat16)
+        return contextlib.nullcontext()
 
     # --- observations --------------------------------------------------------------------
     def _to_raw(self, req: InferenceRequest) -> dict:
@@ -343,12 +365,14 @@ class LeRobotEngine(Engine):
             tok = getattr(model.vlm_with_expert.processor, "tokenizer", None)
             self._pad_id = int(getattr(tok, "pad_token_id", None) or 0)
 
-    def _compile(self) -> None:
-        """torch.compile the network each sampling step runs (not the Python sampling loop)."""
+    def _compile(self, mode: Optional[str] = None) -> None:
+        """torch.compile the network each sampling step runs (not the Python sampling loop).
+        mode "reduce-overhead" records CUDA graphs: one per batch size, so not dynamic."""
         torch, p = self.torch, self.policy
+        kw = {"mode": mode, "dynamic": False} if mode else {"dynamic": True}
         if self.policy_type == "diffusion":
-            p.diffusion.unet = torch.compile(p.diffusion.unet, dynamic=True)
+            p.diffusion.unet = torch.compile(p.diffusion.unet, **kw)
         elif self.policy_type == "smolvla":
-            p.model.vlm_with_expert = torch.compile(p.model.vlm_with_expert, dynamic=True)
+            p.model.vlm_with_expert = torch.compile(p.model.vlm_with_expert, **kw)
         else:
-            p.model = torch.compile(p.model, dynamic=True)
+            p.model = torch.compile(p.model, **kw)

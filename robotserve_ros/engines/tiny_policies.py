@@ -4,7 +4,12 @@ For tests (test/lerobot_policies.py re-exports this) and for profiling policies 
 size without a trained checkpoint:
 
     make_policy_dir("diffusion", "/tmp/dp", n_obs_steps=2)
-    python -m robotserve_ros.engines.tiny_policies diffusion /tmp/dp --set down_dims=[64,128,256]
+    make_policy_dir("smolvla", "/tmp/vla", size="real")      # SmolVLA on a SmolVLM2-500M-shaped VLM
+    robotserve make-policy --kind diffusion|act|smolvla --size default|real --out DIR [--set KEY=JSON]
+
+Sizes: `default` is small and quick (what the tests build); `real` is LeRobot 0.4.4's own
+default architecture for the kind (REAL below), so timing it says what serving a real
+checkpoint costs: the arithmetic does not depend on the weights' values, only on shapes.
 
 Each directory is what a trained checkpoint looks like: `policy.save_pretrained(dir)` plus
 the pre/post-processor pipelines from `make_pre_post_processors(cfg, dataset_stats=...)`
@@ -19,6 +24,7 @@ from pathlib import Path
 
 STATE_DIM = 6
 ACTION_DIM = 6
+META_FILE = "robotserve_policy.json"  # how the directory was made: kind, size, random weights
 
 
 def _torch():
@@ -55,8 +61,49 @@ def _stats(inp: dict, out: dict) -> dict:
     return stats
 
 
-def make_tiny_vlm_dir(path: Path) -> Path:
-    """A SmolVLM-shaped backbone small enough for a unit test: config + tokenizer + processor."""
+# SmolVLM2-500M-Video-Instruct's published shape (SmolVLA's default `vlm_model_name`): a SmolLM2-360M
+# text model (32 layers; SmolVLA keeps the first 16) and a SigLIP-B/16 vision tower at 512x512.
+SMOLVLM2_500M = {
+    "text_config": {"model_type": "llama", "vocab_size": 49280, "hidden_size": 960, "intermediate_size": 2560,
+                    "num_hidden_layers": 32, "num_attention_heads": 15, "num_key_value_heads": 5, "head_dim": 64,
+                    "max_position_embeddings": 8192, "rope_theta": 100000.0, "rms_norm_eps": 1e-5,
+                    "pad_token_id": 0},
+    "vision_config": {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12,
+                      "num_attention_heads": 12, "image_size": 512, "patch_size": 16},
+    "scale_factor": 4,
+    "image_seq_len": 64,
+}
+TINY_VLM = {
+    "text_config": {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+                    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+                    "max_position_embeddings": 512, "pad_token_id": 0},
+    "vision_config": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+                      "num_attention_heads": 2, "image_size": 64, "patch_size": 16},
+    "scale_factor": 2,
+    "image_seq_len": 4,
+}
+
+# LeRobot 0.4.4's default configs (`size="real"`), with inputs of a real robot: random weights,
+# no pretrained backbone (nothing is downloaded). Diffusion: the PushT setup its defaults come
+# from (one 96x96 camera, 84x84 crop, DDPM 100 steps, UNet down_dims 512/1024/2048, ~263M).
+# ACT: its defaults (dim 512, 4+1 layers, chunk 100, ~52M) with one 480x640 camera. SmolVLA:
+# its defaults (chunk 50, 10 flow steps, 16 VLM layers, 512x512 padded images) on SMOLVLM2_500M
+# with one camera (~450M).
+REAL = {
+    "diffusion": dict(cameras=1, image_hw=(96, 96), n_obs_steps=2, scheduler="DDPM", steps=100,
+                      config=dict(crop_shape=(84, 84))),
+    "act": dict(cameras=1, image_hw=(480, 640), config={}),
+    "smolvla": dict(cameras=1, image_hw=(480, 640), steps=10, config={}),
+}
+SIZES = ("default", "real")
+
+
+def make_tiny_vlm_dir(path: Path, shape: dict = TINY_VLM) -> Path:
+    """A SmolVLM-shaped backbone directory: config + tokenizer + processor, no weights.
+
+    `shape` picks the size (TINY_VLM for unit tests, SMOLVLM2_500M for real-size timing). The
+    tokenizer is word-level, trained on a few sentences here; a config vocabulary larger than
+    it (the real 49280) keeps the embedding tables at their real size."""
     _torch()
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast, SmolVLMConfig
@@ -76,32 +123,50 @@ def make_tiny_vlm_dir(path: Path) -> Path:
         extra_special_tokens={"fake_image_token": "<fake_token_around_image>", "global_image_token": "<global-img>",
                               "image_token": "<image>", "end_of_utterance_token": "<end_of_utterance>"},
     )
-    vocab = len(fast)
+    text = dict(shape["text_config"])
+    vocab = max(len(fast), int(text.get("vocab_size", 0)))
+    text["vocab_size"] = vocab
+    side = int(shape["vision_config"]["image_size"])
     cfg = SmolVLMConfig(
-        text_config={"model_type": "llama", "vocab_size": vocab, "hidden_size": 64, "intermediate_size": 128,
-                     "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
-                     "max_position_embeddings": 512, "pad_token_id": 0},
-        vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
-                       "num_attention_heads": 2, "image_size": 64, "patch_size": 16},
-        scale_factor=2,
+        text_config=text,
+        vision_config=dict(shape["vision_config"]),
+        scale_factor=shape["scale_factor"],
         image_token_id=fast.convert_tokens_to_ids("<image>"),
         vocab_size=vocab,
     )
     cfg.save_pretrained(path)
-    image_proc = SmolVLMImageProcessor(do_resize=False, do_image_splitting=False, max_image_size={"longest_edge": 64})
-    video_proc = SmolVLMVideoProcessor(max_image_size={"longest_edge": 64}, size={"longest_edge": 64})
+    image_proc = SmolVLMImageProcessor(do_resize=False, do_image_splitting=False,
+                                       max_image_size={"longest_edge": side})
+    video_proc = SmolVLMVideoProcessor(max_image_size={"longest_edge": side}, size={"longest_edge": side})
     SmolVLMProcessor(image_processor=image_proc, tokenizer=fast, video_processor=video_proc,
-                     image_seq_len=4).save_pretrained(path)
+                     image_seq_len=shape["image_seq_len"]).save_pretrained(path)
     return path
+
+
+def make_sized_policy_dir(kind: str, path: Path, size: str = "default", **kw) -> Path:
+    """`make_policy_dir` at a named size; keyword arguments override the size's choices
+    (cameras, image_hw, steps, ...; anything else goes to the policy config)."""
+    if size not in SIZES:
+        raise ValueError(f"size {size!r}: choose one of {', '.join(SIZES)}")
+    if kind not in REAL:
+        raise ValueError(f"unknown policy kind {kind!r}")
+    if size == "default":
+        return make_policy_dir(kind, path, **kw)
+    preset = {k: v for k, v in REAL[kind].items() if k != "config"}
+    config = dict(REAL[kind]["config"])
+    args = {**preset, **config, **kw}
+    return make_policy_dir(kind, path, real=True, **args)
 
 
 def make_policy_dir(kind: str, path: Path, *, n_obs_steps: int = 1, cameras: int = 1,
                     image_hw: tuple[int, int] = (32, 32), state_dim: int = STATE_DIM, action_dim: int = ACTION_DIM,
-                    scheduler: str = "DDIM", steps: int = 4, seed: int = 0, **overrides) -> Path:
+                    scheduler: str = "DDIM", steps: int = 4, seed: int = 0, real: bool = False, **overrides) -> Path:
     """Write a random-weight `kind` policy ("diffusion", "act" or "smolvla") to `path`.
 
     Defaults keep it tiny (a few hundred thousand parameters, 32x32 images); keyword
-    `overrides` go to the policy config, e.g. `down_dims=(64, 128, 256)` for the profile."""
+    `overrides` go to the policy config, e.g. `down_dims=(64, 128, 256)` for the profile.
+    `real=True` starts from LeRobot's own config defaults instead of the tiny ones (see
+    make_sized_policy_dir)."""
     torch = _torch()
     from lerobot.policies.factory import make_pre_post_processors
 
@@ -112,10 +177,11 @@ def make_policy_dir(kind: str, path: Path, *, n_obs_steps: int = 1, cameras: int
         from lerobot.policies.diffusion.configuration_diffusion import DiffusionConfig
         from lerobot.policies.diffusion.modeling_diffusion import DiffusionPolicy
 
-        kw = dict(n_obs_steps=n_obs_steps, horizon=8, n_action_steps=4, down_dims=(16, 32), kernel_size=3,
-                  n_groups=4, diffusion_step_embed_dim=16, spatial_softmax_num_keypoints=8,
-                  noise_scheduler_type=scheduler, num_train_timesteps=20, num_inference_steps=steps,
-                  crop_shape=None, use_group_norm=True)
+        kw = dict(n_obs_steps=n_obs_steps, noise_scheduler_type=scheduler, num_inference_steps=steps)
+        if not real:
+            kw.update(horizon=8, n_action_steps=4, down_dims=(16, 32), kernel_size=3, n_groups=4,
+                      diffusion_step_embed_dim=16, spatial_softmax_num_keypoints=8, num_train_timesteps=20,
+                      crop_shape=None, use_group_norm=True)
         kw.update(overrides)
         cfg = DiffusionConfig(input_features=inp, output_features=out, device="cpu", **kw)
         policy = DiffusionPolicy(cfg)
@@ -123,9 +189,10 @@ def make_policy_dir(kind: str, path: Path, *, n_obs_steps: int = 1, cameras: int
         from lerobot.policies.act.configuration_act import ACTConfig
         from lerobot.policies.act.modeling_act import ACTPolicy
 
-        kw = dict(chunk_size=10, n_action_steps=5, dim_model=32, n_heads=2, dim_feedforward=64,
-                  n_encoder_layers=1, n_decoder_layers=1, n_vae_encoder_layers=1, latent_dim=8,
-                  pretrained_backbone_weights=None)
+        kw = dict(pretrained_backbone_weights=None)  # random backbone: nothing from torchvision's hub
+        if not real:
+            kw.update(chunk_size=10, n_action_steps=5, dim_model=32, n_heads=2, dim_feedforward=64,
+                      n_encoder_layers=1, n_decoder_layers=1, n_vae_encoder_layers=1, latent_dim=8)
         kw.update(overrides)
         cfg = ACTConfig(input_features=inp, output_features=out, device="cpu", **kw)
         policy = ACTPolicy(cfg)
@@ -133,10 +200,12 @@ def make_policy_dir(kind: str, path: Path, *, n_obs_steps: int = 1, cameras: int
         from lerobot.policies.smolvla.configuration_smolvla import SmolVLAConfig
         from lerobot.policies.smolvla.modeling_smolvla import SmolVLAPolicy
 
-        vlm = make_tiny_vlm_dir(path.parent / f"{path.name}_vlm")
-        kw = dict(chunk_size=10, n_action_steps=5, num_steps=steps, max_state_dim=8, max_action_dim=8,
-                  resize_imgs_with_padding=(64, 64), tokenizer_max_length=16, num_vlm_layers=2,
-                  expert_width_multiplier=0.5)
+        vlm = make_tiny_vlm_dir(path.parent / f"{path.name}_vlm", SMOLVLM2_500M if real else TINY_VLM)
+        kw = dict(num_steps=steps)
+        if not real:
+            kw.update(chunk_size=10, n_action_steps=5, max_state_dim=8, max_action_dim=8,
+                      resize_imgs_with_padding=(64, 64), tokenizer_max_length=16, num_vlm_layers=2,
+                      expert_width_multiplier=0.5)
         kw.update(overrides)
         cfg = SmolVLAConfig(input_features=inp, output_features=out, device="cpu", vlm_model_name=str(vlm),
                             load_vlm_weights=False, **kw)
@@ -147,32 +216,62 @@ def make_policy_dir(kind: str, path: Path, *, n_obs_steps: int = 1, cameras: int
     pre, post = make_pre_post_processors(cfg, dataset_stats=_stats(inp, out))
     pre.save_pretrained(path)
     post.save_pretrained(path)
+    (path / META_FILE).write_text(json.dumps({
+        "kind": kind, "size": "real" if real else "default", "random_weights": True, "seed": seed,
+        "parameters": sum(p.numel() for p in policy.parameters())}, indent=1) + "\n")
     return path
+
+
+def add_arguments(p, *, positional: bool = False) -> None:
+    """The policy-building arguments, shared by `robotserve make-policy` (flags) and
+    `python -m robotserve_ros.engines.tiny_policies KIND OUT` (positional)."""
+    if positional:
+        p.add_argument("kind", choices=tuple(REAL))
+        p.add_argument("out")
+    else:
+        p.add_argument("--kind", required=True, choices=tuple(REAL))
+        p.add_argument("--out", required=True, help="policy directory to write (SmolVLA's VLM goes beside it, OUT_vlm)")
+    p.add_argument("--size", choices=SIZES, default="default",
+                   help="default: small, quick; real: LeRobot's default architecture at real input size")
+    p.add_argument("--n-obs-steps", type=int)
+    p.add_argument("--cameras", type=int)
+    p.add_argument("--image", type=int, help="side of the square camera image")
+    p.add_argument("--steps", type=int, help="denoising steps (diffusion, smolvla)")
+    p.add_argument("--scheduler", help="DDIM or DDPM (diffusion)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--set", action="append", default=[], metavar="KEY=JSON", help="policy config field")
+    p.set_defaults(func=cli)
+
+
+def cli(a) -> int:
+    over = {}
+    for it in a.set:
+        k, sep, v = it.partition("=")
+        try:
+            if not sep:
+                raise ValueError("not KEY=JSON")
+            val = json.loads(v)
+        except ValueError as e:
+            raise SystemExit(f"make-policy: --set {it!r}: {e}")
+        over[k] = tuple(val) if isinstance(val, list) else val
+    named = {"n_obs_steps": a.n_obs_steps, "cameras": a.cameras, "steps": a.steps, "scheduler": a.scheduler,
+             "image_hw": (a.image, a.image) if a.image else None}
+    over.update({k: v for k, v in named.items() if v is not None})
+    d = make_sized_policy_dir(a.kind, Path(a.out), a.size, seed=a.seed, **over)
+    cfg = json.loads((Path(d) / "config.json").read_text())
+    meta = json.loads((Path(d) / META_FILE).read_text())
+    print(f"{d}: {a.kind} ({a.size}), {meta['parameters'] / 1e6:.1f}M parameters, random weights, "
+          f"chunk {cfg.get('n_action_steps')}")
+    return 0
 
 
 def main(argv=None) -> int:
     import argparse
 
     ap = argparse.ArgumentParser(description="write a random-weight LeRobot policy directory")
-    ap.add_argument("kind", choices=("diffusion", "act", "smolvla"))
-    ap.add_argument("out")
-    ap.add_argument("--n-obs-steps", type=int, default=1)
-    ap.add_argument("--cameras", type=int, default=1)
-    ap.add_argument("--image", type=int, default=32, help="side of the square camera image")
-    ap.add_argument("--steps", type=int, default=4, help="denoising steps (diffusion, smolvla)")
-    ap.add_argument("--scheduler", default="DDIM")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=JSON", help="policy config field")
+    add_arguments(ap, positional=True)
     a = ap.parse_args(argv)
-    over = {}
-    for it in a.set:
-        k, _, v = it.partition("=")
-        val = json.loads(v)
-        over[k] = tuple(val) if isinstance(val, list) else val
-    d = make_policy_dir(a.kind, Path(a.out), n_obs_steps=a.n_obs_steps, cameras=a.cameras,
-                        image_hw=(a.image, a.image), steps=a.steps, scheduler=a.scheduler, seed=a.seed, **over)
-    print(d)
-    return 0
+    return a.func(a)
 
 
 if __name__ == "__main__":
