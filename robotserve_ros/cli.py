@@ -213,7 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
     # Commands whose options their own modules define (none imports torch or rclpy at load).
     from . import transport
     from .core.schedulers import SCHEDULERS
-    from .engines import profiling
+    from .engines import bench_peer, profiling, tiny_policies
     from .live import bench_hybrid
     from .transport.lerobot import command as lerobot_command
 
@@ -291,7 +291,7 @@ def build_parser() -> argparse.ArgumentParser:
     ch.set_defaults(func=cmd_bench_chaos)
 
     pe = b.add_parser("peer", help="LeRobot's own policy server (one robot per pass) vs the batched engine, same policy")
-    __import__(f"{__package__}.engines.bench_peer", fromlist=["_"]).add_arguments(pe)
+    bench_peer.add_arguments(pe)
 
     hy = b.add_parser("hybrid", help="edge-only vs cloud-only vs hybrid placement over a shaped link (netns, root)")
     bench_hybrid.add_arguments(hy)
@@ -319,7 +319,7 @@ def build_parser() -> argparse.ArgumentParser:
     profiling.add_arguments(pr)
 
     mp = sub.add_parser("make-policy", help="write a random-weight LeRobot policy directory (default or real size)")
-    __import__(f"{__package__}.engines.tiny_policies", fromlist=["_"]).add_arguments(mp)
+    tiny_policies.add_arguments(mp)
 
     u = sub.add_parser("up", help="start the nodes of a launch file as processes (no ros2 launch needed)")
     u.add_argument("config", help="ROS params file, e.g. config/fleet.yaml")
