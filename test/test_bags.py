@@ -237,7 +237,7 @@ def test_replayed_bag_drives_a_robot_client_and_the_session_is_recorded(ros_ctx,
                                  "-p", "image_topics:=[camera/image_raw]", "-p", "expected_latency_s:=0.08"])
     chunked = lambda: [m for m in progress if m.chunks > 0 and m.task_id.startswith("robot_0/")]  # noqa: E731
     done = lambda: [m for m in progress if m.task_done]  # noqa: E731
-    assert ros_ctx.wait_for(lambda: len(chunked()) >= 3 and len(done()) >= 1 and len(played) > N_JOINTS + 10, 25), (
+    assert ros_ctx.wait_for(lambda: len(chunked()) >= 3 and len(done()) >= 1 and len(played) > N_JOINTS + 10, 60), (
         f"progress {len(progress)}, played {len(played)}\n{client.output()}\n{player.output()}")
     # (Which task is the first seen done depends on how fast discovery was: not asserted.)
     assert done()[0].task_id.startswith("robot_0/task") and done()[0].timestep >= 20
