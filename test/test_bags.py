@@ -244,6 +244,12 @@ def test_replayed_bag_drives_a_robot_client_and_the_session_is_recorded(ros_ctx,
     # Looped: more joint states than one pass holds, positions only from the bag.
     known = {tuple(joint_positions(i)) for i in range(N_JOINTS)}
     assert all(tuple(m.position) in known for m in played)
+    # The recorder finds topics by polling the graph: on a loaded machine it can subscribe to
+    # the progress topic late. Stop the client only once it listens and a few more reports
+    # (2 Hz) went out, so the recording has some to read back.
+    assert ros_ctx.wait_for(lambda: ros_ctx.node.count_subscribers("/robotserve/progress") >= 2, 30)
+    seen = len(progress)
+    assert ros_ctx.wait_for(lambda: len(progress) >= seen + 3, 15)
     assert client.stop() == 0, client.output()
     ros_ctx.spin(0.3)
     assert recorder.stop() == 0, recorder.output()
