@@ -16,6 +16,7 @@ ROS_RUNTIME := ros-kilted-rclpy==9.1.2 ros-kilted-rmw-fastrtps-cpp==9.3.3 \
 	ros-kilted-std-msgs==5.5.1 ros-kilted-sensor-msgs==5.5.1 \
 	ros-kilted-trajectory-msgs==5.5.1 ros-kilted-diagnostic-msgs==5.5.1 \
 	ros-kilted-builtin-interfaces==2.3.0 ros-kilted-rosgraph-msgs==2.3.0 \
+	ros-kilted-action-msgs==2.3.0 ros-kilted-unique-identifier-msgs==2.7.0 \
 	'rosbags>=0.11.9,<0.12'
 ROS_BUILD := ros-kilted-rosidl-default-generators==1.7.1 ros-kilted-ament-cmake==2.7.3 \
 	ros-kilted-ament-cmake-python==2.7.3 ros-kilted-rosidl-core-generators==0.3.1 \
@@ -32,7 +33,7 @@ ROS_BUILD := ros-kilted-rosidl-default-generators==1.7.1 ros-kilted-ament-cmake=
 TORCH ?= torch==2.13.0
 LEROBOT := lerobot==0.4.4 torchvision==0.28.0
 
-INTERFACES := $(wildcard msg/*.msg srv/*.srv)
+INTERFACES := $(wildcard msg/*.msg srv/*.srv action/*.action)
 
 # gRPC stubs of the remote GPU server (robotserve_ros/transport/proto/*.proto), generated
 # by grpcio-tools beside the .proto, gitignored. Its major versions match grpcio/protobuf.
@@ -66,7 +67,7 @@ $(ML_STAMP): $(PIP_STAMP) requirements/lerobot.txt
 # checkout stays the one copy of the hand-written package (see CMakeLists.txt).
 # rosidl does not delete what it generated for a removed .msg/.srv: when the set of files
 # changes, start the interface build and its installed files afresh.
-$(STAMP): $(PIP_STAMP) CMakeLists.txt package.xml $(INTERFACES) msg srv
+$(STAMP): $(PIP_STAMP) CMakeLists.txt package.xml $(INTERFACES) msg srv action
 	@command -v cmake > /dev/null && command -v cc > /dev/null && command -v c++ > /dev/null || \
 		{ echo "cmake and a C/C++ compiler are needed: apt-get install cmake g++"; exit 1; }
 	@if ! echo '$(INTERFACES)' | cmp -s - $(IFACE_BUILD)/interfaces.list; then \
@@ -81,7 +82,7 @@ $(STAMP): $(PIP_STAMP) CMakeLists.txt package.xml $(INTERFACES) msg srv
 	AMENT_PREFIX_PATH=$(CURDIR)/$(VENV) cmake --build $(IFACE_BUILD) -j 2
 	cmake --install $(IFACE_BUILD) > $(IFACE_BUILD)/install.log
 	echo '$(INTERFACES)' > $(IFACE_BUILD)/interfaces.list
-	$(BIN)/python -c "from robotserve_ros.msg import ActionChunk; from robotserve_ros.srv import Infer"
+	$(BIN)/python -c "from robotserve_ros.msg import ActionChunk; from robotserve_ros.srv import Infer; from robotserve_ros.action import PlanTask"
 	touch $@
 
 # One protoc run writes both stubs of a .proto (a pattern rule's targets are made together).

@@ -7,9 +7,9 @@ policy, trim) -> reply. `Runner` holds each step once:
 - `submit`, `dispatch`, `begin`, `finish`, `fail`, `end_cooldown` are the steps. The
   simulator calls them on its virtual clock, with the engine's time taken from the tier's
   engine profile (so hybrid placement and a failing tier are simulated with this code too);
-- `start()` adds the live driver: one dispatcher thread that asks the core for batches
-  whenever work arrives or a slot frees, and one thread per tier slot that runs its batch
-  (`run_batch`). The ROS inference server, the LeRobot endpoint and the GPU server use it.
+- `start()` adds the live driver (core/loop.py, shared with the language cores): one
+  dispatcher thread that asks the core for batches whenever work arrives or a slot frees,
+  and one thread per tier slot that runs its batch (`run_batch`). The ROS inference server, the LeRobot endpoint and the GPU server use it.
 
 A batch whose engine fails (a remote server down, a deadline passed) goes back to the queue
 (ServingCore.requeue) and its slot cools down for retry_pause_s: it is held busy, so the
@@ -24,12 +24,12 @@ concerns, right after the step; the observer reads whatever clock it wants.
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 from collections import Counter, deque
 from typing import Callable, Mapping, Optional, Sequence
 
 from .errors import RequestError
+from .loop import LiveDriver
 from .schedulers import SchedulingContext
 from .serving import Dispatch, ServingCore
 from .types import ChunkReply, InferenceRequest, PendingRequest
@@ -107,10 +107,9 @@ class Runner:
         self.prefreshes = Counter()  # ok / failed / skipped (taken meanwhile)
         self._prefresh_at: dict = {}  # tier -> when to refresh its next batch ahead
         self._prefresh_wake = threading.Condition(threading.Lock())
-        self._work = threading.Event()
         self._stop = threading.Event()
-        self._queues: dict = {}
-        self._threads: list = []
+        self._driver: Optional[LiveDriver] = None
+        self._threads: list = []  # the refresh-ahead thread
 
     # --- observers ------------------------------------------------------------------------
     def observe(self, observer: StageObserver) -> None:
@@ -190,7 +189,7 @@ class Runner:
             frm = self._dispatched_at.pop(d.id, None)
             if frm is not None:
                 self.gap_refresh_s.append(started - frm)
-        if self.prefresh_lead_s is not None and self._threads:
+        if self.prefresh_lead_s is not None and self._driver is not None:
             expected = self.core.tier(d.tier).profile.latency_s(len(d.requests))
             with self._prefresh_wake:
                 self._prefresh_at[d.tier] = started + max(0.0, expected - self.prefresh_lead_s)
@@ -321,59 +320,39 @@ class Runner:
 
     # --- the live driver --------------------------------------------------------------------
     def start(self) -> "Runner":
-        """Start the dispatcher and one thread per tier slot."""
-        if self._threads:
+        """Start the dispatcher and one thread per tier slot (core/loop.py), and the refresh-ahead thread."""
+        if self._driver is not None:
             return self
-        self._queues = {t.name: queue.SimpleQueue() for t in self.core.tiers}
-        self._threads = [threading.Thread(target=self._dispatch_loop, name="dispatcher", daemon=True)]
+        self._driver = LiveDriver({t.name: t.slots for t in self.core.tiers},
+                                  lambda: [(d.tier, d) for d in self.dispatch()],
+                                  lambda _tier, d: self.run_batch(d), on_crash=self._crashed)
         if self.prefresh_lead_s is not None:
             self._threads.append(threading.Thread(target=self._prefresh_loop, name="prefresh", daemon=True))
-        for t in self.core.tiers:
-            for k in range(t.slots):
-                self._threads.append(threading.Thread(target=self._slot_loop, args=(t.name,), name=f"tier-{t.name}-{k}", daemon=True))
+        self._driver.start()
         for th in self._threads:
             th.start()
         return self
 
     def kick(self) -> None:
         """Work arrived or a slot freed: dispatch again."""
-        self._work.set()
+        if self._driver is not None:
+            self._driver.kick()
 
-    def _dispatch_loop(self) -> None:
-        while not self._stop.is_set():
-            self._work.wait(0.05)
-            self._work.clear()
-            if self._stop.is_set():
-                break
-            for d in self.dispatch():
-                self._queues[d.tier].put(d)
-
-    def _slot_loop(self, tier: str) -> None:
-        q = self._queues[tier]
-        while True:
-            d = q.get()
-            if d is None:
-                return
-            try:
-                self.run_batch(d)
-            except Exception as e:  # the slot must outlive any one batch
-                log.exception("serving a batch on %s failed", tier)
-                with self.lock:
-                    self.core.stats.errors["internal"] += 1
-                    if d.id in self.core.inflight:
-                        self._requeue(d, e)
-                if self.on_error is not None:
-                    self.on_error(d, e)
-            self.kick()
+    def _crashed(self, tier: str, d: Dispatch, e: Exception) -> None:
+        """run_batch raised past its own handling (a bug): requeue the batch, count it."""
+        with self.lock:
+            self.core.stats.errors["internal"] += 1
+            if d.id in self.core.inflight:
+                self._requeue(d, e)
+        if self.on_error is not None:
+            self.on_error(d, e)
 
     def close(self) -> None:
         self._stop.set()
-        self._work.set()
         with self._prefresh_wake:
             self._prefresh_wake.notify()
-        for q in self._queues.values():
-            for _ in range(len(self._threads)):
-                q.put(None)
+        if self._driver is not None:
+            self._driver.close()
         for th in self._threads:
             th.join(timeout=2.0)
 

@@ -40,6 +40,7 @@ from ..profiles import names as profile_names, profile_of_record
 from ..srv import FetchObservation, Infer
 from .common import (NodeClock, NodeConfig, ParamError, bad_param, check, check_one_of, declare_config, param, run_nodes,
                      service_qos, to_sec)
+from .services import SERVICES
 from .convert import fill_chunk, fill_status, observation_from_msg, request_from_msg
 
 
@@ -90,6 +91,9 @@ class InferenceServerConfig(NodeConfig):
     remote_tiers: str = param("[]", "a JSON list of objects, each with an 'address' (host:port of a robotserve gpu-server)")
     placement: str = param("fill_in_order", f"one of {', '.join(PLACEMENTS.names())}")  # shortest_delay: seed 000 §3.2.3
     placement_params: str = param("{}", "a JSON object of the placement's keyword parameters")
+    services: tuple[str, ...] = param((), "services beside srv/Infer on this server (LLM plans, language, VLM): "
+                                      "names from robotserve_ros/nodes/services")
+    services_params: str = param("{}", "a JSON object: service name -> its keyword parameters")
     stage_trace_file: str = param("", "write per-round stage times (CLOCK_MONOTONIC ns: received, submit, dispatch, "
                                   "engine_start, engine_end, reply, answered) here as JSON on shutdown; '' = off")
 
@@ -98,7 +102,9 @@ class InferenceServerConfig(NodeConfig):
         check_one_of("engine", self.engine, ENGINES.names())
         check_one_of("placement", self.placement, PLACEMENTS.names())
         check_one_of("engine_profile", self.engine_profile, profile_names())
-        for name in ("scheduler_params", "engine_params", "horizon_params", "placement_params"):
+        for name in self.services:
+            check_one_of("services", name, SERVICES.names())
+        for name in ("scheduler_params", "engine_params", "horizon_params", "placement_params", "services_params"):
             _json(name, getattr(self, name), dict)
         tiers = _json("remote_tiers", self.remote_tiers, list)
         check(all(isinstance(t, dict) and isinstance(t.get("address"), str) for t in tiers), "remote_tiers",
@@ -242,6 +248,15 @@ class InferenceServerNode(Node):
                              prefresh_lead_s=min(0.5 * c.stale_obs_s, 2 * c.refresh_timeout_s),
                              on_error=lambda d, e: self.get_logger().error(
                                  f"tier {d.tier} failed a batch of {len(d.requests)}: {e!r}; requeued")).start()
+        # Other kinds of work (LLM plans, language, VLM questions) on the same server.
+        self.side_services: dict = {}
+        sp = c.parsed("services_params")
+        for name in c.services:
+            try:
+                self.side_services[name] = SERVICES.create(name, node=self, **dict(sp.get(name, {})))
+            except (TypeError, ValueError, OSError) as e:
+                self.close()
+                raise ParamError(f"parameter 'services_params': no {name} service with these: {e}") from e
         self.get_logger().info(
             f"serving on {c.service}: scheduler {c.scheduler}, engine {c.engine}, engine profile "
             f"{'given' if c.engine_batch_sizes else c.engine_profile} (saturation batch {profile.saturation_batch})"
@@ -455,11 +470,15 @@ class InferenceServerNode(Node):
                 "reaped_tasks": self.finished["reaped"],
                 **load,
                 "wait_ratio": wr,
+                "services": {n: svc.stats() for n, svc in self.side_services.items()},
             }
 
     def _publish_diagnostics(self) -> None:
         st = self.stats()
-        kv = [KeyValue(key=k, value=str(v)) for k, v in st.items() if k not in ("errors", "wait_ratio", "served_by_tier")]
+        kv = [KeyValue(key=k, value=str(v)) for k, v in st.items()
+              if k not in ("errors", "wait_ratio", "served_by_tier", "services")]
+        kv += [KeyValue(key=f"services/{n}/{k}", value=str(v)) for n, ss in sorted(st["services"].items())
+               for k, v in sorted(ss.items())]
         kv += [KeyValue(key=f"served_by_tier/{k}", value=str(v)) for k, v in sorted(st["served_by_tier"].items())]
         kv += [KeyValue(key=f"errors/{k}", value=str(v)) for k, v in sorted(st["errors"].items())]
         kv += [KeyValue(key=f"wait_ratio/{t}", value=f"{w:.4f}") for t, w in sorted(st["wait_ratio"].items())]
@@ -471,6 +490,8 @@ class InferenceServerNode(Node):
         self.diag.publish(msg)
 
     def close(self) -> None:
+        for svc in getattr(self, "side_services", {}).values():
+            svc.close()
         with self.lock:
             for key in list(self.waiters):
                 self._answer(key, error=("shutting_down", "the server is shutting down"))

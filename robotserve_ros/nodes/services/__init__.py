@@ -1,0 +1,35 @@
+"""Services beside srv/Infer on the one inference server (DESIGN: the wire contract grows by
+new msg/srv/action types, never by a second server).
+
+Each entry is a class built as `cls(node, **params)` when the server's `services` parameter
+names it (its params from `services_params`). It creates its own ROS entities on the node
+(an action server, a srv/Generate service, topics), serves through its own serving core in
+`core/` driven by `core/loop.py`'s LiveDriver, and offers:
+- `stats() -> dict`: what /diagnostics shows under `services/<name>/...`;
+- `close()`: answer what is waiting with SHUTTING_DOWN, stop its threads, free its engine.
+A bad parameter raises ValueError/TypeError naming it; the server turns that into one line
+and exit 2.
+
+The registry maps names to loaders so that a server without a service never imports its
+engine (torch, transformers).
+"""
+from __future__ import annotations
+
+import importlib
+
+from ...core.registry import Registry
+
+SERVICES: Registry = Registry("service")
+
+
+def _lazy(module: str, cls: str):
+    def make(node, **params):
+        return getattr(importlib.import_module(module, __name__), cls)(node, **params)
+
+    return make
+
+
+# name -> (module relative to this package, class). One line per service.
+for _name, (_module, _cls) in {
+}.items():
+    SERVICES.register(_name, _lazy(_module, _cls))
