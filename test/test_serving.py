@@ -244,6 +244,43 @@ def test_stale_observation_is_refreshed_before_dispatch(chunk):
     assert core.stats.obs_age_sum == pytest.approx(0.1 + 0.2 + 2.0)
 
 
+def test_refresh_gate_closes_while_robots_do_not_answer_and_probes_to_reopen(chunk):
+    """Algorithm 1 line 20 under overload: when recent refreshes fail, a dispatch goes with the
+    observation it has instead of waiting a refresh timeout per batch (counted); every
+    probe_every-th batch still asks, and answers reopen the gate."""
+    answering = {"on": False}
+    calls = []
+
+    def refresher(reqs):
+        calls.append(len(reqs))
+        return [("fresh", 100.0) if answering["on"] else None for _ in reqs]
+
+    clock = VirtualClock()
+    tier = Tier("edge", EngineProfile({1: 10.0}), max_batch=1)
+    core = ServingCore(make_scheduler("fifo"), [tier], clock, refresher=refresher, stale_obs_s=0.5)
+
+    def one_round(k):
+        core.submit(InferenceRequest(f"t{k}", 0, observation="old", obs_stamp=0.0))
+        clock.advance_to(clock.now() + 1.0)
+        (d,) = core.dispatch()
+        core.refresh_stale(d)
+        core.requeue(d.id)
+        core.drop_task(f"t{k}")
+
+    for k in range(40):
+        one_round(k)
+    asked_while_failing = len(calls)
+    assert core.refresh_gate.success < core.refresh_gate.floor
+    assert core.stats.refresh_skipped > 0
+    assert core.stats.refresh_skipped + asked_while_failing == 40  # every stale batch asked or counted as skipped
+    assert asked_while_failing < 40  # the engine stopped waiting on silent robots
+    answering["on"] = True
+    for k in range(40, 80):
+        one_round(k)
+    assert core.refresh_gate.open()
+    assert core.stats.refreshes > 0
+
+
 def test_serving_core_needs_a_tier():
     with pytest.raises(ValueError):
         ServingCore(make_scheduler("fifo"), [], VirtualClock())

@@ -4,8 +4,9 @@ A serving core hands out work items for named slots (a tier's engine slots for a
 chunks; a prefill worker, a decode worker, a vision stage for the language cores) and is
 told when each item ended. `LiveDriver` is the part that is the same for all of them:
 
-- `dispatch()` is called (by the dispatcher thread) whenever work arrived or a slot freed,
-  and returns (slot, item) pairs, each taken by one idle thread of that slot;
+- `dispatch()` is called whenever work arrived (by the dispatcher thread) or a slot freed (by
+  that slot's thread, at once), and returns (slot, item) pairs, each taken by one idle
+  thread of that slot; it must be safe to call from several threads (it takes the core's lock);
 - `run(slot, item)` is the slot thread's work: the engine call and whatever completes it.
   An exception escaping it is logged and handed to `on_crash(slot, item, exc)`: the slot
   lives on, so one bad item never stops the server;
@@ -79,8 +80,20 @@ class LiveDriver:
             except Exception:  # a core fault is logged; the loop keeps dispatching
                 log.exception("%s: dispatch failed", self.name)
                 continue
-            for slot, item in items:
-                self._queues[slot].put(item)
+            self._hand_out(items)
+
+    def _hand_out(self, items) -> None:
+        for slot, item in items:
+            self._queues[slot].put(item)
+
+    def _dispatch_here(self) -> None:
+        """A slot that just freed dispatches at once on its own thread: the next batch starts
+        without waiting for the dispatcher thread to be scheduled (on a loaded machine that
+        wake-up, not the dispatch itself, is what leaves the engine idle between batches)."""
+        try:
+            self._hand_out(self._dispatch())
+        except Exception:
+            log.exception("%s: dispatch failed", self.name)
 
     def _slot_loop(self, slot: Hashable) -> None:
         q = self._queues[slot]
@@ -97,6 +110,9 @@ class LiveDriver:
                         self.on_crash(slot, item, e)
                     except Exception:
                         log.exception("%s: on_crash failed", self.name)
+            if self._stop.is_set():
+                continue
+            self._dispatch_here()
             self.kick()
 
     def close(self, join_s: float = 2.0) -> None:

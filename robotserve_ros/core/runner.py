@@ -266,6 +266,7 @@ class Runner:
         done = 0
         with self.lock:
             for p, f in zip(due, fresh):
+                core.refresh_gate.record(f is not None)
                 if f is None:
                     self.prefreshes["failed"] += 1
                 elif core.pending.get(p.task_id) is not p:

@@ -100,12 +100,36 @@ class ServingStats:
     dropped_replies: int = 0
     refreshes: int = 0
     refresh_failures: int = 0
+    refresh_skipped: int = 0  # stale at dispatch, not asked: robots were not answering refreshes in time
     given_up: int = 0  # requests answered with an error after max_failures failed batches
     resent_requests: int = 0  # a round asked again while queued or generating: attached, not run twice
     replies_replayed: int = 0  # a round asked again after its reply: answered from the reply cache
     obs_age_sum: float = 0.0
     obs_age_n: int = 0
     obs_age_max: float = 0.0
+
+
+class RefreshGate:
+    """Whether a dispatch waits for fresh observations (Algorithm 1 line 20) or goes with the
+    ones it has. The refresh is worth its wait only while robots answer it in time: an
+    exponentially weighted success rate of recent refreshes (at dispatch and ahead of it)
+    below `floor` closes the gate, so an overloaded fleet whose robots cannot answer does not
+    cost the engine one refresh timeout per batch. Refreshes ahead of dispatch (off the
+    engine's path) keep measuring; without them every `probe_every`-th closed batch still asks."""
+
+    def __init__(self, floor: float = 0.25, alpha: float = 0.1, probe_every: int = 10) -> None:
+        self.floor, self.alpha, self.probe_every = floor, alpha, probe_every
+        self.success = 1.0
+        self._closed_batches = 0
+
+    def record(self, ok: bool) -> None:
+        self.success += self.alpha * ((1.0 if ok else 0.0) - self.success)
+
+    def open(self) -> bool:
+        if self.success >= self.floor:
+            return True
+        self._closed_batches += 1
+        return self._closed_batches % self.probe_every == 0
 
 
 class ServingCore:
@@ -140,6 +164,7 @@ class ServingCore:
         self._seq = itertools.count()
         self._ids = itertools.count(1)
         self.stats = ServingStats()
+        self.refresh_gate = RefreshGate()
 
     # --- requests in ----------------------------------------------------------------
     def submit(self, req: InferenceRequest) -> PendingRequest:
@@ -258,17 +283,21 @@ class ServingCore:
     def refresh_stale(self, d: Dispatch) -> None:
         """Algorithm 1 lines 20-21: fetch a fresh observation for each dispatched request whose
         observation aged past stale_obs_s while queued (one refresher call for the batch); a
-        request whose refresh does not come back keeps the observation it has (counted).
+        request whose refresh does not come back keeps the observation it has (counted), and
+        so does every one while the refresh gate is closed (robots not answering in time).
         Records every observation's age at dispatch."""
         now = self.clock.now()
         s = self.stats
         stamped = [p for p in d.requests if p.request.obs_stamp is not None]
         stale = [p for p in stamped if self.stale_obs_s is not None and now - p.request.obs_stamp > self.stale_obs_s]
-        if stale and self.refresher is not None:
+        if stale and self.refresher is not None and not self.refresh_gate.open():
+            s.refresh_skipped += len(stale)
+        elif stale and self.refresher is not None:
             fresh = list(self.refresher([p.request for p in stale]))
             if len(fresh) != len(stale):  # a broken refresher costs the freshness, never the round
                 fresh = [None] * len(stale)
             for p, f in zip(stale, fresh):
+                self.refresh_gate.record(f is not None)
                 if f is None:
                     s.refresh_failures += 1
                 else:

@@ -11,17 +11,20 @@ control-tick timing) and writes it on shutdown.
 
 Timeline: start everything; wait until the server has seen a task of every robot (the
 start-up, reported as startup_s; at most startup_timeout, 60 s: startup_complete says
-whether every robot made it); run `duration` seconds (the window); stop the robot
-clients first (SIGINT: each writes its account), take the server's last diagnostics, then
-stop the server and the simulated robots. Meanwhile this process samples /proc/stat and
+whether every robot made it); run `duration` seconds (the window); settle (SIGUSR1: the
+robots start no new round and see their open ones through, re-sending with backoff, until
+the server holds no request or settle_timeout_s passed); stop the robot clients (SIGINT:
+each writes its account), take the server's last diagnostics, then stop the server and the
+simulated robots. Meanwhile this process samples /proc/stat and
 each process's CPU time once a second and listens to /diagnostics.
 
 Accounting (over the clients' whole life):
   requests            Infer calls sent
   chunks_served       chunks received (status ok)
-  lost_chunks         requests with no answer at the stop that had been waiting longer than
-                      lost_after_s (default 10 s: far beyond any answer seen in a healthy run)
-  in_flight_at_stop   requests with no answer at the stop, younger than lost_after_s
+  lost_chunks         rounds with no answer after the settle whose first send was more than
+                      lost_after_s (default 10 s) before the stop: every open round had the
+                      settle to be answered, so these were lost (or given up by the robot)
+  in_flight_at_stop   rounds with no answer at the stop, first sent less than lost_after_s ago
   duplicate_chunks    chunks for a (task, round) that had already been answered with a chunk
   lateness            per chunk used: how long the robot had been holding position (queue
                       dry) when it arrived; 0 if it arrived before the queue ran dry
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import tempfile
 import time
 from collections import Counter
@@ -216,6 +220,24 @@ def aggregate(accounts: list[dict], t_ready: float, t_stop: float, lost_after_s:
     }
 
 
+def settle(listener, client_group, timeout_s: float, say) -> float:
+    """The robots start no new round; wait until two diagnostics in a row show the server
+    holding no request (nothing queued, generating or waiting for its reply), then 2 s for the
+    clients to take in the last replies. Returns the seconds it took."""
+    say("settling: no new rounds; the open ones are re-sent until answered")
+    t0 = time.monotonic()
+    client_group.signal(signal.SIGUSR1)
+    seen, quiet = len(listener.series), 0
+    while time.monotonic() - t0 < timeout_s and quiet < 2:
+        listener.spin(0.2)
+        for _, d in listener.series[seen:]:
+            idle = all(d.get(k, "1") == "0" for k in ("queue_length", "in_flight", "waiters"))
+            quiet = quiet + 1 if idle else 0
+        seen = len(listener.series)
+    listener.spin(2.0)
+    return time.monotonic() - t0
+
+
 class _Listener:
     """/diagnostics on the fleet's domain, in this process."""
 
@@ -261,11 +283,15 @@ class _Listener:
 def run_fleet_live(out: Path, robots: int = 100, duration: float = 60.0, per_process: int = 25,
                    config: Optional[str] = None, lost_after_s: float = 10.0, startup_timeout: float = 60.0,
                    domain_id: Optional[int] = None, log_dir: Optional[Path] = None, trace_server: bool = False,
-                   verbose: bool = True, light: bool = False, drain_s: float = 2.2) -> dict:
+                   verbose: bool = True, light: bool = False, drain_s: float = 2.2,
+                   settle_timeout_s: float = 30.0) -> dict:
     """light: the robots are light_fleet's (live/light_fleet.py: per_process of them in one
     process, no simulated robots, pre-encoded observations) and the server is what is measured.
     drain_s: how long the server is watched after the clients stopped (its ledger and reply
-    cache are freed by the reaper after task_timeout_s)."""
+    cache are freed by the reaper after task_timeout_s).
+    settle_timeout_s: after the window the robots start no new round (SIGUSR1) and their open
+    rounds are seen through -- re-sent until answered -- until the server holds no request
+    (or this long): a round still unanswered after that was lost, not in flight."""
     if robots < 1 or per_process < 1 or duration <= 0:
         raise ValueError("robots >= 1, per_process >= 1 and duration > 0 are needed")
     out = Path(out)
@@ -306,7 +332,7 @@ def run_fleet_live(out: Path, robots: int = 100, duration: float = 60.0, per_pro
     rss: list = []  # (s since the window began, the server's resident set in kB, its threads) once a second
     t_launch = time.monotonic()
     failed: list = []
-    t_ready = t_stop = None
+    t_ready = t_stop = settle_s = None
     foreign: set = set()
 
     def ours(n: str) -> bool:
@@ -352,6 +378,7 @@ def run_fleet_live(out: Path, robots: int = 100, duration: float = 60.0, per_pro
         failed = base_group.failed() + client_group.failed()
         t_stop = time.monotonic()
         foreign.update(foreign_nodes(listener.node, ours))
+        settle_s = settle(listener, client_group, settle_timeout_s, say)
         say("stopping the robot clients")
         codes.update(client_group.stop(timeout=20.0))
         drain_end = time.monotonic() + max(2.2, drain_s)  # the server's diagnostics after the last client request
@@ -485,8 +512,9 @@ def run_fleet_live(out: Path, robots: int = 100, duration: float = 60.0, per_pro
         "processes_failed_during_run": failed,
         "process_exit_codes": codes,
         "lost_after_s": lost_after_s,
+        "settle_s": round(settle_s, 2) if settle_s is not None else None,
         "definitions": {
-            "lost_chunks": f"requests unanswered at the stop that had waited more than {lost_after_s:g} s",
+            "lost_chunks": f"rounds unanswered after the settle, first sent more than {lost_after_s:g} s before the stop",
             "in_flight_at_stop": f"requests unanswered at the stop that had waited at most {lost_after_s:g} s",
             "duplicate_chunks": "chunks for a (task_id, round_id) already answered with a chunk",
             "lateness": "per chunk used: time the robot had been holding position (queue dry) when it arrived; 0 if before",

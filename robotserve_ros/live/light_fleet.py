@@ -76,7 +76,7 @@ class LightRobot:
     """One robot's state; its timing and re-send rules are robot_client's."""
 
     __slots__ = ("name", "acct", "task_k", "task_id", "round", "timestep", "queue_end", "outstanding", "sent_at",
-                 "first_sent_at", "resending", "retry_at", "task_start", "exec_start", "idle", "chunks", "fut", "futs",
+                 "first_sent_at", "resending", "resends", "retry_at", "task_start", "exec_start", "idle", "chunks", "fut", "futs",
                  "finished_tasks", "continued", "done", "obs_k")
 
     def __init__(self, name: str, hz: float) -> None:
@@ -91,6 +91,7 @@ class LightRobot:
         self.task_id = f"{self.name}/task{self.task_k}"
         self.round = 0
         self.outstanding = self.resending = self.done = False
+        self.resends = 0
         self.retry_at = 0.0
         self.chunks = 0
         if not keep_motion:
@@ -118,6 +119,7 @@ class LightFleetNode:
         self.hz = c.control_hz
         self.trigger = c.trigger_actions if c.trigger_actions >= 0 else trigger_actions(c.expected_latency_s, self.hz)
         self.resend_after = c.resend_after_s or max(2.0, 20 * c.expected_latency_s)
+        self.draining = False  # SIGUSR1: no new rounds, the open ones seen through (robot_client.drain)
         self.stats_dir = stats_dir
         first = names[0] if names else "light"
         self.node = Node(f"light_fleet_{first.replace('/', '_')}", context=context, **lean_node_kwargs())
@@ -156,7 +158,7 @@ class LightFleetNode:
                 self._finish(r, now)
                 continue
             self._check_timeout(r, now, ready)
-            if not r.outstanding and r.left() <= self.trigger and r.queue_end < total and ready:
+            if not r.outstanding and not self.draining and r.left() <= self.trigger and r.queue_end < total and ready:
                 self._send(r, now)
 
     def _send(self, r: LightRobot, now: float) -> None:
@@ -183,8 +185,10 @@ class LightFleetNode:
         if r.task_start is None:
             r.task_start = now
         r.outstanding, r.sent_at = True, now
-        if not r.resending:
-            r.first_sent_at = now
+        if r.resending:
+            r.resends += 1
+        else:
+            r.first_sent_at, r.resends = now, 0
         r.resending = False
         key = (r.task_id, r.round)
         r.acct.on_send(key)
@@ -197,7 +201,7 @@ class LightFleetNode:
         request_timeout_s (the next round id follows)."""
         if not r.outstanding:
             return
-        act = unanswered_action(now, r.sent_at, r.first_sent_at, self.resend_after, self.c.request_timeout_s)
+        act = unanswered_action(now, r.sent_at, r.first_sent_at, self.resend_after, self.c.request_timeout_s, r.resends)
         if act == "resend":  # the earlier call stays open (robot_client's rule): first answer wins
             r.outstanding, r.resending = False, True
             if ready:
@@ -325,6 +329,7 @@ def main(argv=None) -> int:
     prepare_process()
     rclpy.init(args=[sys.argv[0]] + rest)
     fleet = LightFleetNode([f"robot_{a.first_index + i}" for i in range(a.robots)], a.params, a.stats_dir)
+    signal.signal(signal.SIGUSR1, lambda *_: setattr(fleet, "draining", True))
     ex = SingleThreadedExecutor()
     ex.add_node(fleet.node)
     try:

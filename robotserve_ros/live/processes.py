@@ -161,6 +161,12 @@ class ProcessGroup:
         """Processes that already exited with an error: (name, code)."""
         return [(s.name, p.returncode) for s, p in self.procs if p.poll() not in (None, 0)]
 
+    def signal(self, sig: int) -> None:
+        """Send `sig` to every process still running (e.g. SIGUSR1: robot clients drain)."""
+        for _, p in self.procs:
+            if p.poll() is None:
+                p.send_signal(sig)
+
     def stop(self, timeout: float = 10.0) -> dict:
         for _, p in self.procs:
             if p.poll() is None:

@@ -465,6 +465,8 @@ class InferenceServerNode(Node):
                 "errors": dict(s.errors),
                 "refreshes": s.refreshes,
                 "refresh_failures": s.refresh_failures,
+                "refresh_skipped": s.refresh_skipped,
+                "refresh_success_recent": round(self.core.refresh_gate.success, 3),
                 "mean_obs_age_s": s.obs_age_sum / s.obs_age_n if s.obs_age_n else 0.0,
                 "finished_tasks": self.finished["tasks"],
                 "reaped_tasks": self.finished["reaped"],

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 from collections import Counter
@@ -142,7 +143,7 @@ class ClientAccount:
             self.resent += 1
             self.resent_keys.add(key)
         self.keys.add(key)
-        self.sent[key] = time.monotonic()
+        self.sent.setdefault(key, time.monotonic())  # a round's reply time runs from its first send
 
     def on_answer(self, key: tuple, resp) -> float:
         """Any answer (chunk or error) to the request of `key`; returns its round trip in ms."""
@@ -198,6 +199,7 @@ class RobotClientNode(Node):
         c = self.config = declare_config(self, RobotClientConfig)
         self.robot = c.robot_name or (self.get_namespace().strip("/") or self.get_name())
         self.hz = c.control_hz
+        self.draining = False  # SIGUSR1: start no new round, see the open ones through (bench drain)
         self.trigger = c.trigger_actions if c.trigger_actions >= 0 else trigger_actions(c.expected_latency_s, self.hz)
         self.resend_after = c.resend_after_s or max(2.0, 20 * c.expected_latency_s)
         self.mix = None
@@ -244,6 +246,7 @@ class RobotClientNode(Node):
         self.round = 0
         self.outstanding = False
         self.resending = False
+        self.resends = 0
         self.retry_at = 0.0
         self.queue.reset()
         self.task_start = None
@@ -304,7 +307,7 @@ class RobotClientNode(Node):
             self._finish()
             return
         self._check_timeout()
-        if not self.outstanding and len(self.queue) <= self.trigger and self._needs_more():
+        if not self.outstanding and not self.draining and len(self.queue) <= self.trigger and self._needs_more():
             self._send()
 
     def _command(self, a: np.ndarray) -> None:
@@ -347,8 +350,10 @@ class RobotClientNode(Node):
             self.task_start = now
         self.outstanding = True
         self.sent_at = now
-        if not self.resending:
-            self.first_sent_at = now
+        if self.resending:
+            self.resends += 1
+        else:
+            self.first_sent_at, self.resends = now, 0
         self.resending = False
         task, rnd = self.task_id, self.round
         self.acct.on_send((task, rnd))
@@ -364,7 +369,7 @@ class RobotClientNode(Node):
         if not self.outstanding:
             return
         act = unanswered_action(self.clock.now(), self.sent_at, self.first_sent_at, self.resend_after,
-                                self.config.request_timeout_s)
+                                self.config.request_timeout_s, self.resends)
         if act == "resend":
             # The earlier call stays open: on a loaded robot its reply may only be late in our
             # own executor, and dropping it here would drop every reply slower than
@@ -447,6 +452,12 @@ class RobotClientNode(Node):
         response.ok = True
         return response
 
+    def drain(self) -> None:
+        """Start no new round; the open one is still re-sent until answered or given up. A
+        benchmark drains its robots before it stops them, so an unanswered round at the stop
+        is one that was lost, not one that was merely in flight."""
+        self.draining = True
+
     def close(self) -> None:
         """run_nodes calls this on shutdown: write the account, if asked for."""
         if self.config.stats_file:
@@ -461,12 +472,18 @@ def main(argv=None) -> int:
     ap.add_argument("--robots", type=int, default=0)
     ap.add_argument("--first-index", type=int, default=0)
     ns, rest = ap.parse_known_args(argv[1:])
-    if ns.robots > 0:
-        names = [f"robot_{ns.first_index + i}" for i in range(ns.robots)]
-        # The first node keeps its parameter services (to inspect the shared parameters).
-        return run_nodes(lambda: [RobotClientNode(namespace=n, **(lean_node_kwargs() if i else {}))
-                                  for i, n in enumerate(names)], [argv[0]] + rest)
-    return run_nodes(lambda: [RobotClientNode()], [argv[0]] + rest)
+    nodes: list = []
+
+    def make(names=None):
+        if names:  # the first node keeps its parameter services (to inspect the shared parameters)
+            nodes.extend(RobotClientNode(namespace=n, **(lean_node_kwargs() if i else {})) for i, n in enumerate(names))
+        else:
+            nodes.append(RobotClientNode())
+        return nodes
+
+    signal.signal(signal.SIGUSR1, lambda *_: [n.drain() for n in nodes])
+    names = [f"robot_{ns.first_index + i}" for i in range(ns.robots)] if ns.robots > 0 else None
+    return run_nodes(lambda: make(names), [argv[0]] + rest)
 
 
 if __name__ == "__main__":

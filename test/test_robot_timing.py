@@ -1,0 +1,17 @@
+"""core/robot_timing.py: when a robot re-sends or gives up an unanswered round."""
+from robotserve_ros.core.robot_timing import unanswered_action
+
+
+def test_resend_interval_doubles_per_resend_and_is_capped():
+    # first send at 0, resend_after 2 s: re-sent at > 2 s, then > 4 s after that, > 8 s, then every > 16 s (cap 8x)
+    assert unanswered_action(1.9, 0.0, 0.0, 2.0, 60.0, resends=0) is None
+    assert unanswered_action(2.1, 0.0, 0.0, 2.0, 60.0, resends=0) == "resend"
+    assert unanswered_action(2.1 + 3.9, 2.1, 0.0, 2.0, 60.0, resends=1) is None
+    assert unanswered_action(2.1 + 4.1, 2.1, 0.0, 2.0, 60.0, resends=1) == "resend"
+    assert unanswered_action(10.0 + 15.9, 10.0, 0.0, 2.0, 60.0, resends=5) is None
+    assert unanswered_action(10.0 + 16.1, 10.0, 0.0, 2.0, 60.0, resends=5) == "resend"
+
+
+def test_give_up_counts_from_the_first_send():
+    assert unanswered_action(30.1, 29.0, 0.0, 2.0, 30.0, resends=3) == "give_up"
+    assert unanswered_action(29.9, 29.0, 0.0, 2.0, 30.0, resends=3) is None
