@@ -280,6 +280,8 @@ def build_parser() -> argparse.ArgumentParser:
     so.add_argument("--robots", type=positive(int), default=50)
     so.add_argument("--config", help="ROS params file (default config/fleet.yaml)")
     so.add_argument("--out", default="reports/live/soak.json", help="result JSON")
+    so.add_argument("--memory-trace", action="store_true",
+                    help="the server traces Python allocations (tracemalloc; slower) and the report names what grew")
     so.set_defaults(func=cmd_bench_soak)
 
     ch = b.add_parser("chaos", help="faults in a live light fleet: server killed/restarted, robot process killed, server frozen")

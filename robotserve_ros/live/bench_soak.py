@@ -37,7 +37,9 @@ def rss_growth(rss: list, warmup_s: float, end_s: float) -> dict:
 
 
 def run_soak(out: Path, minutes: float = 20.0, robots: int = 50, config: Optional[str] = None, rss_every_s: float = 10.0,
-             verbose: bool = True) -> dict:
+             verbose: bool = True, memory_trace: bool = False) -> dict:
+    """memory_trace: the server traces Python allocations (tracemalloc, slower) and the soak
+    reports the sites that grew most after the warm-up (`python_memory_growth`)."""
     if minutes <= 0 or robots < 1:
         raise ValueError("minutes > 0 and robots >= 1 are needed")
     base = config or default_config()
@@ -45,9 +47,16 @@ def run_soak(out: Path, minutes: float = 20.0, robots: int = 50, config: Optiona
     task_timeout = float(srv.get("task_timeout_s", 10.0))
     duration = 60.0 * minutes
     tmp = Path(tempfile.mkdtemp(prefix="robotserve_soak_"))
+    warmup = min(120.0, duration / 4)
+    mem_file = tmp / "memory_trace.json"
+    if memory_trace:
+        cfg = yaml.safe_load(Path(base).read_text()) or {}
+        sp = cfg.setdefault("inference_server", {}).setdefault("ros__parameters", {})
+        sp.update(memory_trace_file=str(mem_file), memory_trace_after_s=warmup)
+        base = str(tmp / "soak_config.yaml")
+        Path(base).write_text(yaml.safe_dump(cfg))
     res = run_fleet_live(tmp / "fleet_live.json", robots=robots, duration=duration, per_process=robots, config=base,
                          light=True, drain_s=task_timeout + 5.0, verbose=verbose)
-    warmup = min(120.0, duration / 4)
     rss = res["server_rss_kb"]
     every = [list(x) for i, x in enumerate(rss) if i == 0 or int(x[0] // rss_every_s) != int(rss[i - 1][0] // rss_every_s)]
     after = res["server_after_stop"]
@@ -71,6 +80,7 @@ def run_soak(out: Path, minutes: float = 20.0, robots: int = 50, config: Optiona
         "errors": res["errors"],
         "server_rss_kb_every": every,
         "rss_every_s": rss_every_s,
+        "python_memory_growth": json.loads(mem_file.read_text()) if memory_trace and mem_file.exists() else None,
         "cpu": {k: res["cpu"].get(k) for k in ("machine_busy_fraction_mean", "process_cores_used_by_role",
                                                 "loadavg_1m_samples", "loadavg_at_end")},
         "machine": res["machine"],
@@ -88,7 +98,7 @@ def run_soak(out: Path, minutes: float = 20.0, robots: int = 50, config: Optiona
 
 def cli(a) -> int:
     """`robotserve bench soak` (registered in cli.py)."""
-    r = run_soak(Path(a.out), minutes=a.minutes, robots=a.robots, config=a.config)
+    r = run_soak(Path(a.out), minutes=a.minutes, robots=a.robots, config=a.config, memory_trace=a.memory_trace)
     print(f"soak {a.minutes:g} min, {a.robots} robots: RSS growth {r['rss_growth_fraction']} "
           f"({r['rss_baseline_kb']} -> {r['rss_last_kb']} kB), lost {r['lost_chunks']}, duplicates {r['duplicate_chunks']}, "
           f"chunks {r['chunks_served']}, ledger freed {r['ledger_freed']}")

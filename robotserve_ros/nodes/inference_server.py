@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+import tracemalloc
 from collections import Counter, deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -94,6 +95,9 @@ class InferenceServerConfig(NodeConfig):
     services: tuple[str, ...] = param((), "services beside srv/Infer on this server (LLM plans, language, VLM): "
                                       "names from robotserve_ros/nodes/services")
     services_params: str = param("{}", "a JSON object: service name -> its keyword parameters")
+    memory_trace_file: str = param("", "trace Python allocations (tracemalloc) and write the 30 sites that grew "
+                                   "most from memory_trace_after_s to shutdown here as JSON; '' = off")
+    memory_trace_after_s: float = param(120.0, "when the memory trace's baseline is taken, s after start, > 0")
     stage_trace_file: str = param("", "write per-round stage times (CLOCK_MONOTONIC ns: received, submit, dispatch, "
                                   "engine_start, engine_end, reply, answered) here as JSON on shutdown; '' = off")
 
@@ -120,6 +124,7 @@ class InferenceServerConfig(NodeConfig):
             except ValueError as e:
                 raise bad_param("engine_latency_ms", ms, f"is not a profile: {e}") from None
         for name in ("stale_obs_s", "refresh_timeout_s", "task_timeout_s", "max_request_bytes", "diagnostics_hz",
+                     "memory_trace_after_s",
                      "max_task_id_bytes", "max_instruction_bytes", "max_images"):
             check(getattr(self, name) > 0, name, getattr(self, name), "is not > 0")
         check(self.max_batch >= 0, "max_batch", self.max_batch, "is not >= 0 (0: the saturation batch)")
@@ -239,6 +244,10 @@ class InferenceServerNode(Node):
         self.create_timer(1.0 / c.diagnostics_hz, self._publish_diagnostics)
         self.create_timer(min(1.0, c.task_timeout_s / 4), self._reap)
         self.create_timer(30.0, _trim_heap)
+        self._mem_base = None  # tracemalloc snapshot after memory_trace_after_s (memory_trace_file)
+        if c.memory_trace_file:
+            tracemalloc.start(1)
+            self._mem_timer = self.create_timer(c.memory_trace_after_s, self._memory_baseline)
         # The core's one serving loop (core/runner.py): a thread per tier slot, edge and cloud at once.
         self.trace = StageTrace(time.monotonic_ns) if c.stage_trace_file else None
         # Refresh ahead: the next batch's stale observations are fetched while the current one
@@ -491,7 +500,23 @@ class InferenceServerNode(Node):
                                        message=f"{st['queue_length']} queued, {st['tasks']} tasks", values=kv)]
         self.diag.publish(msg)
 
+    def _memory_baseline(self) -> None:
+        self._mem_timer.cancel()
+        self._mem_base = tracemalloc.take_snapshot()
+
+    def _write_memory_trace(self) -> None:
+        """The allocation sites that grew most since the baseline: where a slow leak lives."""
+        if self._mem_base is None:
+            return
+        diff = tracemalloc.take_snapshot().compare_to(self._mem_base, "lineno")
+        top = [{"site": str(d.traceback), "size_diff_kb": round(d.size_diff / 1024, 1), "count_diff": d.count_diff,
+                "size_kb": round(d.size / 1024, 1)} for d in diff[:30]]
+        total = sum(d.size_diff for d in diff) / 1024
+        Path(self.config.memory_trace_file).write_text(json.dumps({"python_growth_kb": round(total, 1), "top": top}))
+
     def close(self) -> None:
+        if self.config.memory_trace_file:
+            self._write_memory_trace()
         for svc in getattr(self, "side_services", {}).values():
             svc.close()
         with self.lock:
