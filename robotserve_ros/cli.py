@@ -285,8 +285,8 @@ def build_parser() -> argparse.ArgumentParser:
     so.set_defaults(func=cmd_bench_soak)
 
     ch = b.add_parser("chaos", help="faults in a live light fleet: server killed/restarted, robot process killed, server frozen")
-    ch.add_argument("--scenarios", nargs="+", default=["server_kill", "client_kill", "server_freeze"],
-                    choices=["server_kill", "client_kill", "server_freeze"])
+    ch.add_argument("--scenarios", nargs="+", default=["server_kill", "client_kill", "server_freeze", "partition"],
+                    choices=["server_kill", "client_kill", "server_freeze", "partition"])
     ch.add_argument("--robots", type=positive(int), default=10)
     ch.add_argument("--config", help="ROS params file (default config/fleet.yaml)")
     ch.add_argument("--out", default="reports/live/chaos.json", help="result JSON")

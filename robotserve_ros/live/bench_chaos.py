@@ -14,10 +14,16 @@ Scenarios (each on a fresh fleet):
                   ROS graph loses it for that long, as in a partition (see below); robots
                   re-send meanwhile, and the server, back, answers each round once (re-sends
                   attach to the queued round or replay its reply): no duplicate chunk.
-Not here: a true network partition. This machine has no iptables and running processes cannot
-be moved into a network namespace; Fast DDS between processes on one host also talks over
-shared memory, which a network namespace would not cut. A remote GPU tier killed and
-restored is `robotserve bench hybrid`'s kill step (reports/live/hybrid*).
+  partition       (root, iproute2) the server runs on host a, the robots on host b: two network
+                  namespaces joined by a veth pair, Fast DDS over UDPv4 only (no shared
+                  memory, which would bypass the link), discovery by multicast on the veth.
+                  The link is taken down for `pause_s` and brought back: the graph is cut
+                  both ways while both sides run. Robots hold position and re-send; the
+                  server answers each round once: no duplicate chunk, nothing lost. No
+                  listener here (it would need a third host): counts come from the robots'
+                  accounts after a settle (SIGUSR1, as fleet-live).
+A remote GPU tier killed and restored is `robotserve bench hybrid`'s kill step
+(reports/live/hybrid*).
 """
 from __future__ import annotations
 
@@ -37,7 +43,7 @@ from ..machine import machine_info
 from .bench_fleet_live import _Listener, aggregate
 from .processes import ModuleSpec, ProcessGroup, pick_free_domain, ros_env
 
-SCENARIOS = ("server_kill", "client_kill", "server_freeze")
+SCENARIOS = ("server_kill", "client_kill", "server_freeze", "partition")
 
 
 def _kill(p) -> None:
@@ -47,10 +53,107 @@ def _kill(p) -> None:
         Path(f).unlink(missing_ok=True)
 
 
+class _InNetns:
+    """A ProcessGroup spec run inside one host of a NetnsLink (`ip netns exec` execs it: the
+    pid is the process's own, so signals reach it)."""
+
+    def __init__(self, spec, link, side: str) -> None:
+        self.spec, self.link, self.side, self.name = spec, link, side, spec.name
+
+    def command(self, python: str) -> list:
+        return self.link.command(self.side, self.spec.command(python))
+
+
+def _udp_only(env: dict) -> dict:
+    """Fast DDS over UDPv4 only: inside a namespace that is lo + the veth, so nothing leaves
+    the two hosts, and no shared memory bypasses the link the partition cuts."""
+    env = dict(env)
+    env.pop("FASTDDS_DEFAULT_PROFILES_FILE", None)
+    env["FASTDDS_BUILTIN_TRANSPORTS"] = "UDPv4"
+    env["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "SUBNET"
+    return env
+
+
+def run_partition(tmp: Path, robots: int = 10, before_s: float = 8.0, after_s: float = 20.0, pause_s: float = 5.0,
+                  config: Optional[str] = None, startup_s: float = 20.0, settle_s: float = 15.0,
+                  say=lambda s: None) -> dict:
+    """The `partition` scenario (see the module docstring); needs root and iproute2."""
+    from ..net.netns import NetnsLink, netns_available
+
+    why = netns_available()
+    if why:
+        return {"scenario": "partition", "skipped": why}
+    base = config or default_config()
+    cfg = yaml.safe_load(Path(base).read_text())
+    hz = float(cfg.get("/**/robot_client", {}).get("ros__parameters", {}).get("control_hz", 30.0))
+    work = tmp / "partition"
+    stats = work / "stats"
+    stats.mkdir(parents=True, exist_ok=True)
+    env = _udp_only(ros_env(pick_free_domain(), str(work / "ros_log")))
+    with NetnsLink(rate_mbit=1000) as link:
+        for side, ifc in (("a", link.if_a), ("b", link.if_b)):  # multicast discovery goes over the veth
+            link.run(side, ["ip", "route", "add", "224.0.0.0/4", "dev", ifc], check=True, capture_output=True)
+        server = ProcessGroup([_InNetns(s, link, "a") for s in server_specs(str(base))], env, work / "logs0")
+        fleet = ModuleSpec("light_fleet_0", "robotserve_ros.live.light_fleet",
+                           ["--robots", str(robots), "--params", str(base), "--stats-dir", str(stats)])
+        clients = ProcessGroup([_InNetns(fleet, link, "b")], env, work / "logs")
+        fault: dict = {"scenario": "partition", "link": f"{link.addr_a} <-> {link.addr_b} (veth, UDPv4)"}
+        try:
+            server.start()
+            clients.start()
+            time.sleep(startup_s + before_s)  # discovery over the link, then steady serving
+            t0 = time.monotonic()
+            link.run("a", ["ip", "link", "set", link.if_a, "down"], check=True, capture_output=True)
+            say(f"link down for {pause_s:g} s")
+            time.sleep(pause_s)
+            link.run("a", ["ip", "link", "set", link.if_a, "up"], check=True, capture_output=True)
+            link.run("a", ["ip", "route", "replace", "224.0.0.0/4", "dev", link.if_a], check=False, capture_output=True)
+            t1 = time.monotonic()
+            fault["fault_s"] = round(t1 - t0, 2)
+            time.sleep(after_s)
+            t_stop = time.monotonic()
+            clients.signal(signal.SIGUSR1)  # settle: no new rounds, open ones seen through
+            time.sleep(settle_s)
+            codes = clients.stop(timeout=20.0)
+            failed = server.failed()
+        finally:
+            server.stop()
+            clients.stop()
+    accounts = [json.loads(f.read_text()) for f in sorted(stats.glob("*.json"))]
+    agg = aggregate(accounts, t1, t_stop, 10.0, hz)
+    got_after = {a["robot"]: sum(1 for _, _, t, _, _ in a["chunk_log"] if t > t1) for a in accounts}
+    got_before = {a["robot"]: sum(1 for _, _, t, _, _ in a["chunk_log"] if t < t0) for a in accounts}
+    during = sum(1 for a in accounts for _, _, t, _, _ in a["chunk_log"] if t0 + 0.5 < t < t1)  # the cut is real: ~0
+    return {
+        **fault,
+        "robots": robots,
+        "robot_accounts": len(accounts),
+        "lost_chunks": agg["lost_chunks"],
+        "in_flight_at_stop": agg["in_flight_at_stop"],
+        "duplicate_chunks": agg["duplicate_chunks"],
+        "mismatched_chunks": agg["mismatched_chunks"],
+        "chunks_served": agg["chunks_served"],
+        "resent_requests": agg["resent_requests"],
+        "answers_to_resent_requests": agg["answers_to_resent_requests"],
+        "errors": agg["errors"],
+        "idle_fraction": agg["idle_fraction"],
+        "tasks_continued": sum(a.get("tasks_continued", 0) for a in accounts),
+        "finished_tasks": sum(a.get("finished_tasks", 0) for a in accounts),
+        "robots_with_chunks_before_fault": sum(1 for r in got_before if got_before[r] > 0),
+        "chunks_during_partition": during,
+        "robots_with_chunks_after_fault": sum(1 for r in got_after if got_after[r] > 0),
+        "server_failed": failed,
+        "client_exit_codes": codes,
+    }
+
+
 def run_scenario(name: str, tmp: Path, robots: int = 10, before_s: float = 8.0, after_s: float = 20.0,
                  pause_s: float = 5.0, config: Optional[str] = None, say=lambda s: None) -> dict:
     if name not in SCENARIOS:
         raise ValueError(f"unknown scenario {name!r}; known: {', '.join(SCENARIOS)}")
+    if name == "partition":
+        return run_partition(tmp, robots=robots, before_s=before_s, after_s=after_s, pause_s=pause_s, config=config,
+                             say=say)
     base = config or default_config()
     cfg = yaml.safe_load(Path(base).read_text())
     hz = float(cfg.get("/**/robot_client", {}).get("ros__parameters", {}).get("control_hz", 30.0))
@@ -140,9 +243,12 @@ def run_chaos(out: Path, scenarios=SCENARIOS, robots: int = 10, config: Optional
     for name in scenarios:
         say(f"{name}: {robots} robots")
         res["scenarios"][name] = r = run_scenario(name, tmp, robots=robots, config=config, say=say)
+        if "skipped" in r:
+            say(f"{name}: skipped ({r['skipped']})")
+            continue
         say(f"{name}: lost {r['lost_chunks']}, duplicates {r['duplicate_chunks']}, chunks after the fault on "
             f"{r['robots_with_chunks_after_fault']}/{r['robots']} robots, tasks continued {r['tasks_continued']}, "
-            f"finished {r['finished_tasks']}, server at end {r['server_at_end']}")
+            f"finished {r['finished_tasks']}, server at end {r.get('server_at_end')}")
     res["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -154,5 +260,6 @@ def cli(a) -> int:
     """`robotserve bench chaos` (registered in cli.py)."""
     res = run_chaos(Path(a.out), scenarios=a.scenarios, robots=a.robots, config=a.config)
     print(f"wrote {a.out}")
-    bad = [n for n, r in res["scenarios"].items() if r["lost_chunks"] or r["duplicate_chunks"] or r["mismatched_chunks"]]
+    bad = [n for n, r in res["scenarios"].items()
+           if "skipped" not in r and (r["lost_chunks"] or r["duplicate_chunks"] or r["mismatched_chunks"])]
     return 1 if bad else 0
