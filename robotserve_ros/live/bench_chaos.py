@@ -53,6 +53,18 @@ def _kill(p) -> None:
         Path(f).unlink(missing_ok=True)
 
 
+def _counts(robots: int, accounts: list, agg: dict) -> dict:
+    """What every scenario reports from the robots' accounts (aggregate() of fleet-live)."""
+    return {
+        "robots": robots,
+        "robot_accounts": len(accounts),
+        **{k: agg[k] for k in ("lost_chunks", "duplicate_chunks", "mismatched_chunks", "chunks_served",
+                               "resent_requests", "answers_to_resent_requests", "errors", "idle_fraction")},
+        "tasks_continued": sum(a.get("tasks_continued", 0) for a in accounts),
+        "finished_tasks": sum(a.get("finished_tasks", 0) for a in accounts),
+    }
+
+
 class _InNetns:
     """A ProcessGroup spec run inside one host of a NetnsLink (`ip netns exec` execs it: the
     pid is the process's own, so signals reach it)."""
@@ -126,19 +138,8 @@ def run_partition(tmp: Path, robots: int = 10, before_s: float = 8.0, after_s: f
     during = sum(1 for a in accounts for _, _, t, _, _ in a["chunk_log"] if t0 + 0.5 < t < t1)  # the cut is real: ~0
     return {
         **fault,
-        "robots": robots,
-        "robot_accounts": len(accounts),
-        "lost_chunks": agg["lost_chunks"],
+        **_counts(robots, accounts, agg),
         "in_flight_at_stop": agg["in_flight_at_stop"],
-        "duplicate_chunks": agg["duplicate_chunks"],
-        "mismatched_chunks": agg["mismatched_chunks"],
-        "chunks_served": agg["chunks_served"],
-        "resent_requests": agg["resent_requests"],
-        "answers_to_resent_requests": agg["answers_to_resent_requests"],
-        "errors": agg["errors"],
-        "idle_fraction": agg["idle_fraction"],
-        "tasks_continued": sum(a.get("tasks_continued", 0) for a in accounts),
-        "finished_tasks": sum(a.get("finished_tasks", 0) for a in accounts),
         "robots_with_chunks_before_fault": sum(1 for r in got_before if got_before[r] > 0),
         "chunks_during_partition": during,
         "robots_with_chunks_after_fault": sum(1 for r in got_after if got_after[r] > 0),
@@ -213,19 +214,8 @@ def run_scenario(name: str, tmp: Path, robots: int = 10, before_s: float = 8.0, 
     alive = [a["robot"] for a in accounts]
     return {
         **fault,
-        "robots": robots,
-        "robot_accounts": len(accounts),
-        "lost_chunks": agg["lost_chunks"],
-        "duplicate_chunks": agg["duplicate_chunks"],
-        "mismatched_chunks": agg["mismatched_chunks"],
-        "chunks_served": agg["chunks_served"],
-        "resent_requests": agg["resent_requests"],
-        "answers_to_resent_requests": agg["answers_to_resent_requests"],
+        **_counts(robots, accounts, agg),
         "answered_requests_check": agg["answered_requests_check"],
-        "errors": agg["errors"],
-        "idle_fraction": agg["idle_fraction"],
-        "tasks_continued": sum(a.get("tasks_continued", 0) for a in accounts),
-        "finished_tasks": sum(a.get("finished_tasks", 0) for a in accounts),
         "robots_with_chunks_after_fault": sum(1 for r in alive if got_after[r] > 0),
         "robot_accounts_alive": len(alive),
         "server_before_fault": {k: diag_before.get(k) for k in ("served", "tasks", "finished_tasks", "reaped_tasks")},
