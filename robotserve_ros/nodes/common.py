@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import tempfile
+import threading
 import types
 from collections.abc import Iterable
 from dataclasses import MISSING, field, fields
@@ -164,6 +165,27 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
+def _start_pool(ex, n: int) -> None:
+    """Start all of a MultiThreadedExecutor's threads now. Its thread pool otherwise grows one
+    thread at a time as calls block (a server waits in one thread per queued round), so its
+    memory climbs for minutes into a run (~160 kB per thread: stack and malloc arena, seen as
+    a 5 % RSS rise in a 20-minute soak with the Python heap flat); started up front, the
+    pool's memory is paid at start-up and stays flat."""
+    pool = getattr(ex, "_executor", None)  # rclpy's concurrent.futures.ThreadPoolExecutor
+    if pool is None:
+        return
+    gate = threading.Barrier(n, timeout=10.0)
+
+    def hold() -> None:
+        try:
+            gate.wait()  # every submit finds no idle thread, so the pool starts a new one
+        except threading.BrokenBarrierError:
+            pass
+
+    for f in [pool.submit(hold) for _ in range(n)]:
+        f.result()
+
+
 def run_nodes(make: Callable[[], Sequence], argv=None, threads=None) -> int:
     """rclpy.init, build nodes with make(), spin until SIGINT/SIGTERM, shut down cleanly.
     threads: None for a single-threaded executor, else a count or a function of the nodes.
@@ -183,6 +205,8 @@ def run_nodes(make: Callable[[], Sequence], argv=None, threads=None) -> int:
         nodes = list(make())
         n_threads = threads(nodes) if callable(threads) else threads
         ex = MultiThreadedExecutor(num_threads=n_threads) if n_threads else SingleThreadedExecutor()
+        if n_threads:
+            _start_pool(ex, n_threads)
         for n in nodes:
             ex.add_node(n)
         ex.spin()
