@@ -1,6 +1,8 @@
 """Nova's staged VLM engine (seed 003): vision encode, prefill and batched decode as separate
 calls give the unstaged model's greedy tokens, token for token; so do chunked prefill and the
 layer-offloaded vision encoder (§III-E)."""
+import os
+
 import numpy as np
 import pytest
 
@@ -73,3 +75,42 @@ def test_bad_image_and_shape_are_refused(vlm):
         vlm.pixel_values(np.zeros((8, 8), dtype=np.uint8))
     with pytest.raises(ValueError, match="choose one of"):
         StagedVLM("huge")
+
+
+@pytest.mark.parametrize("name", ["nova", "chunked_prefill"])
+def test_live_partitioned_server_answers_equal_the_plain_model(vlm, name):
+    """Through core.nova's live path (LiveDriver, front + decode workers on a CPU partition,
+    in-flight batched decode): every answer equals the unstaged model's, token for token."""
+    from robotserve_ros.core.nova import PartitionPlan, VLMCore, VLMRequest, make_vlm_scheduler
+    from robotserve_ros.core.nova.live import NovaServer
+    from robotserve_ros.engines.vlm import StageExecutor
+    from robotserve_ros.engines.vlm_partition import CpuCorePartition
+
+    cores = sorted(os.sched_getaffinity(0))[:2]
+    mech = CpuCorePartition(cores=cores, max_threads=1)  # one thread per worker keeps the test quick
+    if mech.total < 2:
+        pytest.skip("a partition needs 2 cores")
+    from test_nova_core import small_profile
+
+    prof = small_profile(total=mech.total)
+    plan = PartitionPlan(prof, tokens=N)
+    ex = StageExecutor(vlm, mech)
+    server = NovaServer(VLMCore(make_vlm_scheduler(name, plan, **({"budget": 9} if name != "nova" else {})),
+                                mech.total), ex).start()
+    try:
+        reqs, refs = [], []
+        for i, (img, prompt) in enumerate(_requests()):
+            f = ex.request_fields(img, prompt)
+            refs.append(vlm.generate_reference(f["payload"]["ids"], f["payload"]["pixels"], N))
+            r = VLMRequest(f"r{i}", None, tiles=f["tiles"], prompt_tokens=f["prompt_tokens"], max_tokens=N,
+                           payload=f["payload"])
+            reqs.append((r, server.submit(r)))
+        for r, ev in reqs:
+            assert ev.wait(60), f"{r.rid} not answered"
+        for (r, _), ref in zip(reqs, refs):
+            assert r.error is None
+            assert r.payload["seq"].tokens == ref
+    finally:
+        server.close()
+    if name == "nova":
+        assert set(mech.applied) == {"front", "decode"}  # both workers applied their shares

@@ -330,3 +330,44 @@ def offload_vision_layers(model, path: Path, k: int) -> OffloadedEncoder:
     enc.layers = keep  # only K layers stay resident; the rest are freed
     enc.forward = off.forward
     return off
+
+
+# ---- the engine side of core.nova's live path ----------------------------------------------
+class StageExecutor:
+    """Runs a core.nova Op on a StagedVLM: applies the op's partition share on the calling
+    worker thread first (before each forward pass, §III-D), then the stage call(s).
+
+    A live request's payload: {"pixels": [tiles,3,s,s] or None, "ids": prompt ids} plus
+    what the stages leave: "image_hidden", "seq"."""
+
+    def __init__(self, vlm: StagedVLM, mechanism=None) -> None:
+        self.vlm, self.mechanism = vlm, mechanism
+
+    def request_fields(self, image, prompt: str) -> dict:
+        """What a VLMRequest needs from the engine: tiles, prompt length (positions), payload."""
+        pixels = None if image is None else self.vlm.pixel_values(image)
+        ids = self.vlm.tokenize(prompt)
+        tiles = 0 if pixels is None else int(pixels.shape[0])
+        return {"tiles": tiles, "prompt_tokens": len(self.vlm.input_ids(ids, tiles)),
+                "payload": {"pixels": pixels, "ids": ids, "image_hidden": None, "seq": None}}
+
+    def __call__(self, op) -> None:
+        vlm = self.vlm
+        stage = "decode" if op.kind == "decode" else "front"
+        if self.mechanism is not None:
+            self.mechanism.apply(stage, op.units)
+        f = op.front
+        if op.kind == "vision":
+            f.payload["image_hidden"] = vlm.encode_vision(f.payload["pixels"])
+            return
+        if f is not None:  # prefill or the chunk of a hybrid batch
+            p = f.payload
+            if p["seq"] is None:
+                p["seq"] = vlm.start(p["ids"], p["image_hidden"])
+                p["image_hidden"] = None
+            if vlm.prefill_chunk(p["seq"], op.chunk):
+                f.eos = p["seq"].tokens[-1] == EOS
+        if op.batch:
+            vlm.decode([r.payload["seq"] for r in op.batch])
+            for r in op.batch:
+                r.eos = r.payload["seq"].tokens[-1] == EOS
