@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import math
 import threading
+import time
+import warnings
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -265,7 +267,6 @@ class OffloadedEncoder:
 
     def __init__(self, layers, path: Path, k: int) -> None:
         import torch
-        from safetensors import safe_open
         from safetensors.torch import save_file
 
         self.n, self.k = len(layers), max(1, min(int(k), len(layers)))
@@ -277,27 +278,38 @@ class OffloadedEncoder:
         self.names = list(layers[0].state_dict().keys())
         self.physical = [layers[i] for i in range(self.k)]  # the buffers keep layers 0..K-1 loaded
         self.loaded = [i for i in range(self.k)]
-        self._f = safe_open(str(self.file), framework="pt")
+        self._host = _mmap_safetensors(self.file)  # zero-copy views of the file's pages
         self._ready = [threading.Event() for _ in range(self.k)]
         for e in self._ready:
             e.set()
         self._lock = threading.Lock()
         self.torch = torch
-        self.load_s = 0.0
+        import queue
+
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self.stall_s = 0.0
+        threading.Thread(target=self._loader, name="vision-offload-loader", daemon=True).start()
 
     def _load(self, logical: int) -> None:
         slot = logical % self.k
         sd = self.physical[slot].state_dict()
         with self.torch.no_grad():
             for name in self.names:
-                sd[name].copy_(self._f.get_tensor(f"{logical}.{name}"))
+                sd[name].copy_(self._host[f"{logical}.{name}"])  # one copy: page cache -> buffer
         self.loaded[slot] = logical
         self._ready[slot].set()
 
+    def _loader(self) -> None:
+        while True:
+            logical = self._jobs.get()
+            if logical is None:
+                return
+            self._load(logical)
+
     def _swap_in(self, logical: int) -> None:
-        slot = logical % self.k
-        self._ready[slot].clear()
-        threading.Thread(target=self._load, args=(logical,), daemon=True).start()
+        """Asynchronous swap-in on the loader thread (the paper's separate copy stream)."""
+        self._ready[logical % self.k].clear()
+        self._jobs.put(logical)
 
     def forward(self, inputs_embeds, attention_mask=None):
         from transformers.modeling_outputs import BaseModelOutput
@@ -306,7 +318,9 @@ class OffloadedEncoder:
         with self._lock:  # one forward at a time owns the buffers
             for i in range(self.n):
                 slot = i % self.k
+                t0 = time.perf_counter()
                 self._ready[slot].wait()
+                self.stall_s += time.perf_counter() - t0  # compute waiting for a swap-in
                 if self.loaded[slot] != i:  # not prefetched (first pass after a wrap that did not fit)
                     self._ready[slot].clear()
                     self._load(i)
@@ -319,6 +333,32 @@ class OffloadedEncoder:
             for e in self._ready:
                 e.wait()
         return BaseModelOutput(last_hidden_state=h)
+
+
+def _mmap_safetensors(path: Path) -> dict:
+    """name -> tensor viewing a memory-mapped safetensors file (no copy, nothing loaded yet)."""
+    import json as _json
+    import struct
+
+    import numpy as np
+    import torch
+
+    dtypes = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "I64": np.int64}
+    with open(path, "rb") as fh:
+        n = struct.unpack("<Q", fh.read(8))[0]
+        header = _json.loads(fh.read(n))
+    mm = np.memmap(path, dtype=np.uint8, mode="r")
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        a, b = info["data_offsets"]
+        arr = mm[8 + n + a: 8 + n + b].view(dtypes[info["dtype"]]).reshape(info["shape"])
+        with warnings.catch_warnings():  # a read-only mapping: we only ever read from it
+            warnings.simplefilter("ignore", UserWarning)
+            t = torch.from_numpy(arr)
+        out[name] = t.view(torch.bfloat16) if info["dtype"] == "BF16" else t
+    return out
 
 
 def offload_vision_layers(model, path: Path, k: int) -> OffloadedEncoder:
