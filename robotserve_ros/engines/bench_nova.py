@@ -312,7 +312,7 @@ def compare(rows: list) -> list:
 
 def run(out: Path, *, shape: str = "small", loads=(0.3, 0.5, 0.7, 0.85), n: int = 300, seeds=(0, 1, 2),
         live_n: int = 12, live_load: float = 0.3, offload_shape: str = "small", reps: int = 5,
-        report_dir: Path = Path("reports/nova"), log=print) -> dict:
+        report_dir: Path = Path("reports/nova"), pin: bool = False, log=print) -> dict:
     from .vlm import StagedVLM
     from .vlm_partition import CpuCorePartition
 
@@ -320,7 +320,10 @@ def run(out: Path, *, shape: str = "small", loads=(0.3, 0.5, 0.7, 0.85), n: int 
     load_before = os.getloadavg()
     t_start = time.time()
     vlm = StagedVLM(shape, seed=0)
-    mech = CpuCorePartition()
+    # pinning a worker to its cores: on a machine shared with other jobs a pinned thread cannot
+    # move off a busy core (measured here: 1-core vision 210 ms unpinned-ish vs 2480 ms pinned
+    # at load 8), so by default a share is a thread count and the OS places the threads
+    mech = CpuCorePartition(pin=pin)
     if mech.total < 2:
         raise ConfigError(f"bench nova needs >= 2 cores to partition, this process may use {mech.total}")
     log(f"profile: {shape} VLM on {mech.total} cores")
@@ -345,6 +348,7 @@ def run(out: Path, *, shape: str = "small", loads=(0.3, 0.5, 0.7, 0.85), n: int 
     plans = {w.name: {k: v for k, v in _plan(profile, w).describe().items()} for w in wls}
     data = {
         "device": f"cpu: {machine_info().get('cpu', '')} ({mech.total} cores, shared)",
+        "partition": {"mechanism": mech.name, "pinned": mech.pin, "max_threads": mech.max_threads},
         "offload": {k: offload[k] for k in ("resident_mb_before", "resident_mb_after", "vision_latency_ratio")},
         "rows": [{k: r[k] for k in ("scheduler", "workload", "rate", "avg_latency_s", "p95_latency_s",
                                     "max_latency_s", "throughput_rps")} | {"mode": r["mode"]} for r in rows],
@@ -439,12 +443,13 @@ def add_arguments(p) -> None:
     p.add_argument("--live-requests", type=positive(int), default=12)
     p.add_argument("--reps", type=positive(int), default=5, help="repetitions per profiled point")
     p.add_argument("--report-dir", default="reports/nova")
+    p.add_argument("--pin", action="store_true", help="also pin each worker to its cores (sched_setaffinity)")
     p.set_defaults(func=cli)
 
 
 def cli(a) -> int:
     res = run(Path(a.out), shape=a.shape, n=a.requests, seeds=tuple(range(a.seeds)), live_n=a.live_requests,
-              offload_shape=a.offload_shape, reps=a.reps, report_dir=Path(a.report_dir))
+              offload_shape=a.offload_shape, reps=a.reps, report_dir=Path(a.report_dir), pin=a.pin)
     for c in res["meta"]["compare"]:
         print(f"{c['mode']:18s} {c['workload']:14s} rate {c['rate']:.3f}: max {100 * c['max_cut']:+.1f} % vs "
               f"{c['best_baseline']}, avg {100 * c['avg_vs_best_avg']:+.1f} % vs {c['best_avg_baseline']}, "

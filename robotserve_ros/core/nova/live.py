@@ -18,7 +18,7 @@ class NovaServer:
     def __init__(self, core: VLMCore, execute: Callable[[Op], None], clock: Optional[Clock] = None,
                  on_done: Optional[Callable[[VLMRequest], None]] = None) -> None:
         self.core, self.execute, self.clock = core, execute, clock or WallClock()
-        self._events: dict = {}
+        self._events: dict = {}  # rid -> (request, event) until answered
         self._user_done = on_done
         self._lock = threading.Lock()
         self.errors = 0
@@ -33,7 +33,9 @@ class NovaServer:
     def submit(self, req: VLMRequest) -> threading.Event:
         ev = threading.Event()
         with self._lock:
-            self._events[req.rid] = ev
+            if req.rid in self._events:
+                raise ValueError(f"request id {req.rid!r} is already in progress")
+            self._events[req.rid] = (req, ev)
         req.arrival = self.clock.now()
         self.core.submit(req, req.arrival)
         self.driver.kick()
@@ -51,11 +53,17 @@ class NovaServer:
 
     def _done(self, req: VLMRequest) -> None:
         with self._lock:
-            ev = self._events.pop(req.rid, None)
+            got = self._events.pop(req.rid, None)
         if self._user_done is not None:
             self._user_done(req)
-        if ev is not None:
-            ev.set()
+        if got is not None:
+            got[1].set()
 
-    def close(self) -> None:
+    def close(self, reason: str = "shutting_down") -> None:
+        """Stop the workers; every request still in progress ends with `error = reason`."""
         self.driver.close()
+        with self._lock:
+            left, self._events = list(self._events.values()), {}
+        for req, ev in left:
+            req.error = req.error or reason
+            ev.set()
