@@ -114,3 +114,35 @@ def test_live_partitioned_server_answers_equal_the_plain_model(vlm, name):
         server.close()
     if name == "nova":
         assert set(mech.applied) == {"front", "decode"}  # both workers applied their shares
+
+
+def test_gpu_partitions_refuse_clearly_without_a_gpu():
+    from robotserve_ros.core.nova import PartitionUnavailable
+    from robotserve_ros.engines.vlm_partition import MECHANISMS
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    for name in ("green_context", "mps"):
+        with pytest.raises(PartitionUnavailable, match=f"{name} partition unavailable: no CUDA device"):
+            MECHANISMS.create(name)
+
+
+def test_cpu_partition_gives_each_worker_thread_its_own_share():
+    import threading
+
+    from robotserve_ros.engines.vlm_partition import CpuCorePartition
+
+    mech = CpuCorePartition(cores=[0, 1, 2, 3], pin=False)
+    assert mech.cores_for("front", 3) == [0, 1, 2] and mech.cores_for("decode", 1) == [3]  # disjoint
+    seen = {}
+
+    def worker(stage, units):
+        mech.apply(stage, units)
+        seen[stage] = torch.get_num_threads()
+
+    for stage, units in (("front", 3), ("decode", 1)):
+        th = threading.Thread(target=worker, args=(stage, units))
+        th.start()
+        th.join()
+    assert seen == {"front": 3, "decode": 1}
+    assert mech.applied["front"] == (3, (0, 1, 2)) and mech.applied["decode"] == (1, (3,))
