@@ -73,7 +73,7 @@ def measure_profile(vlm, mech, *, reps: int = 5, log=print) -> tuple[StageProfil
             t1 = _median_time(lambda: vlm.prefill(ids, h1), reps)
             tb = _median_time(lambda: vlm.prefill(ids, hb), max(2, reps // 2))
             n1, nb = len(vlm.input_ids(ids, 1)), len(vlm.input_ids(ids, int(big.shape[0])))
-            b = (tb - t1) / (nb - n1)
+            b = max(0.0, (tb - t1) / (nb - n1))  # noise can make the slope negative: a flat prefill then
             seqs = [vlm.prefill(ids, h1) for _ in range(8)]
             td = {bs: _median_time(lambda: vlm.decode(seqs[:bs]), reps) for bs in (1, 2, 4, 8)}
             m = {"vision": tv, "prefill": (max(0.0, t1 - b * n1), b), "decode": td, "threads": threads}
@@ -284,8 +284,10 @@ def workloads(image_seq_len: int) -> list:
 
 
 def compare(rows: list) -> list:
-    """Per (mode, workload, rate): Nova vs the best baseline by max latency among those whose
-    throughput Nova matches (>= 99 %)."""
+    """Per (mode, workload, rate): Nova vs the baseline with the lowest max latency (all of
+    them, whatever their throughput: the throughput ratio is stated beside it), the baseline
+    with the lowest average, and the best baseline that does not partition the device.
+    `target_met`: max >= 15 % lower at >= equal throughput (1 % tolerance) and average not worse."""
     out = []
     keys = sorted({(r["mode"], r["workload"], r["rate"]) for r in rows})
     for key in keys:
@@ -294,16 +296,16 @@ def compare(rows: list) -> list:
         if nova is None or "max_latency_s" not in nova:
             continue
         base = [group[b] for b in BASELINES if b in group and "max_latency_s" in group[b]]
-        eligible = [b for b in base if nova["throughput_rps"] >= 0.99 * b["throughput_rps"]] or base
-        best = min(eligible, key=lambda b: b["max_latency_s"])
+        best = min(base, key=lambda b: b["max_latency_s"])
         best_avg = min(base, key=lambda b: b["avg_latency_s"])
-        unpart = [b for b in eligible if b["scheduler"] != "static_partition"] or eligible
+        unpart = [b for b in base if b["scheduler"] != "static_partition"]
         best_u = min(unpart, key=lambda b: b["max_latency_s"])
+        cut = 1 - nova["max_latency_s"] / best["max_latency_s"]
+        thr = nova["throughput_rps"] / best["throughput_rps"]
+        avg = nova["avg_latency_s"] / best_avg["avg_latency_s"] - 1
         out.append({"mode": key[0], "workload": key[1], "rate": key[2], "best_baseline": best["scheduler"],
-                    "max_cut": 1 - nova["max_latency_s"] / best["max_latency_s"],
-                    "avg_vs_best_avg": nova["avg_latency_s"] / best_avg["avg_latency_s"] - 1,
-                    "best_avg_baseline": best_avg["scheduler"],
-                    "throughput_ratio": nova["throughput_rps"] / best["throughput_rps"],
+                    "max_cut": cut, "avg_vs_best_avg": avg, "best_avg_baseline": best_avg["scheduler"],
+                    "throughput_ratio": thr, "target_met": cut >= 0.15 and thr >= 0.99 and avg <= 0.0,
                     "best_unpartitioned": best_u["scheduler"],
                     "max_cut_vs_unpartitioned": 1 - nova["max_latency_s"] / best_u["max_latency_s"],
                     "avg_cut_vs_unpartitioned": 1 - nova["avg_latency_s"] / best_u["avg_latency_s"]})
@@ -311,7 +313,7 @@ def compare(rows: list) -> list:
 
 
 def run(out: Path, *, shape: str = "small", loads=(0.3, 0.5, 0.7, 0.85), n: int = 300, seeds=(0, 1, 2),
-        live_n: int = 12, live_load: float = 0.3, offload_shape: str = "small", reps: int = 5,
+        live_n: int = 12, live_load: float = 0.3, offload_shapes=("small", "smolvlm2_500m"), reps: int = 5,
         report_dir: Path = Path("reports/nova"), pin: bool = False, log=print) -> dict:
     from .vlm import StagedVLM
     from .vlm_partition import CpuCorePartition
@@ -342,7 +344,10 @@ def run(out: Path, *, shape: str = "small", loads=(0.3, 0.5, 0.7, 0.85), n: int 
     live_wl = wls[0]
     rows += run_live(vlm, mech, profile, live_wl, round(live_load * capacity(profile, live_wl), 4), live_n, 0, log=log)
     log("offload")
-    offload = measure_offload(offload_shape, reps=reps, log=log)
+    # the record is the last shape (SmolVLM2-500M's real vision tower by default); every one is reported
+    offloads = [measure_offload(sh, reps=reps if sh != "smolvlm2_500m" else min(reps, 3), log=log)
+                for sh in offload_shapes]
+    offload = offloads[-1]
     load_after = os.getloadavg()
     cmp = compare(rows)
     plans = {w.name: {k: v for k, v in _plan(profile, w).describe().items()} for w in wls}
@@ -354,7 +359,7 @@ def run(out: Path, *, shape: str = "small", loads=(0.3, 0.5, 0.7, 0.85), n: int 
                                     "max_latency_s", "throughput_rps")} | {"mode": r["mode"]} for r in rows],
     }
     meta = {"shape": shape, "profile": profile.to_dict(), "profile_raw": raw, "paper_profile_note": pp.note,
-            "plans": plans, "rows_full": rows, "compare": cmp, "offload_full": offload,
+            "plans": plans, "rows_full": rows, "compare": cmp, "offload_full": offload, "offloads": offloads,
             "loadavg_before": load_before, "loadavg_after": load_after, "seconds": time.time() - t_start,
             "machine": machine_info(), "loads": list(loads), "n": n, "seeds": list(seeds), "live_n": live_n}
     (out / "nova.json").write_text(json.dumps(data, indent=1) + "\n")
@@ -399,31 +404,37 @@ def write_report(d: Path, data: dict, meta: dict) -> None:
                 f"{r['p95_latency_s']:.2f} | {r['max_latency_s']:.2f} | {r['throughput_rps']:.3f} | "
                 f"{q.get('vision', 0):.2f} / {q.get('prefill', 0):.2f} / {q.get('decode', 0):.2f} |")
 
-    off = meta["offload_full"]
     lines = [
         "# Nova (seed 003): stage-pipelined VLM serving, measured here", "",
         f"Device: {data['device']}. Load average before {meta['loadavg_before']}, after {meta['loadavg_after']}; "
         f"{meta['seconds']:.0f} s. Engine: StagedVLM `{meta['shape']}` (random weights, SmolVLM2-shaped).", "",
-        "## Nova vs the best baseline (max latency among baselines whose throughput Nova matches)", "",
-        "| mode | workload | rate | best baseline | max latency cut | avg vs best avg | throughput ratio "
-        "| best non-partitioned baseline | its max cut | its avg cut |",
-        "|---|---|---|---|---|---|---|---|---|---|"]
+        "## Nova vs the best baseline (lowest max latency of the four)", "",
+        "Target: max latency >= 15 % below the best baseline at equal or higher throughput, average not worse.", "",
+        "| mode | workload | rate | best baseline (max) | Nova's max cut | Nova's avg vs best avg | throughput "
+        "Nova / best | met | best non-partitioned | max cut vs it | avg cut vs it |",
+        "|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in meta["compare"]:
         lines.append(f"| {c['mode']} | {c['workload']} | {c['rate']:.3f} | {c['best_baseline']} | "
                      f"{100 * c['max_cut']:+.1f} % | {100 * c['avg_vs_best_avg']:+.1f} % ({c['best_avg_baseline']}) | "
-                     f"{c['throughput_ratio']:.3f} | {c['best_unpartitioned']} | "
+                     f"{c['throughput_ratio']:.3f} | {'yes' if c['target_met'] else 'no'} | {c['best_unpartitioned']} | "
                      f"{100 * c['max_cut_vs_unpartitioned']:+.1f} % | {100 * c['avg_cut_vs_unpartitioned']:+.1f} % |")
     lines += ["", "## Every row", "",
               "| mode | workload | rate | scheduler | avg s | P95 s | max s | req/s | queue vision / prefill / decode s |",
               "|---|---|---|---|---|---|---|---|---|"] + [fmt(r) for r in rows]
     lines += ["", "## Vision-encoder offload (§III-E)", "",
-              f"`{off['shape']}` vision encoder, {off['layers']} layers, {off['physical_layers']} physical layers fed "
-              f"from a memory-mapped safetensors file one layer ahead: weights held {off['resident_mb_before']} -> "
-              f"{off['resident_mb_after']} MB ({100 * (1 - off['resident_mb_after'] / off['resident_mb_before']):.0f} % "
-              f"less), vision encode {off['vision_ms_resident']} -> {off['vision_ms_offloaded']} ms "
-              f"(ratio {off['vision_latency_ratio']}), outputs equal: {off['outputs_equal']}. Process RSS of the "
-              f"second model copy {off['process_rss_mb_model_copy']} MB -> {off['process_rss_mb_after_offload']} MB "
-              "after offloading (includes the LLM).", "",
+              "Layers fed from a memory-mapped safetensors file into K physical layers, one layer ahead, by a "
+              "loader thread; `stall` is the time compute waited for a swap-in. Target: >= 50 % less resident "
+              "vision-encoder memory with <= 10 % added vision latency. The record (nova.json) is the last row.", "",
+              "| shape | layers | K | weights MB before -> after | cut | vision ms resident -> offloaded | ratio | "
+              "stall ms/pass | outputs equal | process RSS of a model copy -> after offload MB |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+    for off in meta.get("offloads", [meta["offload_full"]]):
+        lines.append(f"| {off['shape']} | {off['layers']} | {off['physical_layers']} | {off['resident_mb_before']} -> "
+                     f"{off['resident_mb_after']} | {100 * (1 - off['resident_mb_after'] / off['resident_mb_before']):.0f} % "
+                     f"| {off['vision_ms_resident']} -> {off['vision_ms_offloaded']} | {off['vision_latency_ratio']} | "
+                     f"{off.get('stall_ms_per_pass', '')} | {off['outputs_equal']} | {off['process_rss_mb_model_copy']} -> "
+                     f"{off['process_rss_mb_after_offload']} |")
+    lines += ["",
               "## Measured profile", "", "```", json.dumps(meta["profile"], indent=1), "```", "",
               "## Partition plans (measured profile)", "", "```",
               json.dumps({w: {k: v for k, v in p.items() if k != "frontier"} for w, p in meta["plans"].items()},
@@ -437,7 +448,8 @@ def add_arguments(p) -> None:
     p.add_argument("--out", required=True, help="directory for nova.json (+ nova.meta.json)")
     p.add_argument("--shape", default="small", choices=("tiny", "small", "smolvlm2_500m"),
                    help="VLM shape measured and served live")
-    p.add_argument("--offload-shape", default="small", choices=("tiny", "small", "smolvlm2_500m"))
+    p.add_argument("--offload-shapes", nargs="+", default=["small", "smolvlm2_500m"],
+                   choices=("tiny", "small", "smolvlm2_500m"), help="vision towers to offload; the last is the record")
     p.add_argument("--requests", type=positive(int), default=300, help="requests per simulated trace")
     p.add_argument("--seeds", type=positive(int), default=3, help="simulated traces per point")
     p.add_argument("--live-requests", type=positive(int), default=12)
@@ -449,11 +461,11 @@ def add_arguments(p) -> None:
 
 def cli(a) -> int:
     res = run(Path(a.out), shape=a.shape, n=a.requests, seeds=tuple(range(a.seeds)), live_n=a.live_requests,
-              offload_shape=a.offload_shape, reps=a.reps, report_dir=Path(a.report_dir), pin=a.pin)
+              offload_shapes=tuple(a.offload_shapes), reps=a.reps, report_dir=Path(a.report_dir), pin=a.pin)
     for c in res["meta"]["compare"]:
-        print(f"{c['mode']:18s} {c['workload']:14s} rate {c['rate']:.3f}: max {100 * c['max_cut']:+.1f} % vs "
-              f"{c['best_baseline']}, avg {100 * c['avg_vs_best_avg']:+.1f} % vs {c['best_avg_baseline']}, "
-              f"throughput x{c['throughput_ratio']:.3f}")
+        print(f"{c['mode']:18s} {c['workload']:14s} rate {c['rate']:.3f}: Nova's max latency "
+              f"{-100 * c['max_cut']:+.1f} % vs {c['best_baseline']}, avg {100 * c['avg_vs_best_avg']:+.1f} % vs "
+              f"{c['best_avg_baseline']}, throughput x{c['throughput_ratio']:.3f}, target {'met' if c['target_met'] else 'missed'}")
     o = res["data"]["offload"]
     print(f"offload: {o['resident_mb_before']} -> {o['resident_mb_after']} MB, vision latency x{o['vision_latency_ratio']}")
     print(f"report: {Path(a.report_dir) / 'README.md'}  data: {Path(a.out) / 'nova.json'}")

@@ -97,7 +97,8 @@ class StageProfile:
     def t_prefill(self, units: int, tokens: int, corun: bool = False) -> float:
         a = _interp({k: v[0] for k, v in self.prefill.items()}, units)
         b = _interp({k: v[1] for k, v in self.prefill.items()}, units)
-        return (a + b * max(1, tokens)) * (self.corun.get("front", 1.0) if corun else 1.0)
+        t = max(a + b * max(1, tokens), 1e-6)  # a fitted line must not go below zero
+        return t * (self.corun.get("front", 1.0) if corun else 1.0)
 
     def t_decode(self, units: int, batch: int, corun: bool = False) -> float:
         per_u = {u: _interp(tb, batch) for u, tb in self.decode.items()}
