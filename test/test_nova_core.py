@@ -141,3 +141,19 @@ def test_profile_round_trips_and_paper_profile_is_marked_synthetic():
     pp = paper_profile()
     assert pp.measured is False and pp.total == 84
     assert pp.t_vision(84) == pytest.approx(0.8068)
+
+
+def test_cancel_ends_a_queued_request_now_and_a_running_one_when_its_op_ends():
+    core = VLMCore(make_vlm_scheduler("fcfs", PartitionPlan(small_profile())), 8)
+    a = VLMRequest("a", 0.0, tiles=1, prompt_tokens=10, max_tokens=5)
+    b = VLMRequest("b", 0.0, tiles=1, prompt_tokens=10, max_tokens=5)
+    core.submit(a, 0.0)
+    core.submit(b, 0.0)
+    (_, op), = core.dispatch(0.0)
+    assert op.front is a
+    core.cancel(b, "deadline", 0.05)  # queued: gone at once
+    assert b.stage == "done" and b.error == "deadline" and not core.vision_q
+    core.cancel(a, "deadline", 0.06)  # running: ends with its op
+    assert a.stage != "done"
+    assert core.complete(op, 0.1) == [a] and a.error == "deadline"
+    assert core.idle() and core.dispatch(0.1) == []

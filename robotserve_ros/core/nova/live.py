@@ -41,6 +41,10 @@ class NovaServer:
         self.driver.kick()
         return ev
 
+    def cancel(self, req: VLMRequest, reason: str) -> None:
+        self.core.cancel(req, reason, self.clock.now())
+        self.driver.kick()
+
     def _run(self, slot, op: Op) -> None:
         self.execute(op)
         self.core.complete(op, self.clock.now())

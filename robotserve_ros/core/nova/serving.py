@@ -169,6 +169,19 @@ class VLMCore:
                 self._finish(f, now, finished)
         return finished
 
+    def cancel(self, req: VLMRequest, reason: str, now: float) -> None:
+        """Stop serving `req` (its sender gave up): a queued request ends now, one inside a
+        running op ends when that op completes."""
+        with self.lock:
+            if req.stage == "done":
+                return
+            req.error = req.error or reason
+            for q in (self.vision_q, self.prefill_q, self.decode_ready):
+                if req in q:
+                    q.remove(req)
+                    self._finish(req, now, [])
+                    return
+
     def _to_decode(self, r: VLMRequest, now: float, finished: list) -> None:
         if r.error is not None or r.eos or r.tokens_out >= r.max_tokens:
             self._finish(r, now, finished)

@@ -140,7 +140,7 @@ class VlmService:
         with self._lock:
             self._pending.pop(id(req), None)
         if not ev.is_set():
-            req.error = "deadline"
+            self.server.cancel(req, "deadline")  # no more work on an answer nobody waits for
             return self._refuse(response, "task_dropped", f"not answered within deadline_s {request.deadline_s}")
         if req.error is not None:
             code = "shutting_down" if req.error == "shutting_down" else "engine_failure"
