@@ -157,3 +157,14 @@ def test_cancel_ends_a_queued_request_now_and_a_running_one_when_its_op_ends():
     assert a.stage != "done"
     assert core.complete(op, 0.1) == [a] and a.error == "deadline"
     assert core.idle() and core.dispatch(0.1) == []
+
+
+def test_bench_nova_wrong_value_is_one_line_and_exit_2():
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "robotserve_ros.cli", "bench", "nova", "--out", "/tmp/x", "--shape", "huge"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--shape" in lines[0] and "smolvlm2_500m" in lines[0]
