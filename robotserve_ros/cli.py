@@ -269,6 +269,8 @@ def build_parser() -> argparse.ArgumentParser:
     fl.add_argument("--duration", type=positive(), default=60.0, help="seconds, after every robot has started")
     fl.add_argument("--per-process", type=positive(int), help="robots per process (default 25; 150 with --light)")
     fl.add_argument("--config", help="ROS params file (default config/fleet.yaml)")
+    fl.add_argument("--runs", type=positive(int), default=1, help="run the fleet this many times in a row "
+                    "(FILE: the last run; FILE_runs: the per-run counts)")
     fl.add_argument("--lost-after", type=float, default=10.0, help="an answer missing longer than this at the stop is lost")
     fl.add_argument("--trace-server", action="store_true", help="run the server with per-round marks (where lost rounds went)")
     fl.add_argument("--light", action="store_true", help="light load generator (live/light_fleet.py): many robots per "

@@ -12,6 +12,9 @@ def test_resend_interval_doubles_per_resend_and_is_capped():
     assert unanswered_action(10.0 + 16.1, 10.0, 0.0, 2.0, 60.0, resends=5) == "resend"
 
 
-def test_give_up_counts_from_the_first_send():
-    assert unanswered_action(30.1, 29.0, 0.0, 2.0, 30.0, resends=3) == "give_up"
+def test_overdue_counts_from_the_first_send_is_said_once_and_the_round_is_never_given_up():
+    assert unanswered_action(30.1, 29.0, 0.0, 2.0, 30.0, resends=3) == "overdue"
     assert unanswered_action(29.9, 29.0, 0.0, 2.0, 30.0, resends=3) is None
+    assert unanswered_action(30.1, 29.0, 0.0, 2.0, 30.0, resends=3, overdue_told=True) is None
+    # long past the timeout, the round still goes again at its (capped) interval
+    assert unanswered_action(300.0, 283.0, 0.0, 2.0, 30.0, resends=9, overdue_told=True) == "resend"

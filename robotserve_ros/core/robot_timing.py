@@ -39,17 +39,21 @@ def alone_latency(rounds: Sequence[int], control_hz: float, batch1_latency_s: fl
 
 
 def unanswered_action(now: float, sent_at: float, first_sent_at: float, resend_after_s: float,
-                      request_timeout_s: float, resends: int = 0, max_backoff: float = 8.0) -> Optional[str]:
+                      request_timeout_s: float, resends: int = 0, max_backoff: float = 8.0,
+                      overdue_told: bool = False) -> Optional[str]:
     """What a robot does about its unanswered round: "resend" the same round once its resend
-    interval passed since the last send (a lost reply is recovered), "give_up" once
-    request_timeout_s passed since the first (the next round id follows), else None.
+    interval passed since the last send (a lost reply is recovered); "overdue", once, when
+    request_timeout_s passed since the first send (say so and count it); else None.
 
     The interval doubles with each re-send of the round (resend_after_s, 2x, 4x, ... capped at
     max_backoff x): a reply that is only late (a loaded robot or server) is not asked for again
     and again, and every re-send makes the server answer once more (replayed from its cache)
-    on top of the work that made it late."""
-    if now - first_sent_at > request_timeout_s:
-        return "give_up"
+    on top of the work that made it late. A round is never given up: a robot without its
+    chunk holds position, and giving up would not bring the next one sooner -- it would only
+    turn a late reply into a lost one (seen at load 20: replies 12-30 s late to one starved
+    robot process). A restarted server answers unknown_task, and the robot goes on from there."""
     if now - sent_at > resend_after_s * min(2.0 ** resends, max_backoff):
         return "resend"
+    if not overdue_told and now - first_sent_at > request_timeout_s:
+        return "overdue"
     return None

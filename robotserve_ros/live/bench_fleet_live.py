@@ -220,10 +220,11 @@ def aggregate(accounts: list[dict], t_ready: float, t_stop: float, lost_after_s:
     }
 
 
-def settle(listener, client_group, timeout_s: float, say) -> float:
+def settle(listener, client_group, timeout_s: float, say, grace_s: float = 10.0) -> float:
     """The robots start no new round; wait until two diagnostics in a row show the server
-    holding no request (nothing queued, generating or waiting for its reply), then 2 s for the
-    clients to take in the last replies. Returns the seconds it took."""
+    holding no request (nothing queued, generating or waiting for its reply), then grace_s for
+    the clients to take in the last replies (a starved robot process takes seconds to read
+    what the server sent). Returns the seconds it took."""
     say("settling: no new rounds; the open ones are re-sent until answered")
     t0 = time.monotonic()
     client_group.signal(signal.SIGUSR1)
@@ -234,7 +235,7 @@ def settle(listener, client_group, timeout_s: float, say) -> float:
             idle = all(d.get(k, "1") == "0" for k in ("queue_length", "in_flight", "waiters"))
             quiet = quiet + 1 if idle else 0
         seen = len(listener.series)
-    listener.spin(2.0)
+    listener.spin(grace_s)
     return time.monotonic() - t0
 
 
@@ -547,13 +548,36 @@ def summary_lines(res: dict) -> list[str]:
 
 
 def cli(a) -> int:
-    """`robotserve bench fleet-live` (registered in cli.py)."""
+    """`robotserve bench fleet-live` (registered in cli.py). With --runs N the fleet runs N
+    times in a row: FILE is the last run, FILE's `_runs` sibling the per-run counts."""
     per_process = a.per_process or (150 if a.light else 25)
-    res = run_fleet_live(Path(a.out), robots=a.robots, duration=a.duration, per_process=per_process,
-                         config=a.config, lost_after_s=a.lost_after, trace_server=a.trace_server, light=a.light)
-    print("\n".join(summary_lines(res)))
+    runs, bad_runs = [], 0
+    for k in range(a.runs):
+        if a.runs > 1:
+            print(f"[fleet-live] run {k + 1}/{a.runs}", flush=True)
+        res = run_fleet_live(Path(a.out), robots=a.robots, duration=a.duration, per_process=per_process,
+                             config=a.config, lost_after_s=a.lost_after, trace_server=a.trace_server, light=a.light)
+        print("\n".join(summary_lines(res)))
+        bad = res["lost_chunks"] or res["duplicate_chunks"] or res["mismatched_chunks"] or res["processes_failed_during_run"]
+        bad_runs += bool(bad)
+        runs.append({k: res.get(k) for k in (
+            "lost_chunks", "duplicate_chunks", "mismatched_chunks", "chunks_served", "requests", "resent_requests",
+            "replies_replayed", "lateness_p50_ms", "lateness_p99_ms", "engine_utilization_when_backlogged",
+            "in_flight_at_stop", "settle_s", "errors", "processes_failed_during_run")}
+            | {"loadavg_at_start": res["machine"].get("loadavg_at_start")})
     print(f"wrote {a.out}")
-    bad = res["lost_chunks"] or res["duplicate_chunks"] or res["mismatched_chunks"] or res["processes_failed_during_run"]
-    if bad:
+    if a.runs > 1:
+        out = Path(a.out)
+        summary = out.with_name(f"{out.stem}_runs{out.suffix}")
+        summary.write_text(json.dumps({
+            "benchmark": f"fleet-live x{a.runs}",
+            "command": f"robotserve bench fleet-live --robots {a.robots} --duration {a.duration:g} --runs {a.runs}"
+                       + (" --light" if a.light else ""),
+            "lost_chunks_per_run": [r["lost_chunks"] for r in runs],
+            "duplicate_chunks_per_run": [r["duplicate_chunks"] for r in runs],
+            "runs": runs}, indent=1) + "\n")
+        print(f"wrote {summary}: lost per run {[r['lost_chunks'] for r in runs]}, "
+              f"duplicated per run {[r['duplicate_chunks'] for r in runs]}")
+    if bad_runs:
         print("robotserve bench fleet-live: lost, duplicated or mismatched chunks, or a process failed (see the JSON)")
-    return 1 if bad else 0
+    return 1 if bad_runs else 0

@@ -76,7 +76,7 @@ class LightRobot:
     """One robot's state; its timing and re-send rules are robot_client's."""
 
     __slots__ = ("name", "acct", "task_k", "task_id", "round", "timestep", "queue_end", "outstanding", "sent_at",
-                 "first_sent_at", "resending", "resends", "retry_at", "task_start", "exec_start", "idle", "chunks", "fut", "futs",
+                 "first_sent_at", "resending", "resends", "overdue_told", "retry_at", "task_start", "exec_start", "idle", "chunks", "fut", "futs",
                  "finished_tasks", "continued", "done", "obs_k")
 
     def __init__(self, name: str, hz: float) -> None:
@@ -90,7 +90,7 @@ class LightRobot:
     def start_task(self, now: float, keep_motion: bool = False) -> None:
         self.task_id = f"{self.name}/task{self.task_k}"
         self.round = 0
-        self.outstanding = self.resending = self.done = False
+        self.outstanding = self.resending = self.done = self.overdue_told = False
         self.resends = 0
         self.retry_at = 0.0
         self.chunks = 0
@@ -188,7 +188,7 @@ class LightFleetNode:
         if r.resending:
             r.resends += 1
         else:
-            r.first_sent_at, r.resends = now, 0
+            r.first_sent_at, r.resends, r.overdue_told = now, 0, False
         r.resending = False
         key = (r.task_id, r.round)
         r.acct.on_send(key)
@@ -197,21 +197,20 @@ class LightFleetNode:
         r.fut.add_done_callback(lambda f, r=r, key=key: self._on_reply(r, key, f))
 
     def _check_timeout(self, r: LightRobot, now: float, ready: bool) -> None:
-        """robot_client's rule: the same round again after resend_after, given up after
-        request_timeout_s (the next round id follows)."""
+        """robot_client's rule: the same round again after the (doubling) resend interval,
+        reported overdue once after request_timeout_s, never given up."""
         if not r.outstanding:
             return
-        act = unanswered_action(now, r.sent_at, r.first_sent_at, self.resend_after, self.c.request_timeout_s, r.resends)
+        act = unanswered_action(now, r.sent_at, r.first_sent_at, self.resend_after, self.c.request_timeout_s, r.resends,
+                                overdue_told=r.overdue_told)
         if act == "resend":  # the earlier call stays open (robot_client's rule): first answer wins
             r.outstanding, r.resending = False, True
             if ready:
                 self._send(r, now)
             return
-        if act == "give_up":
-            self._drop_calls(r)
+        if act == "overdue":
+            r.overdue_told = True
             r.acct.errors["timeout"] += 1
-            r.outstanding = False
-            r.round += 1
 
     def _drop_calls(self, r: LightRobot) -> None:
         for f in r.futs:

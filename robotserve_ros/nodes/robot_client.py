@@ -75,7 +75,7 @@ class RobotClientConfig(NodeConfig):
     progress_hz: float = param(2.0, "progress publication rate (liveness), > 0")
     # A safety net for answers that never come, not a latency bound: an overloaded machine
     # delivers replies seconds late, and a timed-out round's late answer is thrown away.
-    request_timeout_s: float = param(30.0, "a round unanswered this long is given up, > 0")
+    request_timeout_s: float = param(30.0, "a round unanswered this long is reported overdue (still re-sent), > 0")
     # A reply lost on the way (an RMW drop, a server restart) must not freeze the robot: the
     # same (task, round) goes again; the server attaches it to the round it already holds or
     # answers it from its reply cache, and never generates a round twice.
@@ -247,6 +247,7 @@ class RobotClientNode(Node):
         self.outstanding = False
         self.resending = False
         self.resends = 0
+        self.overdue_told = False
         self.retry_at = 0.0
         self.queue.reset()
         self.task_start = None
@@ -353,7 +354,7 @@ class RobotClientNode(Node):
         if self.resending:
             self.resends += 1
         else:
-            self.first_sent_at, self.resends = now, 0
+            self.first_sent_at, self.resends, self.overdue_told = now, 0, False
         self.resending = False
         task, rnd = self.task_id, self.round
         self.acct.on_send((task, rnd))
@@ -362,14 +363,14 @@ class RobotClientNode(Node):
         self.fut.add_done_callback(lambda f: self._on_reply(task, f, rnd))
 
     def _check_timeout(self) -> None:
-        """An answer that never comes must not freeze the robot: after resend_after the same
-        round goes again (a lost reply is recovered); after request_timeout_s it is given up
-        and the next round id follows (the server answers round_in_flight while the old one
-        still generates)."""
+        """An answer that never comes must not freeze the robot: after the resend interval
+        (doubling per re-send) the same round goes again, so a lost reply is recovered; after
+        request_timeout_s the round is reported overdue (counted as a timeout) and still re-sent
+        -- never given up (core/robot_timing.py says why)."""
         if not self.outstanding:
             return
         act = unanswered_action(self.clock.now(), self.sent_at, self.first_sent_at, self.resend_after,
-                                self.config.request_timeout_s, self.resends)
+                                self.config.request_timeout_s, self.resends, overdue_told=self.overdue_told)
         if act == "resend":
             # The earlier call stays open: on a loaded robot its reply may only be late in our
             # own executor, and dropping it here would drop every reply slower than
@@ -378,12 +379,11 @@ class RobotClientNode(Node):
             self.outstanding, self.resending = False, True
             self._send()
             return
-        if act == "give_up":
-            self._drop_calls()
+        if act == "overdue":
+            self.overdue_told = True
             self.acct.errors["timeout"] += 1
-            self.get_logger().warning(f"{self.task_id} round {self.round}: no answer in {self.config.request_timeout_s} s")
-            self.outstanding = False
-            self.round += 1
+            self.get_logger().warning(f"{self.task_id} round {self.round}: no answer in {self.config.request_timeout_s} s; "
+                                      "still re-sending")
 
     def _drop_calls(self) -> None:
         """The calls still open for the current round are no longer wanted."""
