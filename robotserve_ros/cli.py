@@ -216,6 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .engines import bench_peer, profiling, tiny_policies
     from .engines.llm import convert as llm_convert, profile as llm_profile
     from .live import bench_hybrid
+    from .timely import bench as timely_bench
     from .transport.lerobot import command as lerobot_command
 
     p = _Parser(prog="robotserve", description=__doc__)
@@ -297,6 +298,9 @@ def build_parser() -> argparse.ArgumentParser:
     hy = b.add_parser("hybrid", help="edge-only vs cloud-only vs hybrid placement over a shaped link (netns, root)")
     bench_hybrid.add_arguments(hy)
     hy.set_defaults(func=bench_hybrid.cli)
+
+    tl = b.add_parser("timely", help="TimelyLLM trace replay: time utility, response and waiting time per scheduler")
+    timely_bench.add_arguments(tl)
 
     g = sub.add_parser("gpu-server", help="host an engine behind the gRPC GPU service (a cloud tier)")
     transport.add_arguments(g)

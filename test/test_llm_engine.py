@@ -96,6 +96,20 @@ def test_stop_checker_ends_segments_at_the_delimiter_max_tokens_and_eos(eng):
         short.feed(1)  # the finished segment must be taken first
 
 
+def test_a_cached_prompt_prefix_gives_the_tokens_of_a_full_prefill():
+    """The server-side prefix (skill set, guidance) is prefilled once; a prompt that starts
+    with it prefills only its own tokens and generates what a full prefill does."""
+    e = tiny_engine(1)
+    system = e.encode("You are a drone planner. Skills: s(obj) g(obj) mf(cm)\n")
+    ids = system + e.encode(PROMPTS["a"])
+    ref = reference(e, ids, 10)
+    assert e.cache_prefix(system) == len(system) and e.cached_prefix_len(ids) == len(system)
+    assert e.cached_prefix_len(system) == 0  # a prompt that is only the prefix runs whole
+    first = e.prefill([("q", ids)])["q"]
+    assert [first] + e.decode(["q"], 9)["q"] == ref
+    assert e.length("q") == len(ids) + 9
+
+
 def test_bad_requests_are_refused(eng):
     e = eng
     with pytest.raises(ValueError):

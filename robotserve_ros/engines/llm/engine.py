@@ -20,6 +20,7 @@ anywhere gives the tokens of one uninterrupted run.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Hashable, Iterable, Optional, Sequence
@@ -57,6 +58,11 @@ class LLMEngine:
         self.eos_ids = _eos_ids(model, tokenizer)
         self._reqs: dict[Hashable, _Request] = {}
         self._batch: Optional[_Batch] = None
+        self._prefixes: list = []   # [(token ids, KV)]: server-side prompt prefixes, prefilled once
+        # time spent moving KV between per-request caches and the batch cache (the cost of
+        # keeping suspended requests' KV apart: part of the segmentation overhead)
+        self.kv_moves = 0
+        self.kv_move_s = 0.0
 
     # ---- loading ----
     @classmethod
@@ -92,6 +98,14 @@ class LLMEngine:
         msgs = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
         return list(self.tokenizer.apply_chat_template(msgs, add_generation_prompt=True))
 
+    def chat_prefix(self, system: str) -> list[int]:
+        """The system turn alone: the prefix every chat_prompt(..., system) starts with."""
+        tmpl = getattr(self.tokenizer, "chat_template", None)
+        if not tmpl:
+            return self.encode(system + "\n")
+        return list(self.tokenizer.apply_chat_template([{"role": "system", "content": system}],
+                                                       add_generation_prompt=False))
+
     # ---- requests ----
     def has(self, req_id: Hashable) -> bool:
         return req_id in self._reqs
@@ -103,6 +117,26 @@ class LLMEngine:
     def constrain(self, req_id: Hashable, constraint: Optional[Constraint]) -> None:
         """Restrict the request's next tokens (e.g. a plan template); None lifts it."""
         self._reqs[req_id].constraint = constraint
+
+    def cache_prefix(self, ids: Sequence[int]) -> int:
+        """Prefill a prompt prefix once (seed 002 §4.1: the fixed parts of robot requests,
+        skill set and guidance, are stored on the server). A later prompt that starts with
+        it copies its KV and prefills only the rest. Returns the prefix's length."""
+        ids = list(ids)
+        if not ids or any(p == ids for p, _ in self._prefixes):
+            return len(ids)
+        with self.torch.inference_mode():
+            res = self.model(input_ids=self.torch.tensor([ids], device=self.device), use_cache=True)
+        self._prefixes.append((ids, _cache_to_list(res.past_key_values)))
+        self._prefixes.sort(key=lambda x: -len(x[0]))  # the longest match first
+        return len(ids)
+
+    def cached_prefix_len(self, ids: Sequence[int]) -> int:
+        ids = list(ids)
+        for p, _ in self._prefixes:
+            if len(ids) > len(p) and ids[:len(p)] == p:
+                return len(p)
+        return 0
 
     def prefill(self, items: Sequence[tuple[Hashable, Sequence[int]]],
                 constraints: Optional[dict] = None) -> dict[Hashable, int]:
@@ -117,8 +151,16 @@ class LLMEngine:
                 raise ValueError(f"request {req_id!r}: {len(ids)} prompt tokens, limit {self.max_context - 1}")
             if req_id in self._reqs:
                 raise ValueError(f"request {req_id!r} already holds a KV cache")
+            n = self.cached_prefix_len(ids)
+            past = None
+            if n:
+                from transformers import DynamicCache
+
+                kv = next(kv for p, kv in self._prefixes if len(p) == n and ids[:n] == p)
+                past = _list_to_cache(DynamicCache, [(k.clone(), v.clone()) for k, v in kv])
             with torch.inference_mode():
-                res = self.model(input_ids=torch.tensor([ids], device=self.device), use_cache=True)
+                res = self.model(input_ids=torch.tensor([ids[n:]], device=self.device), past_key_values=past,
+                                 use_cache=True)
             kv = _cache_to_list(res.past_key_values)
             r = _Request(kv=kv, length=len(ids), pending=-1,
                          constraint=(constraints or {}).get(req_id))
@@ -209,10 +251,49 @@ class LLMEngine:
         return allowed[int(logits.index_select(0, idx).argmax())]
 
     def _batch_for(self, req_ids: list) -> "_Batch":
-        if self._batch is not None and set(self._batch.ids) == set(req_ids):
-            return self._batch
-        self._scatter()
-        self._batch = _Batch.gather(self.torch, req_ids, [self._reqs[r] for r in req_ids], self.device)
+        """The batch cache for this running set. Built once per change of the set, in one copy:
+        rows that stay are copied from the old batch cache, rows that join from their own
+        caches; rows that leave get their own unpadded copy (kept while suspended)."""
+        old = self._batch
+        if old is not None and set(old.ids) == set(req_ids):
+            return old
+        t0 = time.perf_counter()
+        torch = self.torch
+        staying = {}
+        if old is not None:
+            legacy = _cache_to_list(old.cache)
+            for i, rid in enumerate(old.ids):
+                r = self._reqs.get(rid)
+                if r is None:
+                    continue
+                start = old.width - r.length
+                rows = [(k[i:i + 1, :, start:], v[i:i + 1, :, start:]) for k, v in legacy]
+                if rid in req_ids:
+                    staying[rid] = rows  # views: copied once into the new batch below
+                else:
+                    r.kv = [(k.clone(), v.clone()) for k, v in rows]
+        reqs = [self._reqs[r] for r in req_ids]
+        width = max(r.length for r in reqs)
+        sources = [staying.get(rid) or r.kv for rid, r in zip(req_ids, reqs)]
+        layers = []
+        for li in range(self.n_layers):
+            k0 = sources[0][li][0]
+            shape = (len(reqs), k0.shape[1], width, k0.shape[3])
+            K, V = k0.new_zeros(shape), k0.new_zeros(shape)
+            for i, (r, src) in enumerate(zip(reqs, sources)):
+                K[i:i + 1, :, width - r.length:] = src[li][0]
+                V[i:i + 1, :, width - r.length:] = src[li][1]
+            layers.append((K, V))
+        for r in reqs:
+            r.kv = None  # the batch cache holds it now
+        mask = torch.zeros((len(reqs), width), dtype=torch.long, device=self.device)
+        for i, r in enumerate(reqs):
+            mask[i, width - r.length:] = 1
+        from transformers import DynamicCache
+
+        self._batch = _Batch(list(req_ids), _list_to_cache(DynamicCache, layers), mask, width)
+        self.kv_moves += 1
+        self.kv_move_s += time.perf_counter() - t0
         return self._batch
 
     def _scatter(self) -> None:
@@ -243,31 +324,6 @@ class _Batch:
     cache: object
     mask: object     # [B, width] 1 for real tokens, 0 for left padding
     width: int       # padded cache length
-
-    @classmethod
-    def gather(cls, torch, ids, reqs, device) -> "_Batch":
-        from transformers import DynamicCache
-
-        width = max(r.length for r in reqs)
-        layers = []
-        n_layers = len(reqs[0].kv)
-        for li in range(n_layers):
-            ks, vs = [], []
-            for r in reqs:
-                k, v = r.kv[li]
-                pad = width - r.length
-                if pad:
-                    z = k.new_zeros((1, k.shape[1], pad, k.shape[3]))
-                    k, v = torch.cat([z, k], dim=2), torch.cat([z, v], dim=2)
-                ks.append(k)
-                vs.append(v)
-            layers.append((torch.cat(ks, 0) if len(ks) > 1 else ks[0], torch.cat(vs, 0) if len(vs) > 1 else vs[0]))
-        for r in reqs:
-            r.kv = None  # the batch cache holds it now
-        mask = torch.zeros((len(reqs), width), dtype=torch.long, device=device)
-        for i, r in enumerate(reqs):
-            mask[i, width - r.length:] = 1
-        return cls(list(ids), _list_to_cache(DynamicCache, layers), mask, width)
 
 
 def _cache_to_list(cache) -> list:
