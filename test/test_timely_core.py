@@ -68,17 +68,17 @@ def test_pud_priority_ranks_urgent_first_then_small_slack():
     assert [p.id for p in order] == [1, 3]
 
 
-def test_segments_past_their_cutoff_rank_by_utility_lost_per_engine_second():
+def test_segments_past_their_cutoff_rank_by_utility_lost_per_second():
     """Past the cutoff Eq. 1 keeps falling: a late segment ranks as beta at stake over
-    (cutoff - ERT), i.e. |alpha| / G: a late urgent one (alpha -6.67), then a late normal
-    one (-2), then a fresh normal one that can wait one segment and still be on time
-    (1 / (G x 0.64 s of slack)); a fresh one nearer its deadline would go first."""
+    (cutoff - ERT), i.e. |alpha| / G_ref: a late urgent one (alpha -6.67), then a late
+    normal one (-2), then a fresh normal one that can wait a segment and still be on time;
+    among late ones of one TUF the earliest deadline first; a fresh one nearer its own
+    deadline goes first."""
     s = SEGMENT_SCHEDULERS.create("timely")
-    late, fresh, late_urgent = plan(1, 0.0), plan(2, 9.99), plan(3, 5.0, urgent=True)
-    g = ctx().gen_time(late, 1)
-    assert s.priority(late, 10.0, ctx(), 1)[0] == pytest.approx(-2 / g)
-    assert [p.id for p in s.order([late, fresh, late_urgent], 10.0, ctx())] == [3, 1, 2]
-    assert [p.id for p in s.order([late, fresh, late_urgent], 10.5, ctx())] == [2, 3, 1]  # 0.14 s of slack left
+    late, late2, fresh, late_urgent = plan(1, 0.0), plan(4, 0.5, tokens=16), plan(2, 9.99), plan(3, 5.0, urgent=True)
+    assert s.priority(late, 10.0, ctx(), 1)[0] == pytest.approx(-2 / ctx().g_ref)
+    assert [p.id for p in s.order([late2, late, fresh, late_urgent], 10.0, ctx())] == [3, 1, 4, 2]
+    assert [p.id for p in s.order([late, fresh, late_urgent], 10.6, ctx())] == [2, 3, 1]  # 36 ms of slack left
 
 
 def test_latency_guided_batch_stops_admitting_when_the_most_urgent_would_miss():

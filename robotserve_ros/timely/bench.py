@@ -44,6 +44,9 @@ def add_arguments(p) -> None:
     p.add_argument("--max-batch", type=positive(int), default=16, help="running batch bound (memory), every scheduler")
     p.add_argument("--live-window", type=positive(), default=30.0,
                    help="live: replay the requests of the trace's first N seconds")
+    p.add_argument("--segment-ms", type=positive(), default=None,
+                   help="--sim only: scale the profile so that a mean segment at batch 1 takes this long (the "
+                        "paper's engine: 90 ms per segment, §7.1); default: this CPU's profile as measured")
     p.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
                    help="prefill each whole prompt (default: the kind's system turn is a server-side prefix, "
                         "prefilled once, §4.1)")
@@ -209,12 +212,19 @@ def cli(args) -> int:
     bad = [n for n in args.schedulers if n not in SCHEDULER_NAMES]
     if bad:
         raise ConfigError(f"--schedulers: {', '.join(bad)} not one of {', '.join(SCHEDULER_NAMES)}")
+    if args.segment_ms is not None and not args.sim:
+        raise ConfigError("--segment-ms scales the simulated engine: it needs --sim")
     profile, prof_rec = load_profile(args.profile)
     load0 = os.getloadavg()
     specs, config, skill_time, eos = prepare(args.trace)
     segs = [n for s in specs for n in s.seg_tokens]
     est = statistics.fmean(segs)
     mx = max(segs)  # the template's segment bound: the paper's "maximum token length" (§7.1)
+    speedup = 1.0
+    if args.segment_ms is not None:
+        ctx = statistics.fmean(len(s.prompt_ids) for s in specs)
+        speedup = est * profile.step_s(1, ctx) * 1000 / args.segment_ms
+        profile = scaled(prof_rec["llm_profile"], speedup)
     mode = "sim" if args.sim else "live"
     print(f"timely bench ({mode}): {len(specs)} plans from {args.trace}; segment tokens mean {est:.1f}, max {mx}; "
           f"prompt tokens mean {statistics.fmean(len(s.prompt_ids) for s in specs):.0f}", flush=True)
@@ -232,6 +242,7 @@ def cli(args) -> int:
         "profile_dtype": prof_rec.get("dtype"), "max_batch": args.max_batch,
         "segment_tokens_mean": round(est, 2), "segment_tokens_max": mx,
         "prompt_tokens_mean": round(statistics.fmean(len(s.prompt_ids) for s in specs), 1),
+        "engine_speedup": round(speedup, 3), "segment_ms": args.segment_ms,
         "prefix_cache": args.prefix_cache,
         "prefill_tokens_mean": round(statistics.fmean(len(s.prompt_ids) - (s.prefix_len if args.prefix_cache else 0)
                                                       for s in specs), 1),
@@ -249,10 +260,21 @@ def cli(args) -> int:
     (d / "timely.json").write_text(json.dumps(out, indent=1) + "\n")
     from .report import write_report
 
-    md = write_report(out, Path(args.report_dir), f"{Path(args.trace).stem}_{mode}")
+    tag = f"_seg{args.segment_ms:g}ms" if args.segment_ms is not None else ""
+    md = write_report(out, Path(args.report_dir), f"{Path(args.trace).stem}_{mode}{tag}")
     print(json.dumps(out["ratios"], indent=1))
     print(f"-> {d / 'timely.json'}, {md}")
     return 0
+
+
+def scaled(block: dict, speedup: float) -> LLMProfile:
+    """The profile with every latency divided by `speedup` (a faster engine, same shape)."""
+    b = json.loads(json.dumps(block))
+    b["prefill_ms"]["ms"] = [m / speedup for m in b["prefill_ms"]["ms"]]
+    b["decode_step_ms"]["ms"] = [[m / speedup for m in row] for row in b["decode_step_ms"]["ms"]]
+    if "regather_ms" in b:
+        b["regather_ms"]["ms"] = [m / speedup for m in b["regather_ms"]["ms"]]
+    return LLMProfile(b)
 
 
 def ratios(res: dict) -> dict:

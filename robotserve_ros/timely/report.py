@@ -24,6 +24,9 @@ def write_report(out: dict, report_dir: Path, stem: str) -> Path:
              f" prompt tokens mean {meta['prompt_tokens_mean']}, prefilled per request {meta['prefill_tokens_mean']}"
              f" ({'the system turn is a cached server-side prefix' if meta['prefix_cache'] else 'no prefix cache'})",
              f"- plans: {meta['plan_template']}", f"- utility: {meta['utility']}",
+             *([f"- ASSUMPTION: engine {meta['engine_speedup']}x faster than this CPU's profile, so that a mean "
+                f"segment takes {meta['segment_ms']:g} ms at batch 1 (the paper's engine, §7.1)"]
+               if meta.get("segment_ms") else []),
              f"- load average before {tuple(round(x, 2) for x in meta['loadavg_before'])}, after "
              f"{tuple(round(x, 2) for x in meta['loadavg_after'])}; {meta['wall_s']} s", "",
              "| scheduler | " + " | ".join(FIELDS) + " | decision ms at 8 tasks (microbench) |",

@@ -29,6 +29,11 @@ class Context:
     seg_tokens_max: int         # a segment's token bound (§4.4)
     max_batch: int              # memory bound of the running batch
 
+    @property
+    def g_ref(self) -> float:
+        """A typical segment's decode time at batch 1 (the late segments' common G)."""
+        return self.seg_tokens_est * self.profile.step_s(1, 128)
+
     def gen_time(self, p: Plan, batch: int) -> float:
         """G(s_k) (Eq. 4): prefill (segment 0) + a segment's decode steps at this batch."""
         g = self.profile.prefill_s(p.prefill_tokens) if not p.prefilled else 0.0
@@ -93,15 +98,17 @@ class Timely(SegmentScheduler):
         Eq. 1 keeps falling past the cutoff, where Eq. 4's numerator turns negative and would
         rank a late robot last forever. A segment that can no longer earn positive utility
         is ranked as one with its whole beta at stake over the time its TUF takes to lose
-        it (cutoff - ERT): Pri = beta / (G (cutoff - ERT)) = |alpha| / G, the utility it
-        loses per second of delay per second of engine time (Smith's rule), so among late
-        segments urgent ones (alpha -6.67) go before normal ones (-2)."""
+        it (cutoff - ERT): Pri = beta / (G_ref (cutoff - ERT)) = |alpha| / G_ref, the
+        utility it loses per second of delay per second of a typical segment's generation:
+        urgent late segments (alpha -6.67) before normal ones (-2), and among equals the
+        earliest deadline first. (With each segment's own G, as Smith's rule has it, the
+        longest prompts starved under overload: seen on the arm trace at this CPU's speed.)"""
         g = ctx.gen_time(p, batch)
         u = p.potential_utility(now + g)
         if u <= 0:
-            return (-(-p.tuf.alpha) / g, p.arrival)
+            return (p.tuf.alpha / ctx.g_ref, p.deadline(), p.arrival)
         slack = max(p.deadline() - (now + g), self.min_slack_s)
-        return (-u / (g * slack), p.arrival)
+        return (-u / (g * slack), p.deadline(), p.arrival)
 
     def order(self, plans, now, ctx):
         return sorted(plans, key=lambda p: (self.priority(p, now, ctx, 1), str(p.id)))
