@@ -247,7 +247,8 @@ def cli(args) -> int:
         "prefill_tokens_mean": round(statistics.fmean(len(s.prompt_ids) - (s.prefix_len if args.prefix_cache else 0)
                                                       for s in specs), 1),
         "plan_template": "one line per recorded skill, name(arg); the engine is forced to this text (ForcedText)",
-        "utility": "Eq. 1 at the response time, not clamped (negative past the cutoff)",
+        "utility": "Eq. 1 at the response time, not clamped (negative past the cutoff); *_clamped: 0 past the "
+                   "cutoff; a ratio is given only where both sides are > 0",
         "loadavg_before": load0, "loadavg_after": load1, "wall_s": round(time.perf_counter() - t0, 1)}
     if not args.sim:
         meta["live_window_s"] = args.live_window
@@ -287,6 +288,8 @@ def ratios(res: dict) -> dict:
 
     wt, wf = t["waiting_time_total_s"], f["waiting_time_total_s"]
     return {"utility_urgent_timely_over_fcfs": ratio(t["utility_urgent_mean"], f["utility_urgent_mean"]),
+            "utility_urgent_clamped_timely_over_fcfs": ratio(t["utility_urgent_mean_clamped"],
+                                                             f["utility_urgent_mean_clamped"]),
             "utility_urgent_gain_over_fcfs": None if t["utility_urgent_mean"] is None or f["utility_urgent_mean"] is None
             else round(t["utility_urgent_mean"] - f["utility_urgent_mean"], 4),
             "utility_mean_timely_over_fcfs": ratio(t["utility_mean"], f["utility_mean"]),

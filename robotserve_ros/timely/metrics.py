@@ -71,6 +71,9 @@ def summarize(results: list[PlanResult], decision_ms: Optional[float]) -> dict:
         "response_time_mean_s": mean(r.response_time for r in done),
         "waiting_time_total_s": round(sum(r.waiting_time for r in done), 3),
         "decision_ms_median": None if decision_ms is None else round(decision_ms, 4),
+        # the README's reading of the TUF (utility 0 past the cutoff, never negative)
+        "utility_urgent_mean_clamped": mean(max(r.utility, 0.0) for r in done if r.urgent),
+        "utility_normal_mean_clamped": mean(max(r.utility, 0.0) for r in done if not r.urgent),
         "plans": len(results), "plans_complete": len(done),
         "per_task_type": by_type,
     }

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 FIELDS = ["utility_urgent_mean", "utility_normal_mean", "utility_mean", "response_time_mean_s",
-          "waiting_time_total_s", "decision_ms_median"]
+          "waiting_time_total_s", "decision_ms_median", "utility_urgent_mean_clamped"]
 
 
 def write_report(out: dict, report_dir: Path, stem: str) -> Path:

@@ -260,23 +260,16 @@ class LLMEngine:
         t0 = time.perf_counter()
         torch = self.torch
         staying = {}
-        if old is not None:
-            legacy = _cache_to_list(old.cache)
-            for i, rid in enumerate(old.ids):
-                r = self._reqs.get(rid)
-                if r is None:
-                    continue
-                start = old.width - r.length
-                rows = [(k[i:i + 1, :, start:], v[i:i + 1, :, start:]) for k, v in legacy]
-                if rid in req_ids:
-                    staying[rid] = rows  # views: copied once into the new batch below
-                else:
-                    r.kv = [(k.clone(), v.clone()) for k, v in rows]
+        for rid, rows in self._batch_rows(old).items():
+            if rid in req_ids:
+                staying[rid] = rows  # views: copied once into the new batch below
+            else:
+                self._reqs[rid].kv = [(k.clone(), v.clone()) for k, v in rows]
         reqs = [self._reqs[r] for r in req_ids]
         width = max(r.length for r in reqs)
         sources = [staying.get(rid) or r.kv for rid, r in zip(req_ids, reqs)]
         layers = []
-        for li in range(self.n_layers):
+        for li in range(self.n_layers if len(reqs) > 1 or staying else 0):
             k0 = sources[0][li][0]
             shape = (len(reqs), k0.shape[1], width, k0.shape[3])
             K, V = k0.new_zeros(shape), k0.new_zeros(shape)
@@ -284,6 +277,8 @@ class LLMEngine:
                 K[i:i + 1, :, width - r.length:] = src[li][0]
                 V[i:i + 1, :, width - r.length:] = src[li][1]
             layers.append((K, V))
+        if not layers:  # one request from its own cache: no padding, nothing to copy
+            layers = list(sources[0])
         for r in reqs:
             r.kv = None  # the batch cache holds it now
         mask = torch.zeros((len(reqs), width), dtype=torch.long, device=self.device)
@@ -299,15 +294,21 @@ class LLMEngine:
     def _scatter(self) -> None:
         """Give every request of the running batch its own unpadded KV back."""
         b, self._batch = self._batch, None
+        for rid, rows in self._batch_rows(b).items():
+            self._reqs[rid].kv = [(k.clone(), v.clone()) for k, v in rows]
+
+    def _batch_rows(self, b: Optional["_Batch"]) -> dict:
+        """Each live request's unpadded rows of the batch cache, as views."""
         if b is None:
-            return
+            return {}
         legacy = _cache_to_list(b.cache)
+        out = {}
         for i, rid in enumerate(b.ids):
             r = self._reqs.get(rid)
-            if r is None:
-                continue
-            start = b.width - r.length
-            r.kv = [(k[i:i + 1, :, start:].clone(), v[i:i + 1, :, start:].clone()) for k, v in legacy]
+            if r is not None:
+                start = b.width - r.length
+                out[rid] = [(k[i:i + 1, :, start:], v[i:i + 1, :, start:]) for k, v in legacy]
+        return out
 
     def _kv_heads(self) -> int:
         c = self.model.config
