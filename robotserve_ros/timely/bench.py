@@ -202,7 +202,7 @@ def run_live(specs, names, profile, skill_time, args, est, mx, eos) -> dict:
             "stop_check_s": round(server.stop_check_s, 4), "kv_move_s": round(engine.kv_move_s, 4),
             "engine_s": round(gen, 3), "segments": core.stats.segments,
             "overhead_pct_of_generation": round(100 * (server.stop_check_s + engine.kv_move_s) / gen, 3) if gen else None}
-        engine.kv_move_s, engine.kv_moves = 0.0, 0
+        engine.kv_move_s, engine.kv_move_cpu_s, engine.kv_moves = 0.0, 0.0, 0
         res[name]["live_window_s"] = args.live_window
         print(f"  {name}: {json.dumps({k: v for k, v in res[name].items() if k != 'per_task_type'})}", flush=True)
     return res
@@ -274,7 +274,8 @@ def scaled(block: dict, speedup: float) -> LLMProfile:
     b["prefill_ms"]["ms"] = [m / speedup for m in b["prefill_ms"]["ms"]]
     b["decode_step_ms"]["ms"] = [[m / speedup for m in row] for row in b["decode_step_ms"]["ms"]]
     if "regather_ms" in b:
-        b["regather_ms"]["ms"] = [m / speedup for m in b["regather_ms"]["ms"]]
+        b["regather_ms"]["ms"] = [[m / speedup for m in row] if isinstance(row, list) else row / speedup
+                                  for row in b["regather_ms"]["ms"]]
     return LLMProfile(b)
 
 

@@ -94,6 +94,6 @@ def simulate(specs: list[PlanSpec], scheduler: str, profile: LLMProfile, skill_t
                     ctx = sum(core.plans[i].context for i in item.plan_ids) / len(item.plan_ids)
                     dur = profile.step_s(len(item.plan_ids), ctx)
                     if item.batch_changed and len(item.plan_ids) > 1:
-                        dur += profile.regather_s(len(item.plan_ids))
+                        dur += profile.regather_s(len(item.plan_ids), ctx)
                 push(ev.t + dur, "engine_done", (item, dur))
     return [results[s.job_id] for s in specs], core

@@ -5,7 +5,7 @@ Format (`robotserve llm-profile` writes it; profiles/smollm2_135m_llm.json is th
       "prefill_ms": {"tokens": [16, 32, ...], "ms": [...]},           one prompt, batch 1
       "decode_step_ms": {"batch": [1, 2, 4, ...], "context": [64, 256, ...],
                          "ms": [[ms at each context] for each batch]},   one step, every row
-      "regather_ms": {"batch": [...], "ms": [...]},                     rebuilding the batch KV
+      "regather_ms": {"batch": [...], "context": [...], "ms": [[...]]},   rebuilding the batch KV
                                                                         when the running set changes
       "stop_check_us": float,                                           per token
       "kv_bytes_per_token": int }
@@ -48,7 +48,8 @@ class LLMProfile:
             raise ValueError("llm_profile.decode_step_ms.ms must be [batch][context]")
         rg = block.get("regather_ms") or {}
         self.regather_batch = [float(b) for b in rg.get("batch", [])]
-        self.regather_ms = [float(m) for m in rg.get("ms", [])]
+        self.regather_contexts = [float(c) for c in rg.get("context", [])]
+        self.regather_ms = [[float(m) for m in (row if isinstance(row, list) else [row])] for row in rg.get("ms", [])]
         self.stop_check_us = float(block.get("stop_check_us", 0.0))
         self.kv_bytes_per_token = int(block.get("kv_bytes_per_token", 0))
         self.block = dict(block)
@@ -71,10 +72,14 @@ class LLMProfile:
             v = self._step_memo[key] = _interp(float(max(batch, 1)), self.batches, per_batch) / 1000.0
         return v
 
-    def regather_s(self, batch: int) -> float:
+    def regather_s(self, batch: int, context: float = 128.0) -> float:
+        """Rebuilding the batch KV for `batch` rows at mean context `context` (the copy grows
+        with both)."""
         if not self.regather_ms:
             return 0.0
-        return _interp(float(max(batch, 1)), self.regather_batch, self.regather_ms) / 1000.0
+        xs = self.regather_contexts or [0.0]
+        per_batch = [_interp(float(context), xs, row) for row in self.regather_ms]
+        return _interp(float(max(batch, 1)), self.regather_batch, per_batch) / 1000.0
 
     @classmethod
     def from_record(cls, record: Mapping) -> "LLMProfile":

@@ -49,7 +49,7 @@ def measure(engine, *, prompt_tokens=(16, 32, 64, 128, 256), batches=(1, 2, 4, 8
             wall["prefill"][n].append((time.perf_counter() - t0) * 1000)
             engine.free("p")
     step = {(b, c): [] for b in batches for c in contexts}
-    regather = {b: [] for b in batches}
+    regather = {(b, c): [] for b in batches for c in contexts}
     for c in contexts:
         ids = [f"r{i}" for i in range(max(batches))]
         for i, rid in enumerate(ids):  # contexts differ a little per row, as in serving
@@ -58,10 +58,9 @@ def measure(engine, *, prompt_tokens=(16, 32, 64, 128, 256), batches=(1, 2, 4, 8
             order = list(batches[rep % len(batches):]) + list(batches[:rep % len(batches)])
             for b in order:
                 rows = ids[:b]
-                moved = engine.kv_move_s
-                c0 = time.thread_time()
+                moved = engine.kv_move_cpu_s
                 engine.decode(rows, 1)  # a new running set: the batch KV is gathered first
-                regather[b].append((engine.kv_move_s - moved) * 1000)
+                regather[(b, c)].append((engine.kv_move_cpu_s - moved) * 1000)
                 t0, c0 = time.perf_counter(), time.thread_time()
                 engine.decode(rows, steps)
                 step[(b, c)].append((time.thread_time() - c0) / steps * 1000)
@@ -94,7 +93,8 @@ def measure(engine, *, prompt_tokens=(16, 32, 64, 128, 256), batches=(1, 2, 4, 8
         "llm_profile": {
             "prefill_ms": {"tokens": list(prompt_tokens), "ms": [round(best(pre[n]), 3) for n in prompt_tokens]},
             "decode_step_ms": {"batch": list(batches), "context": list(contexts), "ms": step_ms},
-            "regather_ms": {"batch": list(batches), "ms": [round(best(regather[b]), 3) for b in batches]},
+            "regather_ms": {"batch": list(batches), "context": list(contexts),
+                            "ms": [[round(best(regather[(b, c)]), 3) for c in contexts] for b in batches]},
             "stop_check_us": round(stop_us, 2),
             "kv_bytes_per_token": engine.kv_bytes_per_token(),
         },
