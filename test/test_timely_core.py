@@ -62,23 +62,26 @@ def test_pud_priority_ranks_urgent_first_then_small_slack():
         p.k, p.prefilled, p.exec_end_est = 1, True, end
     order = s.order([susp_late, normal, susp_soon, urgent], now, ctx())
     assert [p.id for p in order] == [2, 3, 1, 4]
-    # dynamic update (§4.3): 0.7 s later both are due; the fresh request's response now
-    # loses utility faster per unit of engine time than the suspended robot's wait
-    order = s.order([susp_soon, normal], now + 0.7, ctx())
-    assert [p.id for p in order] == [1, 3]
+    # dynamic update (§4.3): 4.9 s later the robot of the late suspended plan is about to
+    # finish its skill: its next segment now goes before a fresh request
+    fresh = plan(5, now + 4.9)
+    assert [p.id for p in s.order([fresh, susp_late], now + 4.9, ctx())] == [4, 5]
+    # near their deadlines both hit the cap (|alpha| / G_ref): earliest deadline first
+    assert [p.id for p in s.order([normal, susp_soon], now + 0.7, ctx())] == [3, 1]
 
 
 def test_segments_past_their_cutoff_rank_by_utility_lost_per_second():
     """Past the cutoff Eq. 1 keeps falling: a late segment ranks as beta at stake over
     (cutoff - ERT), i.e. |alpha| / G_ref: a late urgent one (alpha -6.67), then a late
     normal one (-2), then a fresh normal one that can wait a segment and still be on time;
-    among late ones of one TUF the earliest deadline first; a fresh one nearer its own
-    deadline goes first."""
+    among late ones of one TUF the earliest deadline first; a fresh one near its own deadline
+    rises to the cap of its TUF, not above: after the late ones of the same TUF."""
     s = SEGMENT_SCHEDULERS.create("timely")
     late, late2, fresh, late_urgent = plan(1, 0.0), plan(4, 0.5, tokens=16), plan(2, 9.99), plan(3, 5.0, urgent=True)
     assert s.priority(late, 10.0, ctx(), 1)[0] == pytest.approx(-2 / ctx().g_ref)
     assert [p.id for p in s.order([late2, late, fresh, late_urgent], 10.0, ctx())] == [3, 1, 4, 2]
-    assert [p.id for p in s.order([late, fresh, late_urgent], 10.6, ctx())] == [2, 3, 1]  # 36 ms of slack left
+    assert s.priority(fresh, 10.6, ctx(), 1)[0] == pytest.approx(-2 / ctx().g_ref)  # 36 ms of slack left: capped
+    assert [p.id for p in s.order([late, fresh, late_urgent], 10.6, ctx())] == [3, 1, 2]
 
 
 def test_latency_guided_batch_stops_admitting_when_the_most_urgent_would_miss():
