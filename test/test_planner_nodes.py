@@ -17,7 +17,7 @@ PARAMS = """/**:
     engine_latency_ms: [20.0, 22.0, 25.0]
     services: [planner]
     services_params: '{"planner": {"model": "tiny", "max_segment_tokens": 4, "max_segments": 3,
-      "max_prompt_tokens": 400, "action": "/robotserve/plan_task", "progress_topic": "/robotserve/plan_progress"}}'
+      "max_prompt_tokens": 400}}'
 """
 
 

@@ -42,7 +42,8 @@ class UnknownAgent(RequestError):
 class PlannerService:
     def __init__(self, node, *, model: str = "", scheduler: str = "timely", max_batch: int = 16,
                  max_prompt_tokens: int = 512, max_segment_tokens: int = 24, max_segments: int = 16,
-                 profile: str = "smollm2_135m_llm", action: str = "plan_task", progress_topic: str = "plan_progress",
+                 profile: str = "smollm2_135m_llm", action: str = "/robotserve/plan_task",
+                 progress_topic: str = "/robotserve/plan_progress",
                  threads: int = 1) -> None:
         from rclpy.action import ActionServer, CancelResponse, GoalResponse
         from rclpy.callback_groups import ReentrantCallbackGroup
