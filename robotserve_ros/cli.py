@@ -214,7 +214,9 @@ def build_parser() -> argparse.ArgumentParser:
     from . import transport
     from .core.schedulers import SCHEDULERS
     from .engines import bench_nova, bench_peer, profiling, tiny_policies
+    from .engines.llm import convert as llm_convert, profile as llm_profile
     from .live import bench_hybrid
+    from .timely import bench as timely_bench
     from .transport.lerobot import command as lerobot_command
 
     p = _Parser(prog="robotserve", description=__doc__)
@@ -304,6 +306,9 @@ def build_parser() -> argparse.ArgumentParser:
     nv = b.add_parser("nova", help="Nova VLM serving (seed 003): stage pipeline + adaptive partition vs baselines")
     bench_nova.add_arguments(nv)
 
+    tl = b.add_parser("timely", help="TimelyLLM trace replay: time utility, response and waiting time per scheduler")
+    timely_bench.add_arguments(tl)
+
     g = sub.add_parser("gpu-server", help="host an engine behind the gRPC GPU service (a cloud tier)")
     transport.add_arguments(g)
     g.set_defaults(func=cmd_gpu_server)
@@ -324,6 +329,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     pr = sub.add_parser("profile", help="engine latency vs batch size: the engine profile JSON + Markdown report")
     profiling.add_arguments(pr)
+
+    lc = sub.add_parser("llm-convert", help="convert the packaged SmolLM2 GGUF once into a model folder (build step)")
+    llm_convert.add_arguments(lc)
+    lp = sub.add_parser("llm-profile", help="LLM engine: prefill vs prompt, decode step vs batch/context -> profile JSON")
+    llm_profile.add_arguments(lp)
 
     mp = sub.add_parser("make-policy", help="write a random-weight LeRobot policy directory (default or real size)")
     tiny_policies.add_arguments(mp)

@@ -32,5 +32,6 @@ def _lazy(module: str, cls: str):
 # name -> (module relative to this package, class). One line per service.
 for _name, (_module, _cls) in {
     "vlm": (".vlm", "VlmService"),
+    "planner": (".planner", "PlannerService"),  # LLM plans by segment (seed 002)
 }.items():
     SERVICES.register(_name, _lazy(_module, _cls))

@@ -1,0 +1,211 @@
+"""`planner`: LLM plans for drones and arms, segment by segment (seed 002), on the inference
+server (services: [planner]).
+
+Action `plan_task` (action/PlanTask): a goal is one plan request; each generated segment (one
+skill) goes back as feedback as soon as the schedule hands it out, the result once the plan
+is complete. Robots publish PlanProgress when they start executing a segment: the next
+segment's deadline runs from there (§4.3). The serving is timely/live.py: the segment
+serving core on core/loop.py's LiveDriver with the LLM engine (engines/llm).
+
+Bad input is answered to its sender only (the goal is aborted with a Status; nobody else is
+affected): TUF beta <= 0 or cutoff <= ERT -> BAD_DEADLINE; an empty or over-long prompt ->
+BAD_PROMPT; an agent kind without a skill set -> UNKNOWN_AGENT; a task id already being
+planned -> DUPLICATE_REQUEST. Plans are generated freely by the model (greedy), one skill
+per line, a segment bounded by `max_segment_tokens`, a plan by `max_segments`.
+
+Parameters (services_params: {"planner": {...}}): model ("" the converted SmolLM2 folder,
+"tiny" a random-weight tiny Llama for tests, or a folder), scheduler (timely, fcfs,
+fcfs_stream, seg_fcfs, seg_edf), max_batch, max_prompt_tokens, max_segment_tokens,
+max_segments, profile (an LLM profile of record), action, progress_topic, threads.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import Counter
+
+from ...core.clock import WallClock
+from ...core.errors import RequestError
+from ...core.timely import NORMAL, SEGMENT_SCHEDULERS, TUF, URGENT, Plan, TimelyCore
+from ...core.timely.serving import DuplicatePlan
+from ...timely.bench import load_profile
+from ...timely.live import BadPrompt, LiveTimely
+from ...timely.skills import default_skill_time
+from ...timely.trace import SYSTEM
+
+
+class UnknownAgent(RequestError):
+    code = "unknown_agent"
+
+
+class PlannerService:
+    def __init__(self, node, *, model: str = "", scheduler: str = "timely", max_batch: int = 16,
+                 max_prompt_tokens: int = 512, max_segment_tokens: int = 24, max_segments: int = 16,
+                 profile: str = "smollm2_135m_llm", action: str = "/robotserve/plan_task",
+                 progress_topic: str = "/robotserve/plan_progress",
+                 threads: int = 1) -> None:
+        from rclpy.action import ActionServer, CancelResponse, GoalResponse
+        from rclpy.callback_groups import ReentrantCallbackGroup
+        from rclpy.qos import QoSProfile, ReliabilityPolicy
+
+        from ...action import PlanTask
+        from ...msg import PlanProgress
+
+        for name, v in (("max_batch", max_batch), ("max_prompt_tokens", max_prompt_tokens),
+                        ("max_segment_tokens", max_segment_tokens), ("max_segments", max_segments)):
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"planner parameter '{name}': {v!r} is not a whole number >= 1")
+        if scheduler not in SEGMENT_SCHEDULERS:
+            raise ValueError(f"planner parameter 'scheduler': {scheduler!r} is not one of "
+                             f"{', '.join(SEGMENT_SCHEDULERS.names())}")
+        self.node, self.PlanTask = node, PlanTask
+        self.max_segments = max_segments
+        self.engine = self._load_engine(model, threads)
+        self.skill_time = default_skill_time()
+        self.kinds = self.skill_time.kinds()
+        for kind in self.kinds:
+            if kind in SYSTEM:
+                self.engine.cache_prefix(self.engine.chat_prefix(SYSTEM[kind]))
+        prof, _ = load_profile(profile)
+        self.clock = WallClock()
+        self.core = TimelyCore(SEGMENT_SCHEDULERS.create(scheduler), prof, self.skill_time, self.clock,
+                               max_batch=max_batch, seg_tokens_max=max_segment_tokens, timer=time.perf_counter)
+        self.live = LiveTimely(self.engine, self.core, self._on_event, max_segment_tokens=max_segment_tokens,
+                               max_prompt_tokens=max_prompt_tokens).start()
+        self._goals: dict = {}      # task id -> queue of core events
+        self._lock = threading.Lock()
+        self.counts: Counter = Counter()
+        self.errors: Counter = Counter()
+        group = ReentrantCallbackGroup()  # every goal waits in its own executor thread
+        self.server = ActionServer(node, PlanTask, action, self._execute, callback_group=group,
+                                   goal_callback=lambda g: GoalResponse.ACCEPT,
+                                   cancel_callback=lambda g: CancelResponse.ACCEPT)
+        node.create_subscription(PlanProgress, progress_topic, self._on_progress,
+                                 QoSProfile(depth=1000, reliability=ReliabilityPolicy.RELIABLE), callback_group=group)
+
+    @staticmethod
+    def _load_engine(model: str, threads: int):
+        from ...engines.llm import LLMEngine
+
+        if model == "tiny":
+            from ...engines.llm.tiny import tiny_engine
+
+            return tiny_engine(0)
+        try:
+            return LLMEngine.load(model or None, threads=threads)
+        except FileNotFoundError as e:
+            raise ValueError(f"planner parameter 'model': {e}") from None
+
+    # ---- goals ----
+    def _execute(self, goal_handle):
+        g = goal_handle.request
+        result = self.PlanTask.Result()
+        try:
+            plan, ids = self._validate(g)
+            q: queue.Queue = queue.Queue()
+            with self._lock:
+                if g.task_id in self._goals:
+                    raise DuplicatePlan(f"task '{g.task_id}' is already being planned")
+                self._goals[g.task_id] = q
+            try:
+                self.live.submit(plan, ids)
+            except RequestError:
+                with self._lock:
+                    self._goals.pop(g.task_id, None)
+                raise
+        except RequestError as e:
+            self.errors[e.code] += 1
+            _status(result.status, e.code, e.message)
+            goal_handle.abort()
+            return result
+        self.counts["accepted"] += 1
+        skills = []
+        try:
+            while True:
+                try:
+                    ev = q.get(timeout=0.2)
+                except queue.Empty:
+                    if goal_handle.is_cancel_requested:
+                        self.live.cancel(g.task_id)
+                        goal_handle.canceled()
+                        _status(result.status, "task_dropped", "cancelled by the robot")
+                        self.counts["cancelled"] += 1
+                        return result
+                    if not self.live.driver.running:
+                        _status(result.status, "shutting_down", "the server is shutting down")
+                        goal_handle.abort()
+                        return result
+                    continue
+                if ev.kind == "segment":
+                    fb = self.PlanTask.Feedback()
+                    fb.segment_index, fb.skill, fb.last, fb.expected_exec_s = ev.k, ev.text, ev.last, ev.expected_exec_s
+                    goal_handle.publish_feedback(fb)
+                    skills.append(ev.text)
+                elif ev.kind == "done":
+                    break
+        finally:
+            with self._lock:
+                self._goals.pop(g.task_id, None)
+        if ev.text:  # the plan ended on an engine failure
+            self.errors[ev.text] += 1
+            _status(result.status, ev.text, "the engine failed while generating this plan; send it again")
+            goal_handle.abort()
+            return result
+        result.skills = skills
+        result.response_time_s = float(plan.response_time or 0.0)
+        result.utility = float(plan.tuf.utility(plan.response_time)) if plan.response_time is not None else 0.0
+        result.generation_s = float(plan.generation_s)
+        _status(result.status, "ok")
+        self.counts["completed"] += 1
+        goal_handle.succeed()
+        return result
+
+    def _validate(self, g):
+        if not g.task_id:
+            raise RequestError("empty task id")
+        if g.agent_kind not in self.kinds:
+            raise UnknownAgent(f"agent kind '{g.agent_kind}' is not served; known: {', '.join(self.kinds)}")
+        tuf = TUF.from_list(g.tuf) if len(g.tuf) else TUF(*(URGENT if g.urgent else NORMAL))
+        text = g.prompt.strip()
+        if not text:
+            raise BadPrompt("empty prompt")
+        if len(text) > 16 * self.live.max_prompt_tokens:  # before tokenizing megabytes
+            raise BadPrompt(f"prompt of {len(text)} characters is over the limit")
+        ids = self.engine.chat_prompt(text, system=SYSTEM.get(g.agent_kind))
+        n_seg = min(int(g.max_segments) or self.max_segments, self.max_segments)
+        plan = Plan(g.task_id, g.agent_id, g.agent_kind, self.clock.now(), tuf, len(ids), urgent=bool(g.urgent),
+                    max_segments=n_seg)
+        return plan, ids
+
+    def _on_event(self, ev) -> None:
+        with self._lock:
+            q = self._goals.get(ev.plan_id)
+        if q is not None:
+            q.put(ev)
+
+    def _on_progress(self, m) -> None:
+        """A robot started segment k: its stamp on the server's monotonic clock."""
+        now_ros = self.node.get_clock().now().nanoseconds * 1e-9
+        stamp = m.header.stamp.sec + m.header.stamp.nanosec * 1e-9
+        t = self.clock.now() - max(now_ros - stamp, 0.0) if stamp > 0 else self.clock.now()
+        self.live.progress(m.task_id, int(m.segment_index), t, float(m.expected_exec_s))
+
+    # ---- service interface ----
+    def stats(self) -> dict:
+        st = self.core.stats
+        return {"plans_accepted": self.counts["accepted"], "plans_completed": self.counts["completed"],
+                "plans_cancelled": self.counts["cancelled"], "errors": dict(self.errors),
+                "segments": st.segments, "in_flight": len(self.core.plans),
+                "decision_ms_median": self.core.decision_ms_median(), "engine_failures": self.live.failures}
+
+    def close(self) -> None:
+        self.live.close()
+        # goals still waiting see the driver stopped and answer SHUTTING_DOWN
+        self.server.destroy()
+
+
+def _status(status, code: str, message: str = "") -> None:
+    from ..convert import fill_status
+
+    fill_status(status, code, message)
