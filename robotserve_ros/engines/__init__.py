@@ -26,9 +26,17 @@ def _lerobot(profile, **kw):
     return LeRobotEngine(profile, **kw)
 
 
+def _flow(profile, **kw):
+    """The flow-matching action head (flow_engine.py); torch loads on use."""
+    from .flow_engine import FlowEngine
+
+    return FlowEngine(profile, **kw)
+
+
 ENGINES.register("simulated", lambda profile, **kw: SimulatedEngine(profile, **kw))
 ENGINES.register("remote", _remote)
 ENGINES.register("lerobot", _lerobot)
+ENGINES.register("flow", _flow)
 
 
 def make_engine(name: str, profile: EngineProfile, **params):

@@ -24,6 +24,16 @@ def cmd_train(a) -> int:
     return 0
 
 
+def cmd_train_flow(a) -> int:
+    from .train_flow import FlowTrainConfig, train_flow
+
+    cfg = FlowTrainConfig(steps=a.steps, batch_size=a.batch_size, lr=a.lr, seed=a.seed, threads=a.threads)
+    info = train_flow(a.demos, a.out, cfg)
+    print(f"wrote {a.out}: {info['params'] / 1e6:.2f}M params, trained in {info['train_wall_s']:.0f} s, "
+          f"final loss {info['final_loss']:.4f}")
+    return 0
+
+
 def cmd_horizon(a) -> int:
     from .horizon import StudyConfig, run_study, write_reports
 
@@ -42,6 +52,7 @@ def cmd_horizon(a) -> int:
 
 def add_parser(sub) -> None:
     """The `study` command group, added to the `robotserve` parser."""
+    from ..cli import positive
     st = sub.add_parser("study", help="PushGust (pymunk) task: demos, DiffusionPolicy training, horizon study")
     g = st.add_subparsers(dest="study", required=True)
     c = g.add_parser("collect", help="scripted-expert demonstrations into an npz")
@@ -58,6 +69,15 @@ def add_parser(sub) -> None:
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--threads", type=int, default=1, help="torch threads (1 is kind to a shared CPU)")
     t.set_defaults(func=cmd_train)
+    f = g.add_parser("train-flow", help="train a small flow-matching action head (Euler sampling) on the CPU")
+    f.add_argument("--demos", required=True)
+    f.add_argument("--out", required=True, help="checkpoint directory (config.json + model.safetensors)")
+    f.add_argument("--steps", type=positive(int), default=20000)
+    f.add_argument("--batch-size", type=positive(int), default=256)
+    f.add_argument("--lr", type=float, default=1e-3)
+    f.add_argument("--seed", type=int, default=0)
+    f.add_argument("--threads", type=positive(int), default=1, help="torch threads (1 is kind to a shared CPU)")
+    f.set_defaults(func=cmd_train_flow)
     h = g.add_parser("horizon", help="success vs mean execution horizon: static H and confidence t (seed 000 Fig. 11)")
     h.add_argument("--policy", required=True, help="checkpoint directory")
     h.add_argument("--out", default="reports/horizon_study.json", help="JSON; .md and .png are written beside it")
