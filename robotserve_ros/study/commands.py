@@ -27,7 +27,8 @@ def cmd_train(a) -> int:
 def cmd_train_flow(a) -> int:
     from .train_flow import FlowTrainConfig, train_flow
 
-    cfg = FlowTrainConfig(steps=a.steps, batch_size=a.batch_size, lr=a.lr, seed=a.seed, threads=a.threads)
+    cfg = FlowTrainConfig(steps=a.steps, batch_size=a.batch_size, lr=a.lr, seed=a.seed, threads=a.threads,
+                          hidden=a.hidden, blocks=a.blocks)
     info = train_flow(a.demos, a.out, cfg)
     print(f"wrote {a.out}: {info['params'] / 1e6:.2f}M params, trained in {info['train_wall_s']:.0f} s, "
           f"final loss {info['final_loss']:.4f}")
@@ -35,17 +36,29 @@ def cmd_train_flow(a) -> int:
 
 
 def cmd_horizon(a) -> int:
-    from .horizon import StudyConfig, run_study, write_reports
+    import json
+
+    from .horizon import StudyConfig, merge_study, run_study, write_reports
 
     cfg = StudyConfig(
         static_h=tuple(a.static), thresholds=tuple(a.thresholds), seeds=tuple(a.seeds), episodes=a.episodes,
-        max_steps=a.max_steps, threads=a.threads, h_min=a.h_min,
+        max_steps=a.max_steps, threads=a.threads, h_min=a.h_min, schedule_t=tuple(a.schedule_t),
+        sc_tau=tuple(a.sc_tau), sc_k=a.sc_k, robots_per_batch=a.robots_per_batch,
+        learned_scale=tuple(a.learned_scale), label_episodes=a.label_episodes,
     )
-    rows, meta = run_study(a.policy, cfg)
-    paths = write_reports(rows, meta, Path(a.out), workload_out=a.workload_out, profile=a.profile)
+    cfg_file = Path(a.policy) / "config.json"
+    if not cfg_file.is_file():
+        print(f"robotserve study horizon: --policy {a.policy!r} is not a checkpoint directory (no config.json)")
+        return 2
+    fam = "flow-matching" if json.loads(cfg_file.read_text()).get("type") == "flow_matching" else "diffusion"
+    out = Path(a.out or f"reports/horizon/pushgust-{fam}.json")
+    learned_out = a.learned_out or (str(Path(a.policy) / "horizon_model.npz") if cfg.learned_scale else None)
+    rows, meta = run_study(a.policy, cfg, learned_out=learned_out)
+    paths = write_reports(rows, meta, out, workload_out=a.workload_out, profile=a.profile)
+    paths += merge_study(out.parent)
     for r in rows:
-        print(f"  {r['policy']:10s} {r['param']:>6g}  success {r['success']:.3f}  mean H {r['mean_horizon']:5.2f}  "
-              f"rounds/episode {r['rounds_per_episode']:6.1f}")
+        print(f"  {r['policy']:16s} {r['param']:>6g}  success {r['success']:.3f}  mean H {r['mean_horizon']:5.2f}  "
+              f"rounds/episode {r['rounds_per_episode']:6.1f}  rows/round {r['batch_rows_per_round']:.2f}")
     print("wrote " + ", ".join(str(p) for p in paths))
     return 0
 
@@ -72,7 +85,9 @@ def add_parser(sub) -> None:
     f = g.add_parser("train-flow", help="train a small flow-matching action head (Euler sampling) on the CPU")
     f.add_argument("--demos", required=True)
     f.add_argument("--out", required=True, help="checkpoint directory (config.json + model.safetensors)")
-    f.add_argument("--steps", type=positive(int), default=20000)
+    f.add_argument("--steps", type=positive(int), default=8000)
+    f.add_argument("--hidden", type=positive(int), default=256, help="width of the velocity MLP")
+    f.add_argument("--blocks", type=positive(int), default=3, help="residual blocks of the velocity MLP")
     f.add_argument("--batch-size", type=positive(int), default=256)
     f.add_argument("--lr", type=float, default=1e-3)
     f.add_argument("--seed", type=int, default=0)
@@ -80,15 +95,27 @@ def add_parser(sub) -> None:
     f.set_defaults(func=cmd_train_flow)
     h = g.add_parser("horizon", help="success vs mean execution horizon: static H and confidence t (seed 000 Fig. 11)")
     h.add_argument("--policy", required=True, help="checkpoint directory")
-    h.add_argument("--out", default="reports/horizon_study.json", help="JSON; .md and .png are written beside it")
-    h.add_argument("--static", type=int, nargs="+", default=[1, 2, 4, 6, 8, 12, 16])
-    h.add_argument("--thresholds", type=float, nargs="+", default=[0.0, 0.25, 0.5, 1.0, 2.0, 4.0])
-    h.add_argument("--h-min", type=int, default=None, help="confidence H_min (default: the smallest static H)")
+    h.add_argument("--out", default=None, help="JSON of this run (default reports/horizon/pushgust-<family>.json); "
+                   ".md/.png/.meta.json beside it; study.json and fig11_<task>.png merge every run in its folder")
+    h.add_argument("--static", type=positive(int), nargs="+", default=[1, 2, 3, 4, 6, 8, 12, 16])
+    h.add_argument("--thresholds", type=float, nargs="+", default=[0.0, 0.5], help="confidence t (§3.1)")
+    h.add_argument("--schedule-t", type=float, nargs="*", default=[0.0, 0.5, 1.0, 2.0],
+                   help="schedule-normalised confidence t")
+    h.add_argument("--sc-tau", type=positive(float), nargs="*", default=[2.0, 5.0, 10.0, 20.0],
+                   help="self-consistency spread thresholds (action units)")
+    h.add_argument("--sc-k", type=positive(int), default=3, help="extra samples per request while spare slots exist")
+    h.add_argument("--robots-per-batch", type=positive(int), default=4,
+                   help="robots per server batch in the study (self-consistency fills the rest up to saturation)")
+    h.add_argument("--learned-scale", type=positive(float), nargs="*", default=[0.5, 0.75, 1.0, 1.25],
+                   help="learned-horizon scales (empty: skip the learned horizon)")
+    h.add_argument("--label-episodes", type=positive(int), default=30, help="episodes labelled by the §2.2 procedure")
+    h.add_argument("--learned-out", default=None, help="where the learned model goes (default <policy>/horizon_model.npz)")
+    h.add_argument("--h-min", type=positive(int), default=None, help="H_min of the dynamic policies (default: the smallest static H)")
     h.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    h.add_argument("--episodes", type=int, default=20, help="episodes per seed and configuration")
-    h.add_argument("--max-steps", type=int, default=None, help="episode step limit (default: the task's)")
-    h.add_argument("--threads", type=int, default=1)
-    h.add_argument("--workload-out", help="also write the simulator workload file here")
+    h.add_argument("--episodes", type=positive(int), default=34, help="episodes per seed and configuration")
+    h.add_argument("--max-steps", type=positive(int), default=None, help="episode step limit (default: the task's)")
+    h.add_argument("--threads", type=positive(int), default=1)
+    h.add_argument("--workload-out", help="also write the simulator workload file here (best static vs best dynamic)")
     h.add_argument("--profile", help="engine profile JSON (`robotserve profile`) for the workload's engine block")
     h.set_defaults(func=cmd_horizon)
 

@@ -22,7 +22,7 @@ from .train import Windows
 
 @dataclass
 class FlowTrainConfig:
-    steps: int = 20000
+    steps: int = 8000
     batch_size: int = 256
     lr: float = 1e-3
     warmup: int = 300
@@ -30,8 +30,8 @@ class FlowTrainConfig:
     seed: int = 0
     threads: int = 1
     chunk: int = 16
-    hidden: int = 384
-    blocks: int = 4
+    hidden: int = 256
+    blocks: int = 3
     num_steps: int = 10  # Euler steps at inference (SmolVLA's default)
 
 
