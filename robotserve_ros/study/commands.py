@@ -63,6 +63,28 @@ def cmd_horizon(a) -> int:
     return 0
 
 
+def cmd_workload(a) -> int:
+    import json
+
+    from .horizon import best_dynamic, best_static, to_workload
+
+    run = Path(a.run)
+    meta_path = run.with_suffix(".meta.json")
+    if not run.is_file() or not meta_path.is_file():
+        print(f"robotserve study workload: --run {a.run!r} needs the run's JSON and its .meta.json beside it")
+        return 2
+    rows, meta = json.loads(run.read_text()), json.loads(meta_path.read_text())
+    if a.profile:
+        meta["engine_profile_ms"] = json.loads(Path(a.profile).read_text())["batch_latency_ms"]
+    bs, dyn = best_static(rows), best_dynamic(rows, sampling=False)
+    name = a.name or f"pushgust-{meta.get('family', 'diffusion')}".replace("_", "-")
+    to_workload(rows, meta, bs, dyn, name).save(a.out)
+    print(f"wrote {a.out}: {name}, static H={bs['param']} (success {bs['success']:.3f}) vs {dyn['policy']} "
+          f"{dyn['param']:g} (success {dyn['success']:.3f}, mean H {dyn['mean_horizon']:.2f}), "
+          f"{len(bs['rounds'])} tasks, engine profile from {a.profile or 'the study run'}")
+    return 0
+
+
 def add_parser(sub) -> None:
     """The `study` command group, added to the `robotserve` parser."""
     from ..cli import positive
@@ -118,6 +140,13 @@ def add_parser(sub) -> None:
     h.add_argument("--workload-out", help="also write the simulator workload file here (best static vs best dynamic)")
     h.add_argument("--profile", help="engine profile JSON (`robotserve profile`) for the workload's engine block")
     h.set_defaults(func=cmd_horizon)
+    w = g.add_parser("workload", help="a measured fleet workload from a study run: best static H vs the best "
+                                      "non-sampling dynamic policy, per evaluated episode")
+    w.add_argument("--run", required=True, help="a study run of record, e.g. reports/horizon/pushgust-diffusion.json")
+    w.add_argument("--out", required=True, help="workload JSON, e.g. robotserve_ros/sim/measured/<name>.json")
+    w.add_argument("--profile", help="engine profile JSON (`robotserve profile`) for the engine block")
+    w.add_argument("--name", help="workload name (default pushgust-<family>)")
+    w.set_defaults(func=cmd_workload)
 
 
 __all__ = ["add_parser"]

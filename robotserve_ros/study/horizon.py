@@ -313,14 +313,20 @@ def matched_confidence(rows: list, target: float) -> Optional[dict]:
 DYNAMIC = ("confidence", "schedule", "self_consistency", "learned")
 
 
-def best_dynamic(rows: list) -> dict:
+# Policies whose extra batch rows the fleet simulator's workload format cannot charge (it
+# records actions per round, one row each): kept out of measured workloads.
+SAMPLING = ("self_consistency",)
+
+
+def best_dynamic(rows: list, sampling: bool = True) -> dict:
     """The dynamic setting with the longest mean horizon at matched success (CI), else the most
-    successful dynamic setting."""
+    successful dynamic setting; sampling=False leaves out policies that add batch rows."""
+    pols = [p for p in DYNAMIC if sampling or p not in SAMPLING]
     bs = best_static(rows)
-    ms = [m for m in (matched(rows, p, bs) for p in DYNAMIC) if m is not None]
+    ms = [m for m in (matched(rows, p, bs) for p in pols) if m is not None]
     if ms:
         return max(ms, key=lambda r: r["mean_horizon"])
-    return max((r for r in rows if r["policy"] in DYNAMIC), key=lambda r: (r["success"], r["mean_horizon"]))
+    return max((r for r in rows if r["policy"] in pols), key=lambda r: (r["success"], r["mean_horizon"]))
 
 
 def to_workload(rows: list, meta: dict, static_row: dict, dyn_row: dict, name: str = "pushgust-diffusion"):
@@ -491,7 +497,7 @@ def write_reports(rows: list, meta: dict, out: Path, workload_out=None, profile=
     paths = [out, meta_path, md, png]
     if workload_out:
         bs = best_static(rows)
-        dyn = best_dynamic(rows)
+        dyn = best_dynamic(rows, sampling=False)
         name = workload_name or f"pushgust-{meta.get('family', 'diffusion')}".replace("_", "-")
         to_workload(rows, meta, bs, dyn, name).save(workload_out)
         paths.append(Path(workload_out))
