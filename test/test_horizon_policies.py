@@ -43,6 +43,7 @@ def policies(model):
         (make_horizon_policy("schedule", h_min=2), [-0.5, 0.0, 0.5, 3.0], chunk(0)),
         (make_horizon_policy("self_consistency", h_min=2), [0.05, 1.0, 100.0], chunk(0, samples=3, spread_from=5)),
         (make_horizon_policy("learned", model=model, h_min=2), [0.1, 1.0, 5.0], chunk(0)),
+        (make_horizon_policy("agreement", h_min=2), [0.5, 5.0, 50.0], chunk(0)),
     ]
 
 
@@ -174,3 +175,37 @@ def test_learned_model_fits_saves_and_loads(tmp_path, model):
     no_state.state = None
     with pytest.raises(BadUpdates, match="joint state"):
         again.choose(no_state)
+
+
+def plan(offset=0.0, bend_from=None, n=N):
+    a = np.stack([np.arange(n, dtype=float) + offset, np.zeros(n)], 1)
+    if bend_from is not None:
+        a[bend_from:, 1] += 50.0
+    return a
+
+
+def test_agreement_grows_while_plans_agree_and_cuts_where_they_part():
+    pol = make_horizon_policy("agreement", h_min=1, growth=2.0)
+    hs = []
+    shift = 0
+    for rnd in range(4):  # the world goes as planned: each new chunk continues the last one
+        res = ChunkResult(plan(offset=shift, n=16), task_id="a", round_id=rnd)
+        h = pol.choose(res, 1.0).horizon
+        hs.append(h)
+        shift += h
+    assert hs == [1, 2, 4, 8]  # first round H_min, then doubling
+    # A re-plan that parts from the previous plan's rest at its 3rd action: H = 2.
+    res = ChunkResult(plan(offset=shift, bend_from=2, n=16), task_id="a", round_id=4)
+    assert pol.choose(res, 1.0).horizon == 2
+    # The same round served again compares with the round before it, and gives the same H.
+    assert pol.choose(res, 1.0).horizon == 2
+    # Capped by the chunk (8); a plan executed to its end leaves nothing to compare: H_min.
+    for rnd, want in ((0, 1), (1, 2), (2, 4), (3, 8), (4, 1), (5, 2)):
+        assert pol.choose(ChunkResult(plan(), task_id="c", round_id=rnd), 100.0).horizon == want
+    # Another task, a restarted task, or no task id: H_min.
+    assert pol.choose(ChunkResult(plan(), task_id="b", round_id=0), 1.0).horizon == 1
+    assert pol.choose(ChunkResult(plan(), task_id="a", round_id=0), 1.0).horizon == 1
+    assert pol.choose(ChunkResult(plan()), 1.0).horizon == 1
+    with pytest.raises(BadUpdates, match="finite"):
+        pol.choose(ChunkResult(np.full((N, DIM), np.nan), task_id="d", round_id=0))
+    assert pol.check_param(0) and pol.check_param(float("inf")) and pol.check_param(3.0) is None

@@ -103,6 +103,8 @@ class ChunkResult:
     already has), for horizon policies that read the observation (the learned horizon).
     samples: extra chunks of the same request drawn with other noise in the same batch,
     [K, chunk, action_dim] in action space (batch self-consistency); None when none were drawn.
+    task_id, round_id: whose chunk this is (engines that know fill them), for horizon
+    policies that compare a task's consecutive plans (core/horizon/agreement.py).
     """
 
     actions: np.ndarray
@@ -110,6 +112,8 @@ class ChunkResult:
     initial_noise: Optional[np.ndarray] = None
     state: Optional[np.ndarray] = None
     samples: Optional[np.ndarray] = None
+    task_id: Optional[str] = None
+    round_id: Optional[int] = None
 
 
 @dataclass

@@ -85,7 +85,8 @@ class FlowEngine(Engine):
         ups = torch.stack(cap, 1).float().cpu().numpy()  # [B, steps, chunk, dim]
         x0 = noise.numpy()
         return [ChunkResult(np.ascontiguousarray(acts[i]), np.ascontiguousarray(ups[i]),
-                            initial_noise=np.ascontiguousarray(x0[i]), state=q[i].copy())
+                            initial_noise=np.ascontiguousarray(x0[i]), state=q[i].copy(),
+                            task_id=batch[i].task_id, round_id=batch[i].round_id)
                 for i in range(len(batch))]
 
     def close(self) -> None:

@@ -229,6 +229,7 @@ class LeRobotEngine(Engine):
                 None if updates is None else np.ascontiguousarray(updates[i]),
                 initial_noise=None if x_t is None else np.ascontiguousarray(x_t[i]),
                 state=np.asarray(batch[i].observation.joints, np.float32).copy(),
+                task_id=batch[i].task_id, round_id=batch[i].round_id,
             ))
         return out
 

@@ -44,7 +44,7 @@ def cmd_horizon(a) -> int:
         static_h=tuple(a.static), thresholds=tuple(a.thresholds), seeds=tuple(a.seeds), episodes=a.episodes,
         max_steps=a.max_steps, threads=a.threads, h_min=a.h_min, schedule_t=tuple(a.schedule_t),
         sc_tau=tuple(a.sc_tau), sc_k=a.sc_k, robots_per_batch=a.robots_per_batch,
-        learned_scale=tuple(a.learned_scale), label_episodes=a.label_episodes,
+        learned_scale=tuple(a.learned_scale), label_episodes=a.label_episodes, agree_tau=tuple(a.agree_tau),
     )
     cfg_file = Path(a.policy) / "config.json"
     if not cfg_file.is_file():
@@ -130,6 +130,8 @@ def add_parser(sub) -> None:
                    help="robots per server batch in the study (self-consistency fills the rest up to saturation)")
     h.add_argument("--learned-scale", type=positive(float), nargs="*", default=[0.5, 0.75, 1.0, 1.25],
                    help="learned-horizon scales (empty: skip the learned horizon)")
+    h.add_argument("--agree-tau", type=positive(float), nargs="*", default=[5.0, 10.0, 20.0],
+                   help="plan-agreement thresholds (action units; empty: skip)")
     h.add_argument("--label-episodes", type=positive(int), default=30, help="episodes labelled by the §2.2 procedure")
     h.add_argument("--learned-out", default=None, help="where the learned model goes (default <policy>/horizon_model.npz)")
     h.add_argument("--h-min", type=positive(int), default=None, help="H_min of the dynamic policies (default: the smallest static H)")

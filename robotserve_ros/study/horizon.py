@@ -41,6 +41,7 @@ class StudyConfig:
     sc_k: int = 3  # extra samples per request, while spare slots exist
     robots_per_batch: int = 4  # the server batch the study's robots are served in (self-consistency)
     learned_scale: tuple = ()  # learned-horizon scales
+    agree_tau: tuple = ()  # plan-agreement thresholds (action units: pixels)
     label_episodes: int = 30  # episodes whose rounds label the learned horizon (§2.2)
 
     @property
@@ -129,6 +130,8 @@ def make_policy(policy: str, cfg: StudyConfig, learned_model=None):
         return make_horizon_policy("self_consistency", h_min=h_min)
     if policy == "learned":
         return make_horizon_policy("learned", model=learned_model, h_min=h_min)
+    if policy == "agreement":
+        return make_horizon_policy("agreement", h_min=h_min)
     raise ValueError(f"unknown study policy {policy!r}")
 
 
@@ -248,6 +251,7 @@ def run_study(policy_dir, cfg: StudyConfig, log=print, learned_out=None) -> tupl
     run("confidence", cfg.thresholds)
     run("schedule", cfg.schedule_t)
     run("self_consistency", cfg.sc_tau)
+    run("agreement", cfg.agree_tau)
     labels = None
     if cfg.learned_scale:
         h_start = int(best_static(rows)["param"])
@@ -310,7 +314,7 @@ def matched_confidence(rows: list, target: float) -> Optional[dict]:
     return max(ok, key=lambda r: r["mean_horizon"]) if ok else None
 
 
-DYNAMIC = ("confidence", "schedule", "self_consistency", "learned")
+DYNAMIC = ("confidence", "schedule", "self_consistency", "learned", "agreement")
 
 
 # Policies whose extra batch rows the fleet simulator's workload format cannot charge (it
@@ -343,9 +347,10 @@ def to_workload(rows: list, meta: dict, static_row: dict, dyn_row: dict, name: s
     return Workload(name, lat, tuple(tasks))
 
 
-PARAM_NAME = {"static": "H", "confidence": "t", "schedule": "t", "self_consistency": "tau", "learned": "scale"}
+PARAM_NAME = {"static": "H", "confidence": "t", "schedule": "t", "self_consistency": "tau", "learned": "scale",
+              "agreement": "tau"}
 COLORS = {"static": "gray", "confidence": "tab:orange", "schedule": "tab:green", "self_consistency": "tab:purple",
-          "learned": "tab:blue"}
+          "learned": "tab:blue", "agreement": "tab:red"}
 SCHEMA = ("task", "policy", "param", "episodes", "seeds", "success", "success_ci95", "mean_horizon",
           "rounds_per_episode", "batch_rows_per_round")
 

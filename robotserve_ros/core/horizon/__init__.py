@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from ..registry import Registry
+from .agreement import PlanAgreementHorizon
 from .base import BadUpdates, HorizonPolicy
 from .confidence import ConfidenceHorizon, confidence_horizon
 from .learned import LearnedHorizon
@@ -15,6 +16,7 @@ HORIZON_POLICIES.register("confidence", ConfidenceHorizon)
 HORIZON_POLICIES.register("schedule", ScheduleNormalisedHorizon)
 HORIZON_POLICIES.register("self_consistency", SelfConsistencyHorizon)
 HORIZON_POLICIES.register("learned", LearnedHorizon)
+HORIZON_POLICIES.register("agreement", PlanAgreementHorizon)
 
 
 def register_horizon_policy(name: str, factory) -> None:
@@ -32,6 +34,7 @@ __all__ = [
     "HorizonPolicy",
     "ConfidenceHorizon",
     "LearnedHorizon",
+    "PlanAgreementHorizon",
     "ScheduleNormalisedHorizon",
     "SelfConsistencyEngine",
     "SelfConsistencyHorizon",
