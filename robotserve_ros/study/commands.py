@@ -45,6 +45,7 @@ def cmd_horizon(a) -> int:
         max_steps=a.max_steps, threads=a.threads, h_min=a.h_min, schedule_t=tuple(a.schedule_t),
         sc_tau=tuple(a.sc_tau), sc_k=a.sc_k, robots_per_batch=a.robots_per_batch,
         learned_scale=tuple(a.learned_scale), label_episodes=a.label_episodes, agree_tau=tuple(a.agree_tau),
+        learned_cos=tuple(a.learned_cos),
     )
     cfg_file = Path(a.policy) / "config.json"
     if not cfg_file.is_file():
@@ -53,7 +54,17 @@ def cmd_horizon(a) -> int:
     fam = "flow-matching" if json.loads(cfg_file.read_text()).get("type") == "flow_matching" else "diffusion"
     out = Path(a.out or f"reports/horizon/pushgust-{fam}.json")
     learned_out = a.learned_out or (str(Path(a.policy) / "horizon_model.npz") if cfg.learned_scale else None)
+    if not a.static and a.h_min is None:
+        print("robotserve study horizon: with no --static horizons, give --h-min")
+        return 2
     rows, meta = run_study(a.policy, cfg, learned_out=learned_out)
+    if a.append and out.is_file() and out.with_suffix(".meta.json").is_file():
+        # Add these configurations to the run of record (same task and policy), replacing reruns.
+        new = {(r["policy"], r["param"]) for r in rows}
+        old_meta = json.loads(out.with_suffix(".meta.json").read_text())
+        rows = [r for r in json.loads(out.read_text()) if (r["policy"], r["param"]) not in new] + rows
+        meta = {**old_meta, "appended": old_meta.get("appended", []) + [
+            {"policies": sorted({p for p, _ in new}), "wall_s": meta["wall_s"], "h_min": meta["confidence_h_min"]}]}
     paths = write_reports(rows, meta, out, workload_out=a.workload_out, profile=a.profile)
     paths += merge_study(out.parent)
     for r in rows:
@@ -119,8 +130,8 @@ def add_parser(sub) -> None:
     h.add_argument("--policy", required=True, help="checkpoint directory")
     h.add_argument("--out", default=None, help="JSON of this run (default reports/horizon/pushgust-<family>.json); "
                    ".md/.png/.meta.json beside it; study.json and fig11_<task>.png merge every run in its folder")
-    h.add_argument("--static", type=positive(int), nargs="+", default=[1, 2, 3, 4, 6, 8, 12, 16])
-    h.add_argument("--thresholds", type=float, nargs="+", default=[0.0, 0.5], help="confidence t (§3.1)")
+    h.add_argument("--static", type=positive(int), nargs="*", default=[1, 2, 3, 4, 6, 8, 12, 16])
+    h.add_argument("--thresholds", type=float, nargs="*", default=[0.0, 0.5], help="confidence t (§3.1)")
     h.add_argument("--schedule-t", type=float, nargs="*", default=[0.0, 0.5, 1.0, 2.0],
                    help="schedule-normalised confidence t")
     h.add_argument("--sc-tau", type=positive(float), nargs="*", default=[2.0, 5.0, 10.0, 20.0],
@@ -132,6 +143,8 @@ def add_parser(sub) -> None:
                    help="learned-horizon scales (empty: skip the learned horizon)")
     h.add_argument("--agree-tau", type=positive(float), nargs="*", default=[5.0, 10.0, 20.0],
                    help="plan-agreement thresholds (action units; empty: skip)")
+    h.add_argument("--learned-cos", type=float, nargs="+", default=[0.9],
+                   help="cosine thresholds of the §2.2 labels, one learned model each (0.9: the paper's)")
     h.add_argument("--label-episodes", type=positive(int), default=30, help="episodes labelled by the §2.2 procedure")
     h.add_argument("--learned-out", default=None, help="where the learned model goes (default <policy>/horizon_model.npz)")
     h.add_argument("--h-min", type=positive(int), default=None, help="H_min of the dynamic policies (default: the smallest static H)")
@@ -139,6 +152,8 @@ def add_parser(sub) -> None:
     h.add_argument("--episodes", type=positive(int), default=34, help="episodes per seed and configuration")
     h.add_argument("--max-steps", type=positive(int), default=None, help="episode step limit (default: the task's)")
     h.add_argument("--threads", type=positive(int), default=1)
+    h.add_argument("--append", action="store_true",
+                   help="add these configurations to the run already in --out (same policy), replacing reruns")
     h.add_argument("--workload-out", help="also write the simulator workload file here (best static vs best dynamic)")
     h.add_argument("--profile", help="engine profile JSON (`robotserve profile`) for the workload's engine block")
     h.set_defaults(func=cmd_horizon)

@@ -41,6 +41,7 @@ class StudyConfig:
     sc_k: int = 3  # extra samples per request, while spare slots exist
     robots_per_batch: int = 4  # the server batch the study's robots are served in (self-consistency)
     learned_scale: tuple = ()  # learned-horizon scales
+    learned_cos: tuple = (0.9,)  # cosine thresholds of the §2.2 labels, one model each (0.9: the paper's)
     agree_tau: tuple = ()  # plan-agreement thresholds (action units: pixels)
     label_episodes: int = 30  # episodes whose rounds label the learned horizon (§2.2)
 
@@ -50,7 +51,7 @@ class StudyConfig:
 
     @property
     def confidence_h_min(self) -> int:
-        return int(self.h_min or min(self.static_h))
+        return int(self.h_min or min(self.static_h or (1,)))
 
 
 def episode_seed(seed: int, episode: int) -> int:
@@ -128,7 +129,7 @@ def make_policy(policy: str, cfg: StudyConfig, learned_model=None):
         return make_horizon_policy("schedule", h_min=h_min)
     if policy == "self_consistency":
         return make_horizon_policy("self_consistency", h_min=h_min)
-    if policy == "learned":
+    if policy.startswith("learned"):
         return make_horizon_policy("learned", model=learned_model, h_min=h_min)
     if policy == "agreement":
         return make_horizon_policy("agreement", h_min=h_min)
@@ -167,10 +168,11 @@ def run_config(engine, policy: str, param: float, cfg: StudyConfig, learned_mode
         else:
             results, nrows = sampler.infer(reqs)
         batch_rows += sum(nrows)
-        pred = hp.predict(results) if policy == "learned" else [None] * len(results)
+        learned = policy.startswith("learned")
+        pred = hp.predict(results) if learned else [None] * len(results)
         still = []
         for i, res, pr in zip(active, results, pred):
-            h = hp.choose(res, param, predicted=pr).horizon if policy == "learned" else hp.choose(res, param).horizon
+            h = hp.choose(res, param, predicted=pr).horizon if learned else hp.choose(res, param).horizon
             if res.updates is not None:
                 nrm = np.linalg.norm(res.updates, axis=-1)
                 ratio["band" if envs[i].puck_in_band() else "calm"].append(nrm[-1] / np.maximum(nrm[:-1].mean(0), 1e-12))
@@ -254,16 +256,30 @@ def run_study(policy_dir, cfg: StudyConfig, log=print, learned_out=None) -> tupl
     run("agreement", cfg.agree_tau)
     labels = None
     if cfg.learned_scale:
-        h_start = int(best_static(rows)["param"])
+        from ..core.horizon.learned import round_optimal_horizon
+
+        # §2.2 starts from the task-optimal static H (an appended run without static rows: H_min).
+        h_start = int(best_static(rows)["param"]) if any(r["policy"] == "static" for r in rows) else cfg.confidence_h_min
         lab = collect_labels(engine, h_start, cfg.label_episodes, cfg.steps_limit, log=log)
-        model = HorizonModel.fit(lab["x"], lab["y"], hidden=32, epochs=2000, seed=0, steps=_steps(engine))
-        fit_mae = float(np.abs(model.predict(lab["x"]) - lab["y"]).mean())
-        if learned_out:
-            model.save(learned_out)
-        labels = {"h_start": h_start, "rounds": int(len(lab["y"])), "mean_label": float(lab["y"].mean()),
-                  "histogram": lab["hist"], "engine_rows": lab["rows"], "wall_s": lab["wall_s"],
-                  "fit_mae": fit_mae, "model": str(learned_out) if learned_out else None}
-        run("learned", cfg.learned_scale, model)
+        labels = {"h_start": h_start, "rounds": int(len(lab["x"])), "engine_rows": lab["rows"], "wall_s": lab["wall_s"],
+                  "by_cosine": {}}
+        for cos in cfg.learned_cos:
+            # One collection, labels at each threshold (§2.2: the threshold is tuned to keep accuracy).
+            y = np.array([round_optimal_horizon(tr[0], dict(zip(lab["hs"], tr)), h_start, cos) for tr in lab["traj"]],
+                         float)
+            model = HorizonModel.fit(lab["x"], y, hidden=32, epochs=2000, seed=0, steps=_steps(engine))
+            name = "learned" if cos == 0.9 else f"learned-cos{cos:g}"
+            path = None
+            if learned_out:
+                path = Path(learned_out)
+                path = path if cos == 0.9 else path.with_name(f"{path.stem}-cos{cos:g}{path.suffix}")
+                model.save(path)
+            labels["by_cosine"][f"{cos:g}"] = {
+                "policy": name, "mean_label": float(y.mean()),
+                "histogram": {int(h): int((y == h).sum()) for h in lab["hs"]},
+                "fit_mae": float(np.abs(model.predict(lab["x"]) - y).mean()), "model": str(path) if path else None}
+            log(f"  labels at cosine {cos:g}: mean {y.mean():.2f}, histogram {labels['by_cosine'][f'{cos:g}']['histogram']}")
+            run(name, cfg.learned_scale, model)
     engine.close()
     info_path = Path(policy_dir) / "train_info.json"
     meta = {
@@ -317,6 +333,20 @@ def matched_confidence(rows: list, target: float) -> Optional[dict]:
 DYNAMIC = ("confidence", "schedule", "self_consistency", "learned", "agreement")
 
 
+def dynamic_policies(rows: list) -> list:
+    """The dynamic policies present in rows: DYNAMIC's order, learned variants (learned-cos<c>,
+    labels at another cosine threshold) after 'learned'."""
+    have = {r["policy"] for r in rows if r["policy"] != "static"}
+    out = []
+    for p in DYNAMIC:
+        out += [q for q in sorted(have) if q == p or (p == "learned" and q.startswith("learned-cos"))]
+    return out + sorted(have - set(out))
+
+
+def _base(policy: str) -> str:
+    return "learned" if policy.startswith("learned") else policy
+
+
 # Policies whose extra batch rows the fleet simulator's workload format cannot charge (it
 # records actions per round, one row each): kept out of measured workloads.
 SAMPLING = ("self_consistency",)
@@ -325,7 +355,7 @@ SAMPLING = ("self_consistency",)
 def best_dynamic(rows: list, sampling: bool = True) -> dict:
     """The dynamic setting with the longest mean horizon at matched success (CI), else the most
     successful dynamic setting; sampling=False leaves out policies that add batch rows."""
-    pols = [p for p in DYNAMIC if sampling or p not in SAMPLING]
+    pols = [p for p in dynamic_policies(rows) if sampling or p not in SAMPLING]
     bs = best_static(rows)
     ms = [m for m in (matched(rows, p, bs) for p in pols) if m is not None]
     if ms:
@@ -382,7 +412,7 @@ def markdown(rows: list, meta: dict) -> str:
     lines.append(f"- Best static horizon (largest H at the highest static success, §5.3): H = {bs['param']}, "
                  f"success {bs['success']:.3f} (95 % CI {ci[0]:.2f}-{ci[1]:.2f}), mean horizon "
                  f"{bs['mean_horizon']:.2f}, {bs['rounds_per_episode']:.1f} rounds per episode.")
-    for pol in DYNAMIC:
+    for pol in dynamic_policies(rows):
         mine = [r for r in rows if r["policy"] == pol]
         if not mine:
             continue
@@ -390,12 +420,12 @@ def markdown(rows: list, meta: dict) -> str:
         if m is None:
             top = max(mine, key=lambda r: r["success"])
             lines.append(f"- {pol}: no setting reaches the static CI's lower bound {ci[0]:.2f}; the best is "
-                         f"{PARAM_NAME[pol]} = {top['param']:g} with {top['success']:.3f} at mean horizon "
+                         f"{PARAM_NAME[_base(pol)]} = {top['param']:g} with {top['success']:.3f} at mean horizon "
                          f"{top['mean_horizon']:.2f}. Target (>= 1.5x at matched success): NOT met.")
         else:
             ratio = m["mean_horizon"] / bs["mean_horizon"]
             fewer = 1 - m["rounds_per_episode"] / bs["rounds_per_episode"]
-            lines.append(f"- {pol}: {PARAM_NAME[pol]} = {m['param']:g} reaches it (success {m['success']:.3f}) at mean "
+            lines.append(f"- {pol}: {PARAM_NAME[_base(pol)]} = {m['param']:g} reaches it (success {m['success']:.3f}) at mean "
                          f"horizon {m['mean_horizon']:.2f}: {ratio:.2f}x the static horizon, {fewer:.0%} fewer rounds "
                          f"per episode, {m.get('batch_rows_per_round', 1.0):.2f} batch rows per round. Target (>= 1.5x): "
                          f"{'met' if ratio >= 1.5 else 'NOT met'}.")
@@ -408,10 +438,11 @@ def markdown(rows: list, meta: dict) -> str:
                      f"the puck in calm air, {band:.2f} in the gusty band.")
     lab = meta.get("learned_labels")
     if lab:
-        lines.append(f"- Learned horizon: trained on {lab['rounds']} labelled rounds (§2.2 procedure, start H = "
-                     f"{lab['h_start']}, cosine >= 0.9), mean label {lab['mean_label']:.2f}, label histogram "
-                     f"{lab['histogram']}, fit mean absolute error {lab['fit_mae']:.2f} actions; labelling cost "
-                     f"{lab['engine_rows']} engine rows ({lab['wall_s']:.0f} s), offline.")
+        by = lab.get("by_cosine") or {"0.9": lab}
+        lines.append(f"- Learned horizon: {lab['rounds']} labelled rounds (§2.2 procedure, start H = {lab['h_start']}, "
+                     f"labelling cost {lab['engine_rows']} engine rows, {lab['wall_s']:.0f} s, offline). " + "; ".join(
+                         f"cosine >= {c}: mean label {v['mean_label']:.2f}, histogram {v['histogram']}, fit MAE "
+                         f"{v['fit_mae']:.2f}" for c, v in by.items()) + ".")
     sc = meta.get("self_consistency")
     if sc and any(r["policy"] == "self_consistency" for r in rows):
         lines.append(f"- Self-consistency: K = {sc['k']} extra samples per request, robots served "
@@ -421,17 +452,19 @@ def markdown(rows: list, meta: dict) -> str:
 
 
 def _curves(ax, rows: list, title: str) -> None:
-    for pol in ("static",) + DYNAMIC:
+    extra = iter(["tab:cyan", "tab:brown", "tab:olive", "tab:pink", "black"])
+    for pol in ["static"] + dynamic_policies(rows):
         rs = sorted((r for r in rows if r["policy"] == pol), key=lambda r: r["mean_horizon"])
         if not rs:
             continue
         x, y = [r["mean_horizon"] for r in rs], [r["success"] for r in rs]
         ci = [r.get("success_ci95") or [r["success"], r["success"]] for r in rs]
         err = [[max(0.0, v - c[0]) for v, c in zip(y, ci)], [max(0.0, c[1] - v) for v, c in zip(y, ci)]]
-        ax.errorbar(x, y, yerr=err, color=COLORS[pol], marker="o", capsize=3, label=f"{pol} ({PARAM_NAME[pol]})")
+        color = COLORS.get(pol) or next(extra)
+        ax.errorbar(x, y, yerr=err, color=color, marker="o", capsize=3, label=f"{pol} ({PARAM_NAME[_base(pol)]})")
         for r in rs:
             ax.annotate(f"{r['param']:g}", (r["mean_horizon"], r["success"]), textcoords="offset points",
-                        xytext=(3, 3), fontsize=6, color=COLORS[pol])
+                        xytext=(3, 3), fontsize=6, color=color)
     ax.set_xlabel("mean execution horizon (actions per round)")
     ax.set_ylabel("success rate (95 % CI)")
     ax.set_title(title, fontsize=9)

@@ -57,7 +57,7 @@ def collect_labels(engine, h_start: int, episodes: int, max_steps: int, window: 
     envs = [PushGustEnv(max_steps) for _ in range(episodes)]
     obs = [env.reset(LABEL_SEED_BASE + e) for e, env in enumerate(envs)]
     nrounds = [0] * episodes
-    feats, labels = [], []
+    feats, labels, trajs = [], [], []
     active = list(range(episodes))
     t0 = time.time()
     rows = 0
@@ -93,6 +93,7 @@ def collect_labels(engine, h_start: int, episodes: int, max_steps: int, window: 
         for i in sorted(by_round):
             c = by_round[i]
             labels.append(round_optimal_horizon(c[h_start], c, h_start, threshold))
+            trajs.append(np.stack([c[h] for h in hs]))
         still = []
         for e, res in zip(active, results):
             for a in res.actions[:h_start]:
@@ -108,5 +109,7 @@ def collect_labels(engine, h_start: int, episodes: int, max_steps: int, window: 
     y = np.array(labels, float)
     log(f"  labels: {len(y)} rounds of {episodes} episodes, H_start {h_start}, mean label {y.mean():.2f}, "
         f"{rows} engine rows, {time.time() - t0:.0f} s")
+    # traj[i, j]: round i's trajectory with H = hs[j] (hs[0] = h_start: the re-planned reference),
+    # so labels at any other cosine threshold come from the same collection.
     return {"x": np.stack(feats), "y": y, "rows": rows, "wall_s": round(time.time() - t0, 1),
-            "hist": {int(h): int((y == h).sum()) for h in hs}}
+            "hist": {int(h): int((y == h).sum()) for h in hs}, "hs": hs, "traj": np.stack(trajs)}
