@@ -64,3 +64,14 @@ def test_bad_observation_and_checkpoint_are_refused(policy_dir, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"type": "diffusion"}))
     with pytest.raises(ValueError, match="not a flow_matching"):
         make_engine("flow", None, policy_dir=str(tmp_path))
+
+
+def test_sampled_engine_wraps_any_registered_engine(policy_dir):
+    from robotserve_ros.core import EngineProfile
+
+    prof = EngineProfile({1: 10.0, 4: 10.0, 8: 20.0})  # saturation batch 4
+    eng = make_engine("sampled", prof, inner="flow", k=3, policy_dir=str(policy_dir))
+    out = eng.infer([req("a"), req("b")])
+    assert [len(r.samples) for r in out] == [1, 1] and eng.stats.rows == 4  # 2 spare slots up to 4
+    with pytest.raises(ValueError, match="wrap itself"):
+        make_engine("sampled", prof, inner="sampled")
