@@ -44,6 +44,7 @@ class StudyConfig:
     learned_cos: tuple = (0.9,)  # cosine thresholds of the §2.2 labels, one model each (0.9: the paper's)
     agree_tau: tuple = ()  # plan-agreement thresholds (action units: pixels)
     label_episodes: int = 30  # episodes whose rounds label the learned horizon (§2.2)
+    label_h_start: Optional[int] = None  # the labels' starting H (default: the best static H of this run)
 
     @property
     def steps_limit(self) -> int:
@@ -259,7 +260,8 @@ def run_study(policy_dir, cfg: StudyConfig, log=print, learned_out=None) -> tupl
         from ..core.horizon.learned import round_optimal_horizon
 
         # §2.2 starts from the task-optimal static H (an appended run without static rows: H_min).
-        h_start = int(best_static(rows)["param"]) if any(r["policy"] == "static" for r in rows) else cfg.confidence_h_min
+        h_start = cfg.label_h_start or (int(best_static(rows)["param"]) if any(r["policy"] == "static" for r in rows)
+                                        else cfg.confidence_h_min)
         lab = collect_labels(engine, h_start, cfg.label_episodes, cfg.steps_limit, log=log)
         labels = {"h_start": h_start, "rounds": int(len(lab["x"])), "engine_rows": lab["rows"], "wall_s": lab["wall_s"],
                   "by_cosine": {}}
