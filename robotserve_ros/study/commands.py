@@ -46,6 +46,7 @@ def cmd_horizon(a) -> int:
         sc_tau=tuple(a.sc_tau), sc_k=a.sc_k, robots_per_batch=a.robots_per_batch,
         learned_scale=tuple(a.learned_scale), label_episodes=a.label_episodes, agree_tau=tuple(a.agree_tau),
         learned_cos=tuple(a.learned_cos), label_h_start=a.label_h_start,
+        labels_cache=a.labels_cache,
     )
     cfg_file = Path(a.policy) / "config.json"
     if not cfg_file.is_file():
@@ -147,6 +148,8 @@ def add_parser(sub) -> None:
                    help="cosine thresholds of the §2.2 labels, one learned model each (0.9: the paper's)")
     h.add_argument("--label-h-start", type=positive(int), default=None,
                    help="the labels' starting H (default: this run's best static H)")
+    h.add_argument("--labels-cache", default=None,
+                   help="npz of the §2.2 label collection: reused when it exists (same start H, episodes), else written")
     h.add_argument("--label-episodes", type=positive(int), default=30, help="episodes labelled by the §2.2 procedure")
     h.add_argument("--learned-out", default=None, help="where the learned model goes (default <policy>/horizon_model.npz)")
     h.add_argument("--h-min", type=positive(int), default=None, help="H_min of the dynamic policies (default: the smallest static H)")

@@ -44,6 +44,7 @@ class StudyConfig:
     learned_cos: tuple = (0.9,)  # cosine thresholds of the §2.2 labels, one model each (0.9: the paper's)
     agree_tau: tuple = ()  # plan-agreement thresholds (action units: pixels)
     label_episodes: int = 30  # episodes whose rounds label the learned horizon (§2.2)
+    labels_cache: Optional[str] = None  # npz of a label collection to reuse / write
     label_h_start: Optional[int] = None  # the labels' starting H (default: the best static H of this run)
 
     @property
@@ -262,7 +263,7 @@ def run_study(policy_dir, cfg: StudyConfig, log=print, learned_out=None) -> tupl
         # §2.2 starts from the task-optimal static H (an appended run without static rows: H_min).
         h_start = cfg.label_h_start or (int(best_static(rows)["param"]) if any(r["policy"] == "static" for r in rows)
                                         else cfg.confidence_h_min)
-        lab = collect_labels(engine, h_start, cfg.label_episodes, cfg.steps_limit, log=log)
+        lab = _labels(engine, h_start, cfg, log)
         labels = {"h_start": h_start, "rounds": int(len(lab["x"])), "engine_rows": lab["rows"], "wall_s": lab["wall_s"],
                   "by_cosine": {}}
         for cos in cfg.learned_cos:
@@ -302,6 +303,24 @@ def run_study(policy_dir, cfg: StudyConfig, log=print, learned_out=None) -> tupl
         "train_info": json.loads(info_path.read_text()) if info_path.exists() else None,
     }
     return rows, meta
+
+
+def _labels(engine, h_start: int, cfg: StudyConfig, log) -> dict:
+    """collect_labels, or the same collection from cfg.labels_cache when it was made with this
+    start H and episode count (labelling is the study's costliest part)."""
+    cache = Path(cfg.labels_cache) if cfg.labels_cache else None
+    if cache is not None and cache.is_file():
+        with np.load(cache) as z:
+            if int(z["h_start"]) == h_start and int(z["episodes"]) == cfg.label_episodes:
+                log(f"  labels: from {cache}")
+                return {"x": z["x"], "traj": z["traj"], "hs": [int(h) for h in z["hs"]], "rows": int(z["rows"]),
+                        "wall_s": float(z["wall_s"])}
+    lab = collect_labels(engine, h_start, cfg.label_episodes, cfg.steps_limit, log=log)
+    if cache is not None:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        np.savez_compressed(cache, x=lab["x"], traj=lab["traj"], hs=np.array(lab["hs"]), rows=lab["rows"],
+                            wall_s=lab["wall_s"], h_start=h_start, episodes=cfg.label_episodes)
+    return lab
 
 
 def _steps(engine) -> Optional[int]:
