@@ -78,7 +78,7 @@ def cmd_horizon(a) -> int:
 def cmd_workload(a) -> int:
     import json
 
-    from .horizon import best_dynamic, best_static, to_workload
+    from .horizon import best_dynamic, best_static, profile_ms_of, to_workload
 
     run = Path(a.run)
     meta_path = run.with_suffix(".meta.json")
@@ -87,7 +87,7 @@ def cmd_workload(a) -> int:
         return 2
     rows, meta = json.loads(run.read_text()), json.loads(meta_path.read_text())
     if a.profile:
-        meta["engine_profile_ms"] = json.loads(Path(a.profile).read_text())["batch_latency_ms"]
+        meta["engine_profile_ms"] = profile_ms_of(a.profile)
     bs, dyn = best_static(rows), best_dynamic(rows, sampling=False)
     name = a.name or f"pushgust-{meta.get('family', 'diffusion')}".replace("_", "-")
     to_workload(rows, meta, bs, dyn, name).save(a.out)

@@ -540,6 +540,14 @@ def merge_study(folder: Path) -> list:
     return paths
 
 
+def profile_ms_of(path) -> dict:
+    """Batch latencies (ms) of a `robotserve profile` JSON or a bare {"batch_latency_ms": ...}."""
+    from ..engines.profiling import load_profile_file
+
+    prof = load_profile_file(path)
+    return {str(int(b)): float(ms) for b, ms in zip(prof.batches, prof.latencies_ms)}
+
+
 def write_reports(rows: list, meta: dict, out: Path, workload_out=None, profile=None, workload_name=None) -> list:
     """JSON (the list of rows), its meta (`.meta.json`: task, seeds, engine profile, training),
     Markdown table, PNG; the workload file if asked; study.json and Fig. 11 of the folder when
@@ -547,7 +555,7 @@ def write_reports(rows: list, meta: dict, out: Path, workload_out=None, profile=
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     if profile:
-        meta = {**meta, "engine_profile_ms": json.loads(Path(profile).read_text())["batch_latency_ms"]}
+        meta = {**meta, "engine_profile_ms": profile_ms_of(profile)}
     out.write_text(json.dumps(rows, indent=1) + "\n")
     md, png, meta_path = out.with_suffix(".md"), out.with_suffix(".png"), out.with_suffix(".meta.json")
     meta_path.write_text(json.dumps(meta, indent=1) + "\n")
