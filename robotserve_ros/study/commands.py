@@ -169,6 +169,10 @@ def add_parser(sub) -> None:
     w.add_argument("--profile", help="engine profile JSON (`robotserve profile`) for the engine block")
     w.add_argument("--name", help="workload name (default pushgust-<family>)")
     w.set_defaults(func=cmd_workload)
+    from .fleet import add_arguments as fleet_arguments
+
+    fleet_arguments(g.add_parser("fleet", help="Kairos vs FIFO (and the Table 2 split) on the measured workloads "
+                                              "at peak load and with 100 robots"))
 
 
 __all__ = ["add_parser"]
