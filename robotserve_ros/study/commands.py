@@ -35,6 +35,35 @@ def cmd_train_flow(a) -> int:
     return 0
 
 
+def merge_runs(rows: list, meta: dict, new_rows: list, new_meta: dict) -> tuple:
+    """Add a run's configurations to a run of record of the same task and policy (reruns replace)."""
+    new = {(r["policy"], r["param"]) for r in new_rows}
+    rows = [r for r in rows if (r["policy"], r["param"]) not in new] + list(new_rows)
+    extra = {"policies": sorted({p for p, _ in new}), "wall_s": new_meta["wall_s"], "h_min": new_meta["confidence_h_min"]}
+    if new_meta.get("learned_labels"):
+        extra["learned_labels"] = new_meta["learned_labels"]
+    return rows, {**meta, "appended": meta.get("appended", []) + [extra]}
+
+
+def cmd_merge(a) -> int:
+    import json
+
+    from .horizon import merge_study, write_reports
+
+    into = Path(a.into)
+    files = [into] + [Path(f) for f in a.add]
+    for f in files:
+        if not f.is_file() or not f.with_suffix(".meta.json").is_file():
+            print(f"robotserve study merge: {str(f)!r} needs the run's JSON and its .meta.json beside it")
+            return 2
+    rows, meta = json.loads(into.read_text()), json.loads(into.with_suffix(".meta.json").read_text())
+    for f in files[1:]:
+        rows, meta = merge_runs(rows, meta, json.loads(f.read_text()), json.loads(f.with_suffix(".meta.json").read_text()))
+    paths = write_reports(rows, meta, into) + merge_study(into.parent)
+    print("wrote " + ", ".join(str(p) for p in paths))
+    return 0
+
+
 def cmd_horizon(a) -> int:
     import json
 
@@ -46,7 +75,7 @@ def cmd_horizon(a) -> int:
         sc_tau=tuple(a.sc_tau), sc_k=a.sc_k, robots_per_batch=a.robots_per_batch,
         learned_scale=tuple(a.learned_scale), label_episodes=a.label_episodes, agree_tau=tuple(a.agree_tau),
         learned_cos=tuple(a.learned_cos), label_h_start=a.label_h_start,
-        labels_cache=a.labels_cache,
+        labels_cache=a.labels_cache, tag=a.tag,
     )
     cfg_file = Path(a.policy) / "config.json"
     if not cfg_file.is_file():
@@ -60,12 +89,8 @@ def cmd_horizon(a) -> int:
         return 2
     rows, meta = run_study(a.policy, cfg, learned_out=learned_out)
     if a.append and out.is_file() and out.with_suffix(".meta.json").is_file():
-        # Add these configurations to the run of record (same task and policy), replacing reruns.
-        new = {(r["policy"], r["param"]) for r in rows}
-        old_meta = json.loads(out.with_suffix(".meta.json").read_text())
-        rows = [r for r in json.loads(out.read_text()) if (r["policy"], r["param"]) not in new] + rows
-        meta = {**old_meta, "appended": old_meta.get("appended", []) + [
-            {"policies": sorted({p for p, _ in new}), "wall_s": meta["wall_s"], "h_min": meta["confidence_h_min"]}]}
+        rows, meta = merge_runs(json.loads(out.read_text()), json.loads(out.with_suffix(".meta.json").read_text()),
+                                rows, meta)
     paths = write_reports(rows, meta, out, workload_out=a.workload_out, profile=a.profile)
     paths += merge_study(out.parent)
     for r in rows:
@@ -157,6 +182,7 @@ def add_parser(sub) -> None:
     h.add_argument("--episodes", type=positive(int), default=34, help="episodes per seed and configuration")
     h.add_argument("--max-steps", type=positive(int), default=None, help="episode step limit (default: the task's)")
     h.add_argument("--threads", type=positive(int), default=1)
+    h.add_argument("--tag", default="", help="suffix for this run's dynamic policy names (<policy>+<tag>), e.g. hmin2")
     h.add_argument("--append", action="store_true",
                    help="add these configurations to the run already in --out (same policy), replacing reruns")
     h.add_argument("--workload-out", help="also write the simulator workload file here (best static vs best dynamic)")
@@ -169,6 +195,10 @@ def add_parser(sub) -> None:
     w.add_argument("--profile", help="engine profile JSON (`robotserve profile`) for the engine block")
     w.add_argument("--name", help="workload name (default pushgust-<family>)")
     w.set_defaults(func=cmd_workload)
+    mg = g.add_parser("merge", help="add study runs' configurations (same task and policy) to a run of record")
+    mg.add_argument("--into", required=True, help="the run of record, e.g. reports/horizon/pushgust-diffusion.json")
+    mg.add_argument("--add", nargs="+", required=True, help="runs written elsewhere with --out (their .meta.json beside)")
+    mg.set_defaults(func=cmd_merge)
     from .fleet import add_arguments as fleet_arguments
 
     fleet_arguments(g.add_parser("fleet", help="Kairos vs FIFO (and the Table 2 split) on the measured workloads "

@@ -45,7 +45,8 @@ class StudyConfig:
     agree_tau: tuple = ()  # plan-agreement thresholds (action units: pixels)
     label_episodes: int = 30  # episodes whose rounds label the learned horizon (§2.2)
     labels_cache: Optional[str] = None  # npz of a label collection to reuse / write
-    label_h_start: Optional[int] = None  # the labels' starting H (default: the best static H of this run)
+    label_h_start: Optional[int] = None
+    tag: str = ""  # appended to this run's dynamic policy names ("<policy>+<tag>"), e.g. another H_min  # the labels' starting H (default: the best static H of this run)
 
     @property
     def steps_limit(self) -> int:
@@ -245,9 +246,11 @@ def run_study(policy_dir, cfg: StudyConfig, log=print, learned_out=None) -> tupl
     def run(pol, params, model=None):
         for param in params:
             r = run_config(engine, pol, param, cfg, learned_model=model, saturation=saturation)
-            r["family"], r["policy_dir"] = fam, str(policy_dir)
+            r["family"], r["policy_dir"], r["h_min"] = fam, str(policy_dir), cfg.confidence_h_min
+            if cfg.tag and pol != "static":
+                r["policy"] = f"{pol}+{cfg.tag}"
             rows.append(r)
-            log(f"  {fam} {pol} {param:g}: success {r['success']:.3f} {r['success_ci95']}, mean H "
+            log(f"  {fam} {r['policy']} {param:g}: success {r['success']:.3f} {r['success_ci95']}, mean H "
                 f"{r['mean_horizon']:.2f}, {r['rounds_per_episode']:.1f} rounds/episode, "
                 f"{r['batch_rows_per_round']:.2f} rows/round ({r['wall_s']:.0f} s)")
 
@@ -360,12 +363,14 @@ def dynamic_policies(rows: list) -> list:
     have = {r["policy"] for r in rows if r["policy"] != "static"}
     out = []
     for p in DYNAMIC:
-        out += [q for q in sorted(have) if q == p or (p == "learned" and q.startswith("learned-cos"))]
+        out += [q for q in sorted(have) if _base(q) == p]
     return out + sorted(have - set(out))
 
 
 def _base(policy: str) -> str:
-    return "learned" if policy.startswith("learned") else policy
+    """The registry policy of a study row's name: learned-cos<c> and <policy>+<tag> variants."""
+    p = policy.split("+")[0]
+    return "learned" if p.startswith("learned") else p
 
 
 # Policies whose extra batch rows the fleet simulator's workload format cannot charge (it
