@@ -462,8 +462,8 @@ def markdown(rows: list, meta: dict) -> str:
         calm = np.median([x["calm"] for x in ratios])
         lines.append(f"- The §3.1 ratio (final update over the earlier steps' mean), median over rounds: {calm:.2f} with "
                      f"the puck in calm air, {band:.2f} in the gusty band.")
-    lab = meta.get("learned_labels")
-    if lab:
+    labs = [meta.get("learned_labels")] + [x.get("learned_labels") for x in meta.get("appended", [])]
+    for lab in (x for x in labs if x):
         by = lab.get("by_cosine") or {"0.9": lab}
         lines.append(f"- Learned horizon: {lab['rounds']} labelled rounds (§2.2 procedure, start H = {lab['h_start']}, "
                      f"labelling cost {lab['engine_rows']} engine rows, {lab['wall_s']:.0f} s, offline). " + "; ".join(
