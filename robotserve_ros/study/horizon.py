@@ -412,6 +412,8 @@ SCHEMA = ("task", "policy", "param", "episodes", "seeds", "success", "success_ci
 
 
 def markdown(rows: list, meta: dict) -> str:
+    if not any(r["policy"] == "static" for r in rows):  # a partial run, for `study merge`
+        return "# Partial horizon study run (no static rows): merge it into a run of record with `robotserve study merge`\n"
     bs = best_static(rows)
     fam = meta.get("family", "diffusion")
     lines = [
@@ -451,9 +453,11 @@ def markdown(rows: list, meta: dict) -> str:
         else:
             ratio = m["mean_horizon"] / bs["mean_horizon"]
             fewer = 1 - m["rounds_per_episode"] / bs["rounds_per_episode"]
+            how = (f"{fewer:.0%} fewer rounds per episode" if fewer >= 0
+                   else f"{-fewer:.0%} MORE rounds per episode: only at a shorter horizon than the static one")
             lines.append(f"- {pol}: {PARAM_NAME[_base(pol)]} = {m['param']:g} reaches it (success {m['success']:.3f}) at mean "
-                         f"horizon {m['mean_horizon']:.2f}: {ratio:.2f}x the static horizon, {fewer:.0%} fewer rounds "
-                         f"per episode, {m.get('batch_rows_per_round', 1.0):.2f} batch rows per round. Target (>= 1.5x): "
+                         f"horizon {m['mean_horizon']:.2f}: {ratio:.2f}x the static horizon, {how}, "
+                         f"{m.get('batch_rows_per_round', 1.0):.2f} batch rows per round. Target (>= 1.5x): "
                          f"{'met' if ratio >= 1.5 else 'NOT met'}.")
     ratios = [r["final_update_ratio_median"] for r in rows if r.get("final_update_ratio_median", {}).get("calm")]
     if ratios:
