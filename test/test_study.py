@@ -160,3 +160,24 @@ def test_study_runs_every_horizon_policy_and_writes_the_issue_schema(tmp_path):
     data = json.loads((tmp_path / "out" / "study.json").read_text())
     assert len(data) == len(rows) and all(tuple(r) == SCHEMA for r in data)
     assert (tmp_path / "out" / "fig11_pushgust.png") in paths
+
+
+def test_study_fleet_compares_kairos_and_fifo_on_a_measured_workload(capsys):
+    from robotserve_ros.cli import main
+    from robotserve_ros.study.fleet import markdown, run_fleet_check
+    from robotserve_ros.sim.workloads import MEASURED
+
+    if not MEASURED["pushgust-flow-matching"].exists():
+        pytest.skip("measured workload not written yet (robotserve study workload)")
+    data = run_fleet_check(["pushgust-flow-matching"], seeds=(0,), tasks=30, robots=10, log=lambda *_: None)
+    wd = data["workloads"]["pushgust-flow-matching"]
+    for key in ("peak", "robots"):
+        d = wd[key]
+        if key == "peak":
+            assert d["FIFO"]["tasks"] == d["Kairos"]["tasks"] == 30
+        want = (d["FIFO"]["avg_latency_s"] - d["Kairos"]["avg_latency_s"]) / d["FIFO"]["avg_latency_s"]
+        assert d["kairos_vs_fifo_avg"] == pytest.approx(want)
+        assert d["Kairos"]["rounds"] < d["FIFO"]["rounds"]  # the dynamic horizon's rounds are fewer on this workload
+    assert "pushgust-flow-matching | peak load" in markdown(data)
+    assert main(["study", "fleet", "--workloads", "nope"]) == 2
+    assert "unknown measured workload 'nope'" in capsys.readouterr().out
