@@ -128,7 +128,7 @@ def test_bench_fleet_end_to_end_small(tmp_path, capsys):
     assert [r["robots"] for r in wd["fleet"]["Kairos"]] == [10, 50, 100]
     report = (out / "report.md").read_text()
     assert "Table 2 (a) vs FIFO" in report and "Table 2 (b) vs Autellix" in report and "LB" in report
-    assert "pushgust-diffusion (measured)" in report and "measured on a real policy (reports/horizon_study.md)" in report
+    assert "pushgust-diffusion (measured)" in report and "measured on a real policy (reports/horizon/README.md)" in report
     for png in ("latency_vs_rate.png", "latency_vs_fleet.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     printed = capsys.readouterr().out

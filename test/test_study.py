@@ -126,3 +126,58 @@ def test_measured_workload_is_registered_and_seeded():
         b = builtin_workload(name, seed=1, tasks=50)
         assert len(b.tasks) == 50 and len({t.id for t in b.tasks}) == 50
         assert {t.rounds["static"] for t in b.tasks} <= {t.rounds["static"] for t in a.tasks}
+
+
+def test_study_runs_every_horizon_policy_and_writes_the_issue_schema(tmp_path):
+    """Issue 11: static, confidence, schedule, self-consistency and learned rows on a tiny random
+    flow-matching head; study.json has exactly the issue's keys; extra samples are counted."""
+    pytest.importorskip("torch")
+    from robotserve_ros.engines.flow_policy import build_net, save_flow_policy
+    from robotserve_ros.study.horizon import SCHEMA, StudyConfig, merge_study, run_study, write_reports
+
+    cfg_net = {"state_dim": STATE_DIM, "action_dim": ACTION_DIM, "chunk": 6, "hidden": 16, "blocks": 1,
+               "num_steps": 3, "state_min": [0.0] * STATE_DIM, "state_max": [512.0] * STATE_DIM,
+               "action_min": [0.0, 0.0], "action_max": [512.0, 512.0]}
+    pol = save_flow_policy(tmp_path / "flow", build_net(cfg_net), cfg_net)
+    cfg = StudyConfig(static_h=(2, 4), thresholds=(0.0,), schedule_t=(0.5,), sc_tau=(5.0,), sc_k=2,
+                      robots_per_batch=2, learned_scale=(1.0,), label_episodes=2, seeds=(0, 1), episodes=2,
+                      max_steps=12, profile_batches=(1, 2, 4, 8))
+    rows, meta = run_study(pol, cfg, log=lambda *_: None, learned_out=tmp_path / "h.npz")
+    assert [r["policy"] for r in rows] == ["static", "static", "confidence", "schedule", "self_consistency", "learned"]
+    assert (tmp_path / "h.npz").exists() and meta["learned_labels"]["rounds"] > 0
+    sat = meta["self_consistency"]["saturation_batch"]
+    for r in rows:
+        lo, hi = r["success_ci95"]
+        assert 0 <= lo <= r["success"] <= hi <= 1 and r["episodes"] == 4 and r["seeds"] == 2
+        if r["policy"] != "self_consistency":
+            assert r["batch_rows_per_round"] == 1.0
+        elif sat >= 6:  # two robots per batch, two extras each fit below saturation
+            assert r["batch_rows_per_round"] == pytest.approx(3.0)
+        else:  # fewer spare slots: fewer extras
+            assert 1.0 <= r["batch_rows_per_round"] <= 3.0  # at most k = 2 extras each
+    write_reports(rows, meta, tmp_path / "out" / "pushgust-flow-matching.json")
+    paths = merge_study(tmp_path / "out")
+    data = json.loads((tmp_path / "out" / "study.json").read_text())
+    assert len(data) == len(rows) and all(tuple(r) == SCHEMA for r in data)
+    assert (tmp_path / "out" / "fig11_pushgust.png") in paths
+
+
+def test_study_fleet_compares_kairos_and_fifo_on_a_measured_workload(capsys):
+    from robotserve_ros.cli import main
+    from robotserve_ros.study.fleet import markdown, run_fleet_check
+    from robotserve_ros.sim.workloads import MEASURED
+
+    if not MEASURED["pushgust-flow-matching"].exists():
+        pytest.skip("measured workload not written yet (robotserve study workload)")
+    data = run_fleet_check(["pushgust-flow-matching"], seeds=(0,), tasks=30, robots=10, log=lambda *_: None)
+    wd = data["workloads"]["pushgust-flow-matching"]
+    for key in ("peak", "robots"):
+        d = wd[key]
+        if key == "peak":
+            assert d["FIFO"]["tasks"] == d["Kairos"]["tasks"] == 30
+        want = (d["FIFO"]["avg_latency_s"] - d["Kairos"]["avg_latency_s"]) / d["FIFO"]["avg_latency_s"]
+        assert d["kairos_vs_fifo_avg"] == pytest.approx(want)
+        assert d["Kairos"]["rounds"] < d["FIFO"]["rounds"]  # the dynamic horizon's rounds are fewer on this workload
+    assert "pushgust-flow-matching | peak load" in markdown(data)
+    assert main(["study", "fleet", "--workloads", "nope"]) == 2
+    assert "unknown measured workload 'nope'" in capsys.readouterr().out

@@ -61,6 +61,9 @@ class InferenceRequest:
     # `remaining` scheduler learns per type how long finished tasks ran. Never a length.
     # Absent: the observation's instruction, when it has one.
     task_type: Optional[str] = None
+    # 0: the request itself; j > 0: a self-consistency replica (same observation, the engine
+    # draws other noise for it and keeps no history for it). Set by the server, never a client.
+    sample: int = 0
 
     @property
     def kind(self) -> Optional[str]:
@@ -96,11 +99,21 @@ class ChunkResult:
     [steps, chunk, action_dim] (seed 000 §3.1), None for policies without denoising.
     initial_noise: the x_T the updates start from, [chunk, action_dim], in the same
     (normalized) space: initial_noise + updates.sum(0) is the chunk before unnormalizing.
+    state: the observation's joint state the chunk was generated from (what the server
+    already has), for horizon policies that read the observation (the learned horizon).
+    samples: extra chunks of the same request drawn with other noise in the same batch,
+    [K, chunk, action_dim] in action space (batch self-consistency); None when none were drawn.
+    task_id, round_id: whose chunk this is (engines that know fill them), for horizon
+    policies that compare a task's consecutive plans (core/horizon/agreement.py).
     """
 
     actions: np.ndarray
     updates: Optional[np.ndarray] = None
     initial_noise: Optional[np.ndarray] = None
+    state: Optional[np.ndarray] = None
+    samples: Optional[np.ndarray] = None
+    task_id: Optional[str] = None
+    round_id: Optional[int] = None
 
 
 @dataclass

@@ -26,9 +26,29 @@ def _lerobot(profile, **kw):
     return LeRobotEngine(profile, **kw)
 
 
+def _flow(profile, **kw):
+    """The flow-matching action head (flow_engine.py); torch loads on use."""
+    from .flow_engine import FlowEngine
+
+    return FlowEngine(profile, **kw)
+
+
+def _sampled(profile, inner: str = "lerobot", k: int = 3, saturation_batch=None, **kw):
+    """Batch self-consistency (core/horizon/self_consistency.py): `inner` engine, plus up to k
+    replicas per request in the batch's spare slots below the saturation batch, so the
+    `self_consistency` horizon policy gets its samples. Every extra row is counted."""
+    from ..core.horizon.self_consistency import SelfConsistencyEngine
+
+    if inner == "sampled":
+        raise ValueError("engine 'sampled' cannot wrap itself")
+    return SelfConsistencyEngine(ENGINES.create(inner, profile=profile, **kw), k, saturation_batch)
+
+
 ENGINES.register("simulated", lambda profile, **kw: SimulatedEngine(profile, **kw))
 ENGINES.register("remote", _remote)
 ENGINES.register("lerobot", _lerobot)
+ENGINES.register("flow", _flow)
+ENGINES.register("sampled", _sampled)
 
 
 def make_engine(name: str, profile: EngineProfile, **params):

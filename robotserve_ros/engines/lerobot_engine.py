@@ -81,10 +81,11 @@ def check_policy_dir(policy_dir) -> dict:
     return cfg
 
 
-def _row_seed(seed: int, task_id: str, round_id: int) -> int:
-    """One 63-bit seed per (engine seed, task, round): the noise of a row never depends on
-    which other rows share its batch."""
-    words = np.random.SeedSequence([seed & 0xFFFFFFFF, zlib.crc32(task_id.encode()), round_id & 0xFFFFFFFF])
+def _row_seed(seed: int, task_id: str, round_id: int, sample: int = 0) -> int:
+    """One 63-bit seed per (engine seed, task, round, sample): the noise of a row never depends
+    on which other rows share its batch; a self-consistency replica (sample > 0) draws its own."""
+    key = [seed & 0xFFFFFFFF, zlib.crc32(task_id.encode()), round_id & 0xFFFFFFFF]
+    words = np.random.SeedSequence(key + ([int(sample) & 0xFFFFFFFF] if sample else []))
     return int(words.generate_state(2, np.uint64)[0] >> np.uint64(1))
 
 
@@ -201,7 +202,7 @@ class LeRobotEngine(Engine):
         raws = [self._to_raw(r) for r in batch]  # validate everything before touching history
         with torch.inference_mode():
             rows = [self._append(r, raw) for r, raw in zip(batch, raws)]
-            gens = [torch.Generator().manual_seed(_row_seed(self.seed, r.task_id, r.round_id)) for r in batch]
+            gens = [torch.Generator().manual_seed(_row_seed(self.seed, r.task_id, r.round_id, r.sample)) for r in batch]
             model_batch = self._stack(rows)
             noise = self._initial_noise(gens)
             self._captured = []
@@ -227,6 +228,8 @@ class LeRobotEngine(Engine):
                 np.ascontiguousarray(actions[i]),
                 None if updates is None else np.ascontiguousarray(updates[i]),
                 initial_noise=None if x_t is None else np.ascontiguousarray(x_t[i]),
+                state=np.asarray(batch[i].observation.joints, np.float32).copy(),
+                task_id=batch[i].task_id, round_id=batch[i].round_id,
             ))
         return out
 
@@ -271,11 +274,13 @@ class LeRobotEngine(Engine):
 
     def _append(self, req: InferenceRequest, raw: dict) -> _History:
         """Preprocess (LeRobot's pipeline) and add to the task's history, once per round."""
+        h = self._hist.get(req.task_id)
+        if req.sample and h is not None and h.last_round == req.round_id and h.obs:
+            return h  # a self-consistency replica: the history its request just extended
         pre = self.pre(raw)
         if self.policy_type == "diffusion" and self.image_keys:
             # DiffusionPolicy.select_action stacks the cameras into one key before queueing.
             pre["observation.images"] = self.torch.stack([pre[k] for k in self.image_keys], dim=-4)
-        h = self._hist.get(req.task_id)
         if h is None or (h.last_round is not None and req.round_id < h.last_round):
             h = self._hist[req.task_id] = _History(self.n_obs_steps)  # new task, or it restarted
         if h.last_round == req.round_id and h.obs:

@@ -63,7 +63,7 @@ REGIME_FRACTIONS = (1.0, 1.2)
 RATE_FRACTIONS = (0.2, 0.4, 0.6, 0.8, 1.0)
 OVERLOAD_FRACTION = 1.25
 FLEETS = (10, 50, 100)
-MEASURED_NOTE = "measured on a real policy (reports/horizon_study.md)"
+MEASURED_NOTE = "measured on a real policy (reports/horizon/README.md)"
 
 
 def default_workloads() -> list[str]:

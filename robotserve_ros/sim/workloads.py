@@ -159,8 +159,10 @@ def make_task(rng: np.random.Generator, s: WorkloadShape, tid: str, phases: tupl
 
 
 # Workloads recorded on a real policy: `robotserve study horizon --workload-out` writes one
-# task per evaluated episode (rounds of the best static H and of the matched confidence t).
-MEASURED = {"pushgust-diffusion": Path(__file__).with_name("measured") / "pushgust-diffusion.json"}
+# task per evaluated episode (rounds of the best static H and of the best dynamic policy at
+# matched success, reports/horizon/README.md; `robotserve study workload` rebuilds one).
+MEASURED = {name: Path(__file__).with_name("measured") / f"{name}.json"
+            for name in ("pushgust-diffusion", "pushgust-flow-matching")}
 
 
 def measured_workload(name: str, seed: int = 0, tasks: int | None = None) -> Workload:

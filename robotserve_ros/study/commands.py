@@ -24,24 +24,107 @@ def cmd_train(a) -> int:
     return 0
 
 
+def cmd_train_flow(a) -> int:
+    from .train_flow import FlowTrainConfig, train_flow
+
+    cfg = FlowTrainConfig(steps=a.steps, batch_size=a.batch_size, lr=a.lr, seed=a.seed, threads=a.threads,
+                          hidden=a.hidden, blocks=a.blocks)
+    info = train_flow(a.demos, a.out, cfg)
+    print(f"wrote {a.out}: {info['params'] / 1e6:.2f}M params, trained in {info['train_wall_s']:.0f} s, "
+          f"final loss {info['final_loss']:.4f}")
+    return 0
+
+
+def merge_runs(rows: list, meta: dict, new_rows: list, new_meta: dict) -> tuple:
+    """Add a run's configurations to a run of record of the same task and policy (reruns replace)."""
+    new = {(r["policy"], r["param"]) for r in new_rows}
+    rows = [r for r in rows if (r["policy"], r["param"]) not in new] + list(new_rows)
+    extra = {"policies": sorted({p for p, _ in new}), "wall_s": new_meta["wall_s"], "h_min": new_meta["confidence_h_min"]}
+    if new_meta.get("learned_labels"):
+        extra["learned_labels"] = new_meta["learned_labels"]
+    return rows, {**meta, "appended": meta.get("appended", []) + [extra]}
+
+
+def cmd_merge(a) -> int:
+    import json
+
+    from .horizon import merge_study, write_reports
+
+    into = Path(a.into)
+    files = [into] + [Path(f) for f in a.add]
+    for f in files:
+        if not f.is_file() or not f.with_suffix(".meta.json").is_file():
+            print(f"robotserve study merge: {str(f)!r} needs the run's JSON and its .meta.json beside it")
+            return 2
+    rows, meta = json.loads(into.read_text()), json.loads(into.with_suffix(".meta.json").read_text())
+    for f in files[1:]:
+        rows, meta = merge_runs(rows, meta, json.loads(f.read_text()), json.loads(f.with_suffix(".meta.json").read_text()))
+    paths = write_reports(rows, meta, into) + merge_study(into.parent)
+    print("wrote " + ", ".join(str(p) for p in paths))
+    return 0
+
+
 def cmd_horizon(a) -> int:
-    from .horizon import StudyConfig, run_study, write_reports
+    import json
+
+    from .horizon import StudyConfig, merge_study, run_study, write_reports
 
     cfg = StudyConfig(
         static_h=tuple(a.static), thresholds=tuple(a.thresholds), seeds=tuple(a.seeds), episodes=a.episodes,
-        max_steps=a.max_steps, threads=a.threads, h_min=a.h_min,
+        max_steps=a.max_steps, threads=a.threads, h_min=a.h_min, schedule_t=tuple(a.schedule_t),
+        sc_tau=tuple(a.sc_tau), sc_k=a.sc_k, robots_per_batch=a.robots_per_batch,
+        learned_scale=tuple(a.learned_scale), label_episodes=a.label_episodes, agree_tau=tuple(a.agree_tau),
+        learned_cos=tuple(a.learned_cos), label_h_start=a.label_h_start,
+        labels_cache=a.labels_cache, tag=a.tag,
     )
-    rows, meta = run_study(a.policy, cfg)
-    paths = write_reports(rows, meta, Path(a.out), workload_out=a.workload_out, profile=a.profile)
+    cfg_file = Path(a.policy) / "config.json"
+    if not cfg_file.is_file():
+        print(f"robotserve study horizon: --policy {a.policy!r} is not a checkpoint directory (no config.json)")
+        return 2
+    fam = "flow-matching" if json.loads(cfg_file.read_text()).get("type") == "flow_matching" else "diffusion"
+    out = Path(a.out or f"reports/horizon/pushgust-{fam}.json")
+    learned_out = a.learned_out or (str(Path(a.policy) / "horizon_model.npz") if cfg.learned_scale else None)
+    if not a.static and a.h_min is None:
+        print("robotserve study horizon: with no --static horizons, give --h-min")
+        return 2
+    rows, meta = run_study(a.policy, cfg, learned_out=learned_out)
+    if a.append and out.is_file() and out.with_suffix(".meta.json").is_file():
+        rows, meta = merge_runs(json.loads(out.read_text()), json.loads(out.with_suffix(".meta.json").read_text()),
+                                rows, meta)
+    paths = write_reports(rows, meta, out, workload_out=a.workload_out, profile=a.profile)
+    paths += merge_study(out.parent)
     for r in rows:
-        print(f"  {r['policy']:10s} {r['param']:>6g}  success {r['success']:.3f}  mean H {r['mean_horizon']:5.2f}  "
-              f"rounds/episode {r['rounds_per_episode']:6.1f}")
+        print(f"  {r['policy']:16s} {r['param']:>6g}  success {r['success']:.3f}  mean H {r['mean_horizon']:5.2f}  "
+              f"rounds/episode {r['rounds_per_episode']:6.1f}  rows/round {r['batch_rows_per_round']:.2f}")
     print("wrote " + ", ".join(str(p) for p in paths))
+    return 0
+
+
+def cmd_workload(a) -> int:
+    import json
+
+    from .horizon import best_dynamic, best_static, profile_ms_of, to_workload
+
+    run = Path(a.run)
+    meta_path = run.with_suffix(".meta.json")
+    if not run.is_file() or not meta_path.is_file():
+        print(f"robotserve study workload: --run {a.run!r} needs the run's JSON and its .meta.json beside it")
+        return 2
+    rows, meta = json.loads(run.read_text()), json.loads(meta_path.read_text())
+    if a.profile:
+        meta["engine_profile_ms"] = profile_ms_of(a.profile)
+    bs, dyn = best_static(rows), best_dynamic(rows, sampling=False)
+    name = a.name or f"pushgust-{meta.get('family', 'diffusion')}".replace("_", "-")
+    to_workload(rows, meta, bs, dyn, name).save(a.out)
+    print(f"wrote {a.out}: {name}, static H={bs['param']} (success {bs['success']:.3f}) vs {dyn['policy']} "
+          f"{dyn['param']:g} (success {dyn['success']:.3f}, mean H {dyn['mean_horizon']:.2f}), "
+          f"{len(bs['rounds'])} tasks, engine profile from {a.profile or 'the study run'}")
     return 0
 
 
 def add_parser(sub) -> None:
     """The `study` command group, added to the `robotserve` parser."""
+    from ..cli import positive
     st = sub.add_parser("study", help="PushGust (pymunk) task: demos, DiffusionPolicy training, horizon study")
     g = st.add_subparsers(dest="study", required=True)
     c = g.add_parser("collect", help="scripted-expert demonstrations into an npz")
@@ -58,19 +141,68 @@ def add_parser(sub) -> None:
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--threads", type=int, default=1, help="torch threads (1 is kind to a shared CPU)")
     t.set_defaults(func=cmd_train)
+    f = g.add_parser("train-flow", help="train a small flow-matching action head (Euler sampling) on the CPU")
+    f.add_argument("--demos", required=True)
+    f.add_argument("--out", required=True, help="checkpoint directory (config.json + model.safetensors)")
+    f.add_argument("--steps", type=positive(int), default=8000)
+    f.add_argument("--hidden", type=positive(int), default=256, help="width of the velocity MLP")
+    f.add_argument("--blocks", type=positive(int), default=3, help="residual blocks of the velocity MLP")
+    f.add_argument("--batch-size", type=positive(int), default=256)
+    f.add_argument("--lr", type=float, default=1e-3)
+    f.add_argument("--seed", type=int, default=0)
+    f.add_argument("--threads", type=positive(int), default=1, help="torch threads (1 is kind to a shared CPU)")
+    f.set_defaults(func=cmd_train_flow)
     h = g.add_parser("horizon", help="success vs mean execution horizon: static H and confidence t (seed 000 Fig. 11)")
     h.add_argument("--policy", required=True, help="checkpoint directory")
-    h.add_argument("--out", default="reports/horizon_study.json", help="JSON; .md and .png are written beside it")
-    h.add_argument("--static", type=int, nargs="+", default=[1, 2, 4, 6, 8, 12, 16])
-    h.add_argument("--thresholds", type=float, nargs="+", default=[0.0, 0.25, 0.5, 1.0, 2.0, 4.0])
-    h.add_argument("--h-min", type=int, default=None, help="confidence H_min (default: the smallest static H)")
+    h.add_argument("--out", default=None, help="JSON of this run (default reports/horizon/pushgust-<family>.json); "
+                   ".md/.png/.meta.json beside it; study.json and fig11_<task>.png merge every run in its folder")
+    h.add_argument("--static", type=positive(int), nargs="*", default=[1, 2, 3, 4, 6, 8, 12, 16])
+    h.add_argument("--thresholds", type=float, nargs="*", default=[0.0, 0.5], help="confidence t (§3.1)")
+    h.add_argument("--schedule-t", type=float, nargs="*", default=[0.0, 0.5, 1.0, 2.0],
+                   help="schedule-normalised confidence t")
+    h.add_argument("--sc-tau", type=positive(float), nargs="*", default=[2.0, 5.0, 10.0, 20.0],
+                   help="self-consistency spread thresholds (action units)")
+    h.add_argument("--sc-k", type=positive(int), default=3, help="extra samples per request while spare slots exist")
+    h.add_argument("--robots-per-batch", type=positive(int), default=4,
+                   help="robots per server batch in the study (self-consistency fills the rest up to saturation)")
+    h.add_argument("--learned-scale", type=positive(float), nargs="*", default=[0.5, 0.75, 1.0, 1.25],
+                   help="learned-horizon scales (empty: skip the learned horizon)")
+    h.add_argument("--agree-tau", type=positive(float), nargs="*", default=[5.0, 10.0, 20.0],
+                   help="plan-agreement thresholds (action units; empty: skip)")
+    h.add_argument("--learned-cos", type=float, nargs="+", default=[0.9],
+                   help="cosine thresholds of the §2.2 labels, one learned model each (0.9: the paper's)")
+    h.add_argument("--label-h-start", type=positive(int), default=None,
+                   help="the labels' starting H (default: this run's best static H)")
+    h.add_argument("--labels-cache", default=None,
+                   help="npz of the §2.2 label collection: reused when it exists (same start H, episodes), else written")
+    h.add_argument("--label-episodes", type=positive(int), default=30, help="episodes labelled by the §2.2 procedure")
+    h.add_argument("--learned-out", default=None, help="where the learned model goes (default <policy>/horizon_model.npz)")
+    h.add_argument("--h-min", type=positive(int), default=None, help="H_min of the dynamic policies (default: the smallest static H)")
     h.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    h.add_argument("--episodes", type=int, default=20, help="episodes per seed and configuration")
-    h.add_argument("--max-steps", type=int, default=None, help="episode step limit (default: the task's)")
-    h.add_argument("--threads", type=int, default=1)
-    h.add_argument("--workload-out", help="also write the simulator workload file here")
+    h.add_argument("--episodes", type=positive(int), default=34, help="episodes per seed and configuration")
+    h.add_argument("--max-steps", type=positive(int), default=None, help="episode step limit (default: the task's)")
+    h.add_argument("--threads", type=positive(int), default=1)
+    h.add_argument("--tag", default="", help="suffix for this run's dynamic policy names (<policy>+<tag>), e.g. hmin2")
+    h.add_argument("--append", action="store_true",
+                   help="add these configurations to the run already in --out (same policy), replacing reruns")
+    h.add_argument("--workload-out", help="also write the simulator workload file here (best static vs best dynamic)")
     h.add_argument("--profile", help="engine profile JSON (`robotserve profile`) for the workload's engine block")
     h.set_defaults(func=cmd_horizon)
+    w = g.add_parser("workload", help="a measured fleet workload from a study run: best static H vs the best "
+                                      "non-sampling dynamic policy, per evaluated episode")
+    w.add_argument("--run", required=True, help="a study run of record, e.g. reports/horizon/pushgust-diffusion.json")
+    w.add_argument("--out", required=True, help="workload JSON, e.g. robotserve_ros/sim/measured/<name>.json")
+    w.add_argument("--profile", help="engine profile JSON (`robotserve profile`) for the engine block")
+    w.add_argument("--name", help="workload name (default pushgust-<family>)")
+    w.set_defaults(func=cmd_workload)
+    mg = g.add_parser("merge", help="add study runs' configurations (same task and policy) to a run of record")
+    mg.add_argument("--into", required=True, help="the run of record, e.g. reports/horizon/pushgust-diffusion.json")
+    mg.add_argument("--add", nargs="+", required=True, help="runs written elsewhere with --out (their .meta.json beside)")
+    mg.set_defaults(func=cmd_merge)
+    from .fleet import add_arguments as fleet_arguments
+
+    fleet_arguments(g.add_parser("fleet", help="Kairos vs FIFO (and the Table 2 split) on the measured workloads "
+                                              "at peak load and with 100 robots"))
 
 
 __all__ = ["add_parser"]

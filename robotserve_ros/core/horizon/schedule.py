@@ -1,0 +1,62 @@
+"""Schedule-normalised confidence horizon for DDPM/DDIM policies (seed 000 §3.1, adapted).
+
+The §3.1 rule compares an action's final-step update with the mean of its earlier updates.
+That suits flow matching's near-uniform Euler steps; a DDIM/DDPM schedule shrinks the last
+steps by design (the final update is ~0.16x the earlier mean on models/pushgust_diffusion,
+reports/horizon_study.md), so the raw ratio mostly measures the schedule. Here each step's
+update is first divided by what the schedule makes that step move: the median update norm
+over the chunk's actions at that step (most actions of a chunk are converged, so the median
+is the schedule's own step size, measured on this very chunk and noise). A converged action
+then has ratio ~1 at any step count or schedule, and the rule `ratio > 1 + t` cuts where an
+action still moves more than the schedule predicts at the last step.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..types import HorizonDecision
+from .base import HorizonPolicy, checked_updates
+
+
+def schedule_normalised_ratio(updates: np.ndarray) -> np.ndarray:
+    """Per action: final normalised update over the mean of its earlier normalised updates."""
+    norms = np.linalg.norm(np.asarray(updates, dtype=np.float64), axis=-1)  # [steps, chunk]
+    scale = np.maximum(np.median(norms, axis=1, keepdims=True), 1e-12)  # the schedule's step size
+    z = norms / scale
+    return z[-1] / np.maximum(z[:-1].mean(axis=0), 1e-12)
+
+
+class ScheduleNormalisedHorizon(HorizonPolicy):
+    name = "schedule"
+
+    def __init__(self, t: float = 0.5, h_min: int = 1, fallback_h: int | None = None) -> None:
+        if not (math.isfinite(t) and t > -1):
+            raise ValueError("schedule-normalised threshold t must be a finite number > -1")
+        if int(h_min) < 1:
+            raise ValueError("h_min must be >= 1")
+        self.t, self.h_min = float(t), int(h_min)
+        self.fallback_h = int(fallback_h) if fallback_h is not None else self.h_min
+
+    def check_param(self, param):
+        if param is None:
+            return None
+        if not math.isfinite(param) or param <= -1:
+            return f"schedule-normalised threshold t must be a finite number > -1, got {param}"
+        return None
+
+    def choose(self, result, param=None):
+        n = len(result.actions)
+        t = self.t if param is None else float(param)
+        u = checked_updates(result)
+        if u is None:
+            h = min(self.fallback_h, n)
+            return HorizonDecision(h, f"no per-step updates for this chunk: static fallback H={h}")
+        over = schedule_normalised_ratio(u) > 1.0 + t
+        if not over.any():
+            return HorizonDecision(n, f"all {n} actions within the schedule at t={t:g}")
+        first = int(np.argmax(over))
+        h = min(max(first, self.h_min), n)
+        return HorizonDecision(h, f"A{first + 1} moves more than the schedule predicts at the last step "
+                                  f"(t={t:g}): H={h}")

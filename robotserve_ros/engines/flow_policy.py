@@ -1,0 +1,135 @@
+"""A small flow-matching action head (the family of SmolVLA and pi0, seed 000 §2.1) in torch.
+
+Conditional flow matching (rectified flow): a chunk x_1 of normalised actions, Gaussian
+noise x_0, x_t = (1 - t) x_0 + t x_1; the network predicts the velocity x_1 - x_0 from
+(state, x_t, t). Sampling integrates dx/dt = v with `num_steps` Euler steps from noise,
+the loop SmolVLA's `VLAFlowMatching.sample_actions` runs, so every step's per-action update
+is dt * v (what seed 000 §3.1's confidence rule reads).
+
+A checkpoint directory holds `config.json` ({"type": "flow_matching", shapes, statistics})
+and `model.safetensors`; `FlowEngine` (flow_engine.py) serves it.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+FLOW_TYPE = "flow_matching"
+CONFIG = "config.json"
+WEIGHTS = "model.safetensors"
+
+
+def _torch():
+    from .torch_env import import_torch
+
+    return import_torch()
+
+
+def build_net(cfg: dict):
+    """The velocity network: an MLP with residual blocks over [state, x_t, sin/cos(t)]."""
+    torch = _torch()
+    nn = torch.nn
+
+    class Block(nn.Module):
+        def __init__(self, d: int) -> None:
+            super().__init__()
+            self.norm = nn.LayerNorm(d)
+            self.ff = nn.Sequential(nn.Linear(d, d), nn.SiLU(), nn.Linear(d, d))
+
+        def forward(self, x):
+            return x + self.ff(self.norm(x))
+
+    class VelocityNet(nn.Module):
+        def __init__(self, c: dict) -> None:
+            super().__init__()
+            self.chunk, self.action_dim = int(c["chunk"]), int(c["action_dim"])
+            self.t_dim = int(c.get("time_dim", 32))
+            d = int(c["hidden"])
+            self.inp = nn.Linear(int(c["state_dim"]) + self.chunk * self.action_dim + self.t_dim, d)
+            self.blocks = nn.Sequential(*[Block(d) for _ in range(int(c["blocks"]))])
+            self.out = nn.Sequential(nn.LayerNorm(d), nn.Linear(d, self.chunk * self.action_dim))
+
+        def time_embedding(self, t):
+            half = self.t_dim // 2
+            freqs = torch.exp(torch.arange(half, dtype=t.dtype, device=t.device) * (-math.log(1000.0) / max(half - 1, 1)))
+            ang = t[:, None] * 1000.0 * freqs[None]
+            return torch.cat([ang.sin(), ang.cos()], -1)
+
+        def forward(self, state, x_t, t):
+            h = torch.cat([state, x_t.flatten(1), self.time_embedding(t)], -1)
+            return self.out(self.blocks(torch.nn.functional.silu(self.inp(h)))).view(-1, self.chunk, self.action_dim)
+
+    return VelocityNet(cfg)
+
+
+class Normaliser:
+    """Min-max to [-1, 1] per dimension, from the demonstrations' statistics (as LeRobot's MIN_MAX)."""
+
+    def __init__(self, lo, hi) -> None:
+        self.lo = np.asarray(lo, np.float32)
+        self.span = np.maximum(np.asarray(hi, np.float32) - self.lo, 1e-6)
+
+    def norm(self, x):
+        return 2.0 * (x - self.lo) / self.span - 1.0
+
+    def unnorm(self, x):
+        return (x + 1.0) * 0.5 * self.span + self.lo
+
+
+def sample_chunks(net, state_n, noise, num_steps: int, capture: list | None = None):
+    """Euler integration from noise (t=0) to actions (t=1); appends dt * v per step to `capture`."""
+    torch = _torch()
+    x = noise
+    dt = 1.0 / num_steps
+    for i in range(num_steps):
+        t = torch.full((x.shape[0],), i * dt, dtype=x.dtype, device=x.device)
+        upd = dt * net(state_n, x, t)
+        if capture is not None:
+            capture.append(upd)
+        x = x + upd
+    return x
+
+
+def save_flow_policy(out_dir, net, cfg: dict) -> Path:
+    from safetensors.torch import save_file
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.detach().cpu().contiguous() for k, v in net.state_dict().items()}, str(out / WEIGHTS))
+    (out / CONFIG).write_text(json.dumps({"type": FLOW_TYPE, **cfg}, indent=1) + "\n")
+    return out
+
+
+def read_flow_config(policy_dir) -> dict:
+    """The checkpoint's config, or ValueError naming what is wrong (cheap: no torch)."""
+    d = Path(policy_dir)
+    f = d / CONFIG
+    if not f.is_file():
+        raise ValueError(f"policy directory {str(d)!r}: no {CONFIG}")
+    try:
+        cfg = json.loads(f.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"policy directory {str(d)!r}: {CONFIG} is not valid JSON ({e})") from None
+    if not isinstance(cfg, dict) or cfg.get("type") != FLOW_TYPE:
+        raise ValueError(f"policy directory {str(d)!r}: not a {FLOW_TYPE} checkpoint (type {cfg.get('type')!r})")
+    missing = [k for k in ("state_dim", "action_dim", "chunk", "hidden", "blocks", "num_steps", "state_min",
+                           "state_max", "action_min", "action_max") if k not in cfg]
+    if missing:
+        raise ValueError(f"policy directory {str(d)!r}: {CONFIG} lacks {', '.join(missing)}")
+    if not (d / WEIGHTS).is_file():
+        raise ValueError(f"policy directory {str(d)!r}: missing weights file {WEIGHTS}")
+    return cfg
+
+
+def load_flow_policy(policy_dir):
+    """(net in eval mode, config) from a checkpoint directory."""
+    from safetensors.torch import load_file
+
+    cfg = read_flow_config(policy_dir)
+    net = build_net(cfg)
+    net.load_state_dict(load_file(str(Path(policy_dir) / WEIGHTS)))
+    net.eval()
+    return net, cfg
