@@ -158,7 +158,8 @@ class LightFleetNode:
                 self._finish(r, now)
                 continue
             self._check_timeout(r, now, ready)
-            if not r.outstanding and not self.draining and r.left() <= self.trigger and r.queue_end < total and ready:
+            if not r.outstanding and (r.resending or not self.draining) and r.left() <= self.trigger \
+                    and r.queue_end < total and ready:  # draining: no new round, a deferred re-send still goes
                 self._send(r, now)
 
     def _send(self, r: LightRobot, now: float) -> None:

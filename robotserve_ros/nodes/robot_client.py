@@ -308,7 +308,10 @@ class RobotClientNode(Node):
             self._finish()
             return
         self._check_timeout()
-        if not self.outstanding and not self.draining and len(self.queue) <= self.trigger and self._needs_more():
+        # Draining starts no new round, but a re-send that could not go out yet (service not
+        # ready, a retry pause) is still the open round's and goes when it can.
+        if not self.outstanding and (self.resending or not self.draining) and len(self.queue) <= self.trigger \
+                and self._needs_more():
             self._send()
 
     def _command(self, a: np.ndarray) -> None:
