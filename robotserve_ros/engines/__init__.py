@@ -26,9 +26,17 @@ def _lerobot(profile, **kw):
     return LeRobotEngine(profile, **kw)
 
 
+def _oxygen(profile, **kw):
+    """SmolVLA with a unified KV cache: actions and language from one prefill (seed 001)."""
+    from .oxygen import OxyGenEngine
+
+    return OxyGenEngine(profile, **kw)
+
+
 ENGINES.register("simulated", lambda profile, **kw: SimulatedEngine(profile, **kw))
 ENGINES.register("remote", _remote)
 ENGINES.register("lerobot", _lerobot)
+ENGINES.register("oxygen", _oxygen)
 
 
 def make_engine(name: str, profile: EngineProfile, **params):
