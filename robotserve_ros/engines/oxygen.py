@@ -118,6 +118,9 @@ class OxyGenEngine(LeRobotEngine):
         self._frames: dict = {}  # task_id -> (round_id, _Prefix row view) of its latest frame
         self._frame_prefix: Optional[_Prefix] = None  # the batch being served (action thread)
         self.freed = 0  # requests whose KV was released
+        # fn("start") / fn("end") around every action batch: the language core (core/
+        # language_frames.py) decodes between them, so actions keep their frame deadline.
+        self.action_listeners: list = []
         self._max_prefix = None
         self._failed: list = []  # requests whose frame could not start them (reported by the service)
         with torch.inference_mode():  # the longest prefix: this one with the instruction at its longest
@@ -175,7 +178,13 @@ class OxyGenEngine(LeRobotEngine):
         """Actions for the batch; then each row's prefix KV starts the language request its
         round asked for (INITSTATE + STORE, Alg. 1 lines 3-4) and is kept as the task's frame."""
         self._frame_prefix = None
-        out = super().infer(batch)
+        for fn in list(self.action_listeners):
+            fn("start")
+        try:
+            out = super().infer(batch)
+        finally:
+            for fn in list(self.action_listeners):
+                fn("end")
         prefix, self._frame_prefix = self._frame_prefix, None
         if prefix is not None:
             with self._lock:
