@@ -199,3 +199,12 @@ def test_oxygen_engine_refuses_a_policy_without_a_language_model(tmp_path):
     d = make_policy_dir("act", tmp_path / "act")
     with pytest.raises(PolicyDirError, match="serves SmolVLA"):
         make_engine("oxygen", None, policy_dir=str(d))
+
+
+def test_isolated_language_baseline_decodes_the_same_tokens(chaotic):
+    """The bench's isolated baseline (its own prefill of observation + prompt) is the same
+    model: same tokens as the shared-KV path and the uncached reference."""
+    eng = fresh(chaotic, 5)
+    o = observations(eng, 1)[0]
+    assert eng.isolated_language(o, "place it in the bin", 9) == eng.isolated_generate(o, "place it in the bin", 9)
+    assert len(eng.kv) == 0

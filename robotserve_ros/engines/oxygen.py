@@ -478,15 +478,63 @@ class OxyGenEngine(LeRobotEngine):
         return out
 
     def isolated_language(self, observation: Observation, prompt: str, max_tokens: int) -> list:
-        """Language by isolated execution (the bench's baseline, §4.1): its own prefill of
-        the observation and prompt, then greedy decoding to completion at batch 1."""
-        st = self.start_language("isolated", prompt, max_tokens, observation=observation, rid="")
+        """Language by isolated execution (the bench's baseline, §4.1): its own prefill of the
+        observation and prompt in one LeRobot forward, then greedy decoding to completion at
+        batch 1 (k tokens per round, rounds until done)."""
+        from lerobot.policies.smolvla.modeling_smolvla import make_att_2d_masks
+        from lerobot.utils.constants import OBS_LANGUAGE_ATTENTION_MASK, OBS_LANGUAGE_TOKENS
+
+        torch = self.torch
+        ids = self._tokenize(prompt)
+        p, m = self.policy, self.policy.model
+        with torch.inference_mode():
+            pre = self.pre(self._to_raw(InferenceRequest(task_id="isolated", round_id=0, observation=observation)))
+            b = p._prepare_batch(dict(pre))
+            images, img_masks = p.prepare_images(b)
+            embs, pad, att = m.embed_prefix(images, img_masks, b[OBS_LANGUAGE_TOKENS],
+                                            b[OBS_LANGUAGE_ATTENTION_MASK], state=p.prepare_state(b))
+            check_context(int(pad.shape[1]), len(ids), max_tokens, self.context_limit)
+            t = torch.tensor([ids], dtype=torch.long, device=self.device)
+            e = torch.cat([embs, self._embed(t).to(embs.dtype)], 1)
+            pm = torch.cat([pad, torch.ones_like(t, dtype=torch.bool)], 1)
+            am = torch.cat([att, torch.ones_like(t, dtype=torch.bool)], 1)
+            (hid, _), kv = self._vwe.forward(attention_mask=make_att_2d_masks(pm, am),
+                                             position_ids=torch.cumsum(pm, 1) - 1, past_key_values=None,
+                                             inputs_embeds=[e, None], use_cache=True, fill_kv_cache=True)
+            h = _LangKV(_Prefix(kv, pm), None)
+            h.next_token = int(self._logits(hid[:, -1]).argmax(-1))
+        st = LanguageState(rid="", task_id="isolated", max_tokens=int(max_tokens), prompt_tokens=len(ids),
+                           kv=h, kv_bytes=h.nbytes())
+        self.kv.store(st)
         toks = []
         while not st.finished:
             for s, new in self.decode_frame():
                 if s is st:
                     toks += new
         return toks
+
+    def set_denoise_steps(self, steps: int) -> None:
+        """Flow-matching steps S (the bench sweeps 5 and 10 on one loaded model)."""
+        if int(steps) < 1:
+            raise ValueError(f"denoise steps must be >= 1, got {steps}")
+        self.cfg.num_steps = int(steps)
+
+    def _install_capture(self) -> None:
+        """As the parent's for SmolVLA, with the Euler step read at each call (set_denoise_steps)."""
+        if self.policy_type == "smolvla":
+            model = self.policy.model
+            orig = model.denoise_step
+
+            def denoise_step(*args, **kwargs):
+                v_t = orig(*args, **kwargs)
+                self._captured.append((-1.0 / self.cfg.num_steps) * v_t)
+                return v_t
+
+            model.denoise_step = denoise_step
+            tok = getattr(model.vlm_with_expert.processor, "tokenizer", None)
+            self._pad_id = int(getattr(tok, "pad_token_id", None) or 0)
+        else:
+            super()._install_capture()
 
     def close(self) -> None:
         self.kv.close()
