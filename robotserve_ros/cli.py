@@ -213,7 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
     # Commands whose options their own modules define (none imports torch or rclpy at load).
     from . import transport
     from .core.schedulers import SCHEDULERS
-    from .engines import bench_peer, profiling, tiny_policies
+    from .engines import bench_oxygen, bench_peer, profiling, tiny_policies
     from .live import bench_hybrid
     from .transport.lerobot import command as lerobot_command
 
@@ -296,6 +296,9 @@ def build_parser() -> argparse.ArgumentParser:
     hy = b.add_parser("hybrid", help="edge-only vs cloud-only vs hybrid placement over a shaped link (netns, root)")
     bench_hybrid.add_arguments(hy)
     hy.set_defaults(func=bench_hybrid.cli)
+    ox = b.add_parser("oxygen", help="SmolVLA actions + language: isolated vs KV sharing vs OxyGen batching (seed 001)")
+    bench_oxygen.add_arguments(ox)
+    ox.set_defaults(func=bench_oxygen.cli)
 
     g = sub.add_parser("gpu-server", help="host an engine behind the gRPC GPU service (a cloud tier)")
     transport.add_arguments(g)

@@ -314,10 +314,10 @@ class OxyGenEngine(LeRobotEngine):
         their keys/values to per-layer buffers at [start, start + q) and attending to
         [0, start + q) under att [B, q, start + q]. Mirrors SmolVLMWithExpertModel.forward
         (forward_attn_layer + its residual path) for the VLM stream. Returns normed hidden."""
-        from lerobot.policies.smolvla.smolvlm_with_expert import apply_rope
-
         B, q = x.shape[:2]
         end = start + q
+        sin, cos = self._rope_tables(pos)  # once for all layers (LeRobot's apply_rope, same arithmetic)
+        apply_rope = lambda t, _p: self._rope(t, sin, cos)  # noqa: E731
         for l, layer in enumerate(self._text.layers):
             h = layer.input_layernorm(x)
             shape = (B, q, -1, self.head_dim)
@@ -335,6 +335,23 @@ class OxyGenEngine(LeRobotEngine):
             out += res
             x = out
         return self._text.norm(x)
+
+    def _rope_tables(self, positions, max_wavelength=10_000):
+        """sin/cos of smolvlm_with_expert.apply_rope for positions [B, q], computed as it does."""
+        torch, d = self.torch, self.head_dim
+        freq = (2.0 / d) * torch.arange(d // 2, dtype=torch.float32, device=self.device)
+        radians = positions[..., None].to(torch.float32) / (max_wavelength ** freq)[None, None, :].to(torch.float32)
+        radians = radians[..., None, :]
+        return torch.sin(radians), torch.cos(radians)
+
+    def _rope(self, x, sin, cos):
+        dtype, half = x.dtype, x.shape[-1] // 2
+        x = x.to(self.torch.float32)
+        x1, x2 = x.split(half, dim=-1)
+        res = self.torch.empty_like(x)
+        res[..., :half] = x1 * cos - x2 * sin
+        res[..., half:] = x2 * cos + x1 * sin
+        return res.to(dtype)
 
     def _logits(self, hidden):
         return self._lm_head(hidden).float()
