@@ -15,9 +15,10 @@ the same policy, measured side by side in one run:
   (cross-frame continuous batching, §3.3).
 
 Metrics (§4.1): action frequency = H * frames / time (Hz), language throughput = tokens /
-time, average decode batch, peak memory (peak RSS of the process(es) serving the mode, by
-the end of the configuration; each mode runs in fresh processes). Poisson arrivals (§4.4):
-per frame a Poisson(lambda) number of robots send an observation with a language request.
+time, average decode batch, peak memory (peak RSS of the process(es) serving the mode
+alone, by the end of the configuration). Timing runs the modes in interleaved blocks, so a
+busy machine slows all of them alike. Poisson arrivals (§4.4): per frame a Poisson(lambda)
+number of robots send an observation with a language request.
 """
 from __future__ import annotations
 
@@ -159,37 +160,16 @@ def run_poisson(eng, lam: float, n: int, steps: int, frames: int, warmup: int, s
 
 
 # --------------------------------------------------------------------------------------
-# Processes: each mode in fresh ones, so peak memory is the mode's own
+# Processes. Timing: one process holds the engine for the in-process modes and drives the
+# two parallel-mode workers; per configuration the modes run in interleaved blocks (the
+# order rotating), repeated, and the median block counts, so machine noise hits every mode
+# alike. Memory: each in-process mode again in a fresh process of its own (peak RSS is per
+# process); the parallel workers' own peaks come from the timing pass.
 # --------------------------------------------------------------------------------------
-def _mode_main(conn, cfg: dict) -> None:
-    """sequential / kv_sharing / oxygen: one process holds the engine."""
-    eng = _load(cfg["policy_dir"], cfg["device"], cfg["k"], cfg["threads"])
-    frame_actions(eng, 10**6, _obs(eng, np.random.default_rng(99)))  # first-call costs out of the measure
-    eng.forget("robot0")
-    rows = []
-    for steps in cfg["steps"]:
-        for n in cfg["tokens"]:
-            warm = cfg["warmup"] + (math.ceil(n / cfg["k"]) if cfg["mode"] == "oxygen" else 0)
-            r = run_inline(eng, cfg["mode"], n, steps, cfg["frames"], warm, cfg["seed"])
-            r.update(mode=cfg["mode"], decode_tokens=n, denoise_steps=steps, peak_memory_mb=_peak_rss_mb())
-            rows.append(r)
-            conn.send(("row", r))
-    if cfg["mode"] == "oxygen" or cfg["mode"] == "sequential":
-        for lam in cfg["poisson"]:
-            r = run_poisson(eng, lam, cfg["poisson_tokens"], cfg["steps"][-1], cfg["frames"],
-                            cfg["warmup"] + math.ceil(cfg["poisson_tokens"] / cfg["k"]), cfg["seed"],
-                            sequential=cfg["mode"] == "sequential")
-            conn.send(("poisson", r))
-    conn.send(("meta", {"chunk_len": eng.chunk_len, "parameters": sum(p.numel() for p in eng.policy.parameters()),
-                        "context_limit": eng.context_limit, "max_prefix_tokens": eng._max_prefix}))
-    conn.send(("done", None))
-
-
 def _worker_main(conn, cfg: dict, role: str) -> None:
     """A parallel-mode worker: the action path or the language path, one frame per message."""
     eng = _load(cfg["policy_dir"], cfg["device"], cfg["k"], cfg["threads"])
-    rng = np.random.default_rng(99)
-    frame_actions(eng, 10**6, _obs(eng, rng))
+    frame_actions(eng, 10**6, _obs(eng, np.random.default_rng(99)))
     eng.forget("robot0")
     conn.send("ready")
     while True:
@@ -201,6 +181,9 @@ def _worker_main(conn, cfg: dict, role: str) -> None:
             eng.set_denoise_steps(steps)
             conn.send(0)
             continue
+        if kind == "peak":
+            conn.send(_peak_rss_mb())
+            continue
         obs = _obs(eng, np.random.default_rng([seed, f]))
         if role == "actions":
             frame_actions(eng, f, obs)
@@ -208,79 +191,137 @@ def _worker_main(conn, cfg: dict, role: str) -> None:
             conn.send(0)
         else:
             conn.send(frame_language_isolated(eng, obs, n))
-    conn.send(_peak_rss_mb())
 
 
-def _parallel_main(conn, cfg: dict) -> None:
-    """Two worker processes (actions, language); the frame ends when both have answered."""
-    ctx = mp.get_context("spawn")
-    pipes, procs = {}, []
-    for role in ("actions", "language"):
-        a, b = ctx.Pipe()
-        p = ctx.Process(target=_worker_main, args=(b, cfg, role), daemon=True)
-        p.start()
-        pipes[role], procs = a, procs + [p]
-    for c in pipes.values():
-        assert c.recv() == "ready"
-    chunk_len = None
-    for steps in cfg["steps"]:
-        for c in pipes.values():
-            c.send(("steps", 0, 0, steps, 0))
-        for c in pipes.values():
-            c.recv()
-        for n in cfg["tokens"]:
-            tokens, t0 = 0, None
-            for f in range(cfg["warmup"] + cfg["frames"]):
-                if f == cfg["warmup"]:
-                    t0, tokens = time.perf_counter(), 0
-                for c in pipes.values():
-                    c.send(("frame", f, n, steps, cfg["seed"]))
-                tokens += sum(c.recv() for c in pipes.values())
-            dt = time.perf_counter() - t0
-            peaks = [_peak_rss_mb(str(p.pid)) for p in procs]
-            chunk_len = chunk_len or cfg["chunk_len"]
-            r = {"mode": "parallel", "decode_tokens": n, "denoise_steps": steps,
-                 "action_hz": chunk_len * cfg["frames"] / dt, "tokens_per_s": tokens / dt, "avg_decode_batch": 1.0,
-                 "frame_ms": 1000 * dt / cfg["frames"], "peak_memory_mb": sum(peaks), "kv_peak_mb": None}
-            conn.send(("row", r))
-    for c in pipes.values():
-        c.send(None)
-    for c in pipes.values():
-        c.recv()
-    for p in procs:
-        p.join(timeout=30)
+class _Parallel:
+    """Two worker processes (actions, language); a frame ends when both have answered."""
+
+    def __init__(self, cfg: dict) -> None:
+        ctx = mp.get_context("spawn")
+        self.pipes, self.procs = [], []
+        for role in ("actions", "language"):
+            a, b = ctx.Pipe()
+            p = ctx.Process(target=_worker_main, args=(b, cfg, role), daemon=True)
+            p.start()
+            self.pipes.append(a)
+            self.procs.append(p)
+        for c in self.pipes:
+            if c.recv() != "ready":
+                raise RuntimeError("a parallel worker did not start")
+
+    def ask(self, msg) -> list:
+        for c in self.pipes:
+            c.send(msg)
+        return [c.recv() for c in self.pipes]
+
+    def block(self, chunk_len: int, n: int, frames: int, warmup: int, seed: int, f0: int) -> dict:
+        tokens, t0 = 0, None
+        for f in range(warmup + frames):
+            if f == warmup:
+                t0, tokens = time.perf_counter(), 0
+            tokens += sum(self.ask(("frame", f0 + f, n, 0, seed)))
+        dt = time.perf_counter() - t0
+        return {"action_hz": chunk_len * frames / dt, "tokens_per_s": tokens / dt, "avg_decode_batch": 1.0,
+                "frame_ms": 1000 * dt / frames, "kv_peak_mb": None}
+
+    def close(self) -> None:
+        for c in self.pipes:
+            c.send(None)
+        for p in self.procs:
+            p.join(timeout=30)
+
+
+def _median_row(blocks: list) -> dict:
+    out = {k: float(np.median([b[k] for b in blocks])) for k in ("action_hz", "tokens_per_s", "frame_ms")}
+    out["avg_decode_batch"] = float(np.mean([b["avg_decode_batch"] for b in blocks]))
+    kv = [b["kv_peak_mb"] for b in blocks if b.get("kv_peak_mb") is not None]
+    out["kv_peak_mb"] = max(kv) if kv else None
+    out["spread"] = [round(b["action_hz"], 2) for b in blocks]
+    return out
+
+
+def _timing_main(conn, cfg: dict) -> None:
+    eng = _load(cfg["policy_dir"], cfg["device"], cfg["k"], cfg["threads"])
+    frame_actions(eng, 10**6, _obs(eng, np.random.default_rng(99)))  # first-call costs out of the measure
+    eng.forget("robot0")
+    modes = cfg["modes"]
+    par = _Parallel(cfg) if "parallel" in modes else None
+    k, fr, wu, seed = cfg["k"], cfg["frames"], cfg["warmup"], cfg["seed"]
+    f0 = 0
+    try:
+        for steps in cfg["steps"]:
+            eng.set_denoise_steps(steps)
+            if par:
+                par.ask(("steps", 0, 0, steps, 0))
+            for n in cfg["tokens"]:
+                blocks = {m: [] for m in modes}
+                for rep in range(cfg["reps"]):
+                    for m in modes[rep % len(modes):] + modes[: rep % len(modes)]:
+                        if m == "parallel":
+                            blocks[m].append(par.block(eng.chunk_len, n, fr, wu, seed + rep, f0))
+                        else:
+                            w = wu + (math.ceil(n / k) if m == "oxygen" else 0)
+                            blocks[m].append(run_inline(eng, m, n, steps, fr, w, seed + rep))
+                        f0 += fr + wu
+                for m in modes:
+                    r = _median_row(blocks[m])
+                    r.update(mode=m, decode_tokens=n, denoise_steps=steps,
+                             peak_memory_mb=sum(par.ask(("peak", 0, 0, 0, 0))) if m == "parallel" else None)
+                    conn.send(("row", r))
+        if "sequential" in modes and "oxygen" in modes:
+            nt = cfg["poisson_tokens"]
+            for lam in cfg["poisson"]:
+                blocks = {"sequential": [], "oxygen": []}
+                for rep in range(cfg["reps"]):
+                    for m in (("sequential", "oxygen") if rep % 2 == 0 else ("oxygen", "sequential")):
+                        blocks[m].append(run_poisson(eng, lam, nt, cfg["steps"][-1], fr * 2, wu + math.ceil(nt / k),
+                                                     seed + rep, sequential=m == "sequential"))
+                for m, bl in blocks.items():
+                    r = dict(bl[0])
+                    for key in ("actions_per_s_total", "action_hz_per_request", "tokens_per_s"):
+                        r[key] = float(np.median([b[key] for b in bl]))
+                    r["avg_decode_batch"] = float(np.mean([b["avg_decode_batch"] for b in bl]))
+                    conn.send(("poisson", r))
+        conn.send(("meta", {"chunk_len": eng.chunk_len,
+                            "parameters": sum(p.numel() for p in eng.policy.parameters()),
+                            "context_limit": eng.context_limit, "max_prefix_tokens": eng._max_prefix}))
+    finally:
+        if par:
+            par.close()
     conn.send(("done", None))
 
 
-def _run_mode(cfg: dict, log) -> tuple[list, list, dict]:
+def _memory_main(conn, cfg: dict) -> None:
+    """One in-process mode alone in a fresh process: its peak RSS after each configuration."""
+    eng = _load(cfg["policy_dir"], cfg["device"], cfg["k"], cfg["threads"])
+    frame_actions(eng, 10**6, _obs(eng, np.random.default_rng(99)))
+    eng.forget("robot0")
+    m = cfg["mode"]
+    for steps in cfg["steps"]:
+        for n in cfg["tokens"]:
+            w = cfg["warmup"] + (math.ceil(n / cfg["k"]) if m == "oxygen" else 0)
+            r = run_inline(eng, m, n, steps, 3, w, cfg["seed"])
+            conn.send(("mem", {"mode": m, "decode_tokens": n, "denoise_steps": steps,
+                               "peak_memory_mb": _peak_rss_mb(), "kv_peak_mb": r["kv_peak_mb"]}))
+    conn.send(("done", None))
+
+
+def _run(target, cfg: dict, on_msg) -> None:
     ctx = mp.get_context("spawn")
     a, b = ctx.Pipe()
-    target = _parallel_main if cfg["mode"] == "parallel" else _mode_main
     p = ctx.Process(target=target, args=(b, cfg), daemon=False)
     p.start()
-    rows, poisson, meta = [], [], {}
     while True:
-        if not a.poll(1800):
+        if not a.poll(3600):
             p.kill()
-            raise RuntimeError(f"mode {cfg['mode']}: no result for 30 minutes")
+            raise RuntimeError("bench oxygen: no result for an hour")
         kind, val = a.recv()
-        if kind == "row":
-            rows.append(val)
-            log(f"  {val['mode']:<11} N={val['decode_tokens']:>3} S={val['denoise_steps']:>2}: "
-                f"{val['action_hz']:7.1f} Hz actions, {val['tokens_per_s']:7.1f} tok/s, "
-                f"batch {val['avg_decode_batch']:.2f}, frame {val['frame_ms']:.1f} ms, peak {val['peak_memory_mb']:.0f} MB")
-        elif kind == "poisson":
-            poisson.append(val)
-            log(f"  poisson {val['mode']} lambda={val['lambda']}: {val['actions_per_s_total']:.1f} actions/s, "
-                f"{val['tokens_per_s']:.1f} tok/s, batch {val['avg_decode_batch']:.2f}")
-        elif kind == "meta":
-            meta = val
-        else:
+        if kind == "done":
             break
+        on_msg(kind, val)
     p.join(timeout=60)
     if p.exitcode not in (0, None):
-        raise RuntimeError(f"mode {cfg['mode']} exited with {p.exitcode}")
-    return rows, poisson, meta
+        raise RuntimeError(f"bench oxygen: a measuring process exited with {p.exitcode}")
 
 
 # --------------------------------------------------------------------------------------
@@ -319,7 +360,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="language tokens per request (N)")
     p.add_argument("--denoise-steps", type=_positive_ints, default=[5, 10], help="flow-matching steps (S)")
     p.add_argument("--tokens-per-frame", type=_positive_ints, default=[5], help="k: tokens per request per frame")
-    p.add_argument("--frames", type=_positive_ints, default=[15], help="measured frames per configuration")
+    p.add_argument("--frames", type=_positive_ints, default=[6], help="measured frames per block")
+    p.add_argument("--reps", type=_positive_ints, default=[3], help="interleaved blocks per mode and configuration")
     p.add_argument("--warmup", type=_positive_ints, default=[3], help="frames before measuring (oxygen adds N/k)")
     p.add_argument("--poisson", type=_rates, default=[0.5, 1.0, 2.0],
                    help="Poisson arrival rates (observations per frame), oxygen vs sequential")
@@ -353,16 +395,36 @@ def cli(a) -> int:
     base = {"policy_dir": policy, "device": a.device, "k": k, "threads": a.threads[0], "steps": a.denoise_steps,
             "tokens": a.decode_tokens, "frames": a.frames[0], "warmup": a.warmup[0], "seed": a.seed,
             "poisson": a.poisson, "poisson_tokens": a.poisson_tokens[0],
-            "chunk_len": int(cfg_json.get("n_action_steps", 1))}
+            "chunk_len": int(cfg_json.get("n_action_steps", 1)), "reps": a.reps[0]}
     load0 = os.getloadavg()
     t0 = time.time()
     rows, poisson, meta = [], [], {}
+
+    def on_msg(kind, val):
+        if kind == "row":
+            rows.append(val)
+            print(f"  {val['mode']:<11} N={val['decode_tokens']:>3} S={val['denoise_steps']:>2}: "
+                  f"{val['action_hz']:7.1f} Hz actions, {val['tokens_per_s']:7.1f} tok/s, "
+                  f"batch {val['avg_decode_batch']:.2f}, frame {val['frame_ms']:.1f} ms (blocks: {val['spread']} Hz)",
+                  flush=True)
+        elif kind == "poisson":
+            poisson.append(val)
+            print(f"  poisson {val['mode']} lambda={val['lambda']}: {val['actions_per_s_total']:.1f} actions/s, "
+                  f"{val['tokens_per_s']:.1f} tok/s, batch {val['avg_decode_batch']:.2f}", flush=True)
+        elif kind == "meta":
+            meta.update(val)
+        elif kind == "mem":
+            for r in rows:
+                if (r["mode"], r["decode_tokens"], r["denoise_steps"]) == (val["mode"], val["decode_tokens"],
+                                                                          val["denoise_steps"]):
+                    r["peak_memory_mb"], r["kv_peak_mb"] = val["peak_memory_mb"], val["kv_peak_mb"]
+
+    print(f"timing: modes {', '.join(a.modes)} interleaved, {base['reps']} blocks each, median", flush=True)
+    _run(_timing_main, {**base, "modes": list(a.modes)}, on_msg)
     for mode in a.modes:
-        print(f"mode {mode}:", flush=True)
-        r, p, m = _run_mode({**base, "mode": mode}, lambda s: print(s, flush=True))
-        rows += r
-        poisson += p
-        meta = meta or m
+        if mode != "parallel":
+            print(f"memory: {mode} alone in a fresh process", flush=True)
+            _run(_memory_main, {**base, "mode": mode}, on_msg)
     load1 = os.getloadavg()
     device = _device_name(a.device)
     doc = {
@@ -372,7 +434,9 @@ def cli(a) -> int:
         "action_horizon": base["chunk_len"],
         "policy": {"kind": "smolvla", "size": a.size if not a.policy else "given", "random_weights": True,
                    **meta, "vlm_layers": cfg_json.get("num_vlm_layers")},
-        "frames_per_config": base["frames"], "threads_per_process": base["threads"],
+        "frames_per_block": base["frames"], "blocks_per_config": base["reps"],
+        "threads_per_process": base["threads"],
+        "action_hz_per_block": {f"{r['mode']}/N{r['decode_tokens']}/S{r['denoise_steps']}": r["spread"] for r in rows},
         "frame_ms": {f"{r['mode']}/N{r['decode_tokens']}/S{r['denoise_steps']}": round(r["frame_ms"], 2) for r in rows},
         "kv_cache_peak_mb": {f"{r['mode']}/N{r['decode_tokens']}/S{r['denoise_steps']}": round(r["kv_peak_mb"], 3)
                              for r in rows if r.get("kv_peak_mb") is not None},
@@ -444,12 +508,14 @@ def write_report(doc: dict, rep: Path) -> None:
           f"`robotserve bench oxygen` on **{doc['device']}**; policy: SmolVLA, {doc['policy'].get('size')} size, "
           f"{doc['policy'].get('parameters', 0) / 1e6:.1f}M parameters, random weights (timing does not depend on "
           f"the values). Action horizon H = {doc['action_horizon']}, k = {doc['tokens_per_frame']} tokens per "
-          f"request per frame, {doc['frames_per_config']} measured frames per configuration, "
+          f"request per frame; per configuration the modes ran in {doc['blocks_per_config']} interleaved blocks of "
+          f"{doc['frames_per_block']} measured frames (order rotating; the median block is reported), "
           f"{doc['threads_per_process']} torch thread(s) per process (parallel: two processes).", "",
           f"Load average before {doc['loadavg_before']}, after {doc['loadavg_after']} (2 cores shared with other "
           f"jobs: timings are noisy; every ratio below compares modes of this one run). Wall time "
           f"{doc['wall_s']} s.", "",
-          "Peak memory: peak RSS (VmHWM) of the process(es) serving the mode, each mode in fresh processes; "
+          "Peak memory: peak RSS (VmHWM) of the process(es) serving the mode alone (each in-process mode "
+          "again in a fresh process; parallel: the sum of its two workers); "
           "it includes the Python/torch runtime (~0.5 GB per process), so on the tiny model the KV cache is a "
           "tiny part of it (see kv_cache_peak_mb in the JSON).", ""]
     for s in steps:
