@@ -267,19 +267,39 @@ class OxyGenEngine(LeRobotEngine):
         if rid:
             self.kv.remove(rid, "cancelled")
 
-    def _prefill_observation(self, obs: Observation, task_id: str = "question") -> _Prefix:
-        """A standalone observation's prefix (LeRobot's preprocessing, no history kept)."""
+    def _inputs(self, obs: Observation, task_id: str = "question") -> tuple:
+        """A standalone observation through LeRobot's preprocessing (no history kept): the
+        arguments of VLAFlowMatching.embed_prefix."""
         from lerobot.utils.constants import OBS_LANGUAGE_ATTENTION_MASK, OBS_LANGUAGE_TOKENS
 
-        req = InferenceRequest(task_id=task_id or "question", round_id=0, observation=obs)
-        raw = self._to_raw(req)
-        pre = self.pre(raw)
+        pre = self.pre(self._to_raw(InferenceRequest(task_id=task_id or "question", round_id=0, observation=obs)))
         p = self.policy
         b = p._prepare_batch({k: pre[k] for k in [self.state_key, *self.image_keys,
                                                      OBS_LANGUAGE_TOKENS, OBS_LANGUAGE_ATTENTION_MASK]})
         images, img_masks = p.prepare_images(b)
-        return self._prefill(images, img_masks, b[OBS_LANGUAGE_TOKENS], b[OBS_LANGUAGE_ATTENTION_MASK],
-                             p.prepare_state(b))
+        return images, img_masks, b[OBS_LANGUAGE_TOKENS], b[OBS_LANGUAGE_ATTENTION_MASK], p.prepare_state(b)
+
+    def _prefill_observation(self, obs: Observation, task_id: str = "question") -> _Prefix:
+        return self._prefill(*self._inputs(obs, task_id))
+
+    def _prompt_sequence(self, observation: Observation, ids: list) -> tuple:
+        """The isolated paths' one sequence: embedded prefix + prompt tokens, with SmolVLA's
+        padding and attention masks (the prompt attends causally to all of it)."""
+        torch = self.torch
+        images, img_masks, lang, lang_mask, state = self._inputs(observation, "isolated")
+        embs, pad, att = self.policy.model.embed_prefix(images, img_masks, lang, lang_mask, state=state)
+        t = torch.tensor([ids], dtype=torch.long, device=self.device)
+        return (torch.cat([embs, self._embed(t).to(embs.dtype)], 1), torch.cat([pad, torch.ones_like(t, dtype=torch.bool)], 1),
+                torch.cat([att, torch.ones_like(t, dtype=torch.bool)], 1), int(pad.shape[1]))
+
+    def _full_forward(self, e, pm, am, use_cache: bool):
+        """LeRobot's own forward over a whole sequence (no past): last hidden state, KV."""
+        from lerobot.policies.smolvla.modeling_smolvla import make_att_2d_masks
+
+        (hid, _), kv = self._vwe.forward(attention_mask=make_att_2d_masks(pm, am),
+                                         position_ids=self.torch.cumsum(pm, 1) - 1, past_key_values=None,
+                                         inputs_embeds=[e, None], use_cache=use_cache, fill_kv_cache=True)
+        return hid, kv
 
     def _store(self, st: LanguageState, prefix: _Prefix) -> None:
         """INITSTATE + STORE: the request's KV starts as a view of the frame's prefix KV."""
@@ -465,32 +485,15 @@ class OxyGenEngine(LeRobotEngine):
     def isolated_generate(self, observation: Observation, prompt: str, max_tokens: int) -> list:
         """The isolated VLM's greedy decoding (the reference of the tests): LeRobot's own
         forward over prefix + prompt + the tokens so far, recomputed for every token."""
-        from lerobot.policies.smolvla.modeling_smolvla import make_att_2d_masks
-        from lerobot.utils.constants import OBS_LANGUAGE_ATTENTION_MASK, OBS_LANGUAGE_TOKENS
-
         torch = self.torch
         ids = self._tokenize(prompt)
-        p, m = self.policy, self.policy.model
+        out = []
         with torch.inference_mode():
-            raw = self._to_raw(InferenceRequest(task_id="isolated", round_id=0, observation=observation))
-            pre = self.pre(raw)
-            b = p._prepare_batch(dict(pre))
-            images, img_masks = p.prepare_images(b)
-            embs, pad, att = m.embed_prefix(images, img_masks, b[OBS_LANGUAGE_TOKENS],
-                                            b[OBS_LANGUAGE_ATTENTION_MASK], state=p.prepare_state(b))
-            seq, out = list(ids), []
             for _ in range(max_tokens):
-                t = torch.tensor([seq], dtype=torch.long, device=self.device)
-                e = torch.cat([embs, self._embed(t).to(embs.dtype)], 1)
-                pm = torch.cat([pad, torch.ones_like(t, dtype=torch.bool)], 1)
-                am = torch.cat([att, torch.ones_like(t, dtype=torch.bool)], 1)
-                (hid, _), _ = self._vwe.forward(attention_mask=make_att_2d_masks(pm, am),
-                                                position_ids=torch.cumsum(pm, 1) - 1, past_key_values=None,
-                                                inputs_embeds=[e, None], use_cache=False, fill_kv_cache=True)
-                nxt = int(self._logits(hid[:, -1]).argmax(-1))
-                out.append(nxt)
-                seq.append(nxt)
-                if self.eos_id is not None and nxt == self.eos_id:
+                e, pm, am, _ = self._prompt_sequence(observation, ids + out)
+                hid, _ = self._full_forward(e, pm, am, use_cache=False)
+                out.append(int(self._logits(hid[:, -1]).argmax(-1)))
+                if self.eos_id is not None and out[-1] == self.eos_id:
                     break
         return out
 
@@ -498,26 +501,11 @@ class OxyGenEngine(LeRobotEngine):
         """Language by isolated execution (the bench's baseline, §4.1): its own prefill of the
         observation and prompt in one LeRobot forward, then greedy decoding to completion at
         batch 1 (k tokens per round, rounds until done)."""
-        from lerobot.policies.smolvla.modeling_smolvla import make_att_2d_masks
-        from lerobot.utils.constants import OBS_LANGUAGE_ATTENTION_MASK, OBS_LANGUAGE_TOKENS
-
-        torch = self.torch
         ids = self._tokenize(prompt)
-        p, m = self.policy, self.policy.model
-        with torch.inference_mode():
-            pre = self.pre(self._to_raw(InferenceRequest(task_id="isolated", round_id=0, observation=observation)))
-            b = p._prepare_batch(dict(pre))
-            images, img_masks = p.prepare_images(b)
-            embs, pad, att = m.embed_prefix(images, img_masks, b[OBS_LANGUAGE_TOKENS],
-                                            b[OBS_LANGUAGE_ATTENTION_MASK], state=p.prepare_state(b))
-            check_context(int(pad.shape[1]), len(ids), max_tokens, self.context_limit)
-            t = torch.tensor([ids], dtype=torch.long, device=self.device)
-            e = torch.cat([embs, self._embed(t).to(embs.dtype)], 1)
-            pm = torch.cat([pad, torch.ones_like(t, dtype=torch.bool)], 1)
-            am = torch.cat([att, torch.ones_like(t, dtype=torch.bool)], 1)
-            (hid, _), kv = self._vwe.forward(attention_mask=make_att_2d_masks(pm, am),
-                                             position_ids=torch.cumsum(pm, 1) - 1, past_key_values=None,
-                                             inputs_embeds=[e, None], use_cache=True, fill_kv_cache=True)
+        with self.torch.inference_mode():
+            e, pm, am, prefix_len = self._prompt_sequence(observation, ids)
+            check_context(prefix_len, len(ids), max_tokens, self.context_limit)
+            hid, kv = self._full_forward(e, pm, am, use_cache=True)
             h = _LangKV(_Prefix(kv, pm), None)
             h.next_token = int(self._logits(hid[:, -1]).argmax(-1))
         st = LanguageState(rid="", task_id="isolated", max_tokens=int(max_tokens), prompt_tokens=len(ids),
