@@ -55,6 +55,7 @@ def test_eos_ends_a_request_early():
     out = m.commit(s.rid, [5, 9, 1, 1], eos_id=9)
     assert out.finished and out.reason == "eos" and out.tokens == [5, 9]
     assert freed == ["kv-a"] and len(m) == 0
+    assert m.commit(s.rid, [1]) is None  # a request removed meanwhile (cancelled mid-round): ignored
 
 
 def test_requests_join_and_leave_between_frames():

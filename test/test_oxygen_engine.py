@@ -208,3 +208,29 @@ def test_isolated_language_baseline_decodes_the_same_tokens(chaotic):
     o = observations(eng, 1)[0]
     assert eng.isolated_language(o, "place it in the bin", 9) == eng.isolated_generate(o, "place it in the bin", 9)
     assert len(eng.kv) == 0
+
+
+def test_a_request_cancelled_mid_round_does_not_disturb_the_others(chaotic):
+    """The Generate deadline or a failed round can cancel a request while the decode worker
+    is inside its round: the round completes for the others, the cancelled one gets nothing."""
+    eng = fresh(chaotic, 3)
+    obs = observations(eng, 2)
+    a = eng.start_language("q", "place it in the bin", 6, observation=obs[0])
+    b = eng.start_language("q2", "the cube", 6, observation=obs[1])
+    orig, calls = eng._layers, []
+
+    def layers(*args):
+        if not calls:
+            eng.cancel_language(b.rid)
+        calls.append(1)
+        return orig(*args)
+
+    eng._layers = layers
+    try:
+        step = eng.decode_frame()
+    finally:
+        del eng._layers
+    assert [s.rid for s, _ in step] == [a.rid] and b.reason == "cancelled"
+    outs = {a.rid: list(step[0][1])}
+    drain(eng, outs)
+    assert outs[a.rid] == eng.isolated_generate(obs[0], "place it in the bin", 6)

@@ -149,11 +149,14 @@ class UnifiedKVManager:
         with self.lock:
             return [(s, min(self.k, s.remaining)) for s in self._states.values() if not s.finished and s.remaining > 0]
 
-    def commit(self, rid: str, new_tokens: list, eos_id: Optional[int] = None) -> LanguageState:
+    def commit(self, rid: str, new_tokens: list, eos_id: Optional[int] = None) -> Optional[LanguageState]:
         """UPDATE with k decoded tokens (Alg. 1 lines 10-13): append, set delta on EOS or
-        length, and REMOVE a finished request."""
+        length, and REMOVE a finished request. None if the request was removed meanwhile
+        (cancelled while its round ran)."""
         with self.lock:
-            st = self.retrieve(rid)
+            st = self._states.get(rid)
+            if st is None:
+                return None
             for t in new_tokens:
                 st.tokens.append(int(t))
                 if eos_id is not None and int(t) == eos_id:

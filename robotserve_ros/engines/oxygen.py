@@ -37,7 +37,7 @@ import numpy as np
 
 from ..core.errors import RequestError, UnknownTask
 from ..core.kv_manager import BadPrompt, LanguageState, NoObservation, UnifiedKVManager, check_context
-from ..core.observation import BadObservation, Observation
+from ..core.observation import Observation
 from ..core.types import ChunkResult, InferenceRequest
 from .lerobot_engine import LeRobotEngine, PolicyDirError
 
@@ -321,8 +321,9 @@ class OxyGenEngine(LeRobotEngine):
         return out
 
     def _free(self, handle) -> None:
+        """The manager let go of a request's KV: its last reference (a decode round still
+        using it, when it was cancelled mid-round, holds it until the round ends)."""
         if isinstance(handle, _LangKV):
-            handle.k = handle.v = handle.mask = handle.prompt = None
             self.freed += 1
 
     # --- decoding --------------------------------------------------------------------------
@@ -466,9 +467,11 @@ class OxyGenEngine(LeRobotEngine):
             del kb, vb
         out = []
         for (st, _), toks in zip(plan, new):
-            if not st.finished and st.kv is not None:
-                st.kv_bytes = st.kv.nbytes()
-            out.append((self.kv.commit(st.rid, toks, self.eos_id), toks))
+            if st.finished:  # cancelled while this round ran: its tokens go nowhere
+                continue
+            st.kv_bytes = st.kv.nbytes()
+            if self.kv.commit(st.rid, toks, self.eos_id) is not None:
+                out.append((st, toks))
         self.kv.end_frame(B)
         return out
 
@@ -549,9 +552,4 @@ class OxyGenEngine(LeRobotEngine):
         super().close()
 
 
-def check_observation(engine: OxyGenEngine, obs) -> None:
-    """BadObservation unless the engine's policy can take `obs` (for a standalone question)."""
-    engine._to_raw(InferenceRequest(task_id="check", round_id=0, observation=obs))
-
-
-__all__ = ["OxyGenEngine", "BadObservation", "check_observation"]
+__all__ = ["OxyGenEngine"]
