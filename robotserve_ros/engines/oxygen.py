@@ -399,14 +399,16 @@ class OxyGenEngine(LeRobotEngine):
         request, k greedy steps at once, UNBATCH, UPDATE or REMOVE. Returns [(state, new token
         ids)] for the requests that advanced (a finished one has finished=True)."""
         torch = self.torch
-        plan = self.kv.plan_frame()
-        if not plan:
+        with self.kv.lock:  # the handles as planned: a request cancelled from here on keeps its KV for this round
+            planned = [(st, n, st.kv) for st, n in self.kv.plan_frame()]
+        if not planned:
             return []
+        plan = [(st, n) for st, n, _ in planned]
+        hs = [h for _, _, h in planned]
         with torch.inference_mode():
-            for st, _ in plan:
-                if st.kv.prompt is not None:
-                    self._prefill_prompt(st.kv)
-            hs = [st.kv for st, _ in plan]
+            for h in hs:
+                if h.prompt is not None:
+                    self._prefill_prompt(h)
             want = [n for _, n in plan]
             B, steps = len(hs), max(want)
             Lmax = max(int(h.mask.shape[1]) for h in hs)
@@ -466,10 +468,10 @@ class OxyGenEngine(LeRobotEngine):
                 del n
             del kb, vb
         out = []
-        for (st, _), toks in zip(plan, new):
+        for (st, _), h, toks in zip(plan, hs, new):
             if st.finished:  # cancelled while this round ran: its tokens go nowhere
                 continue
-            st.kv_bytes = st.kv.nbytes()
+            st.kv_bytes = h.nbytes()
             if self.kv.commit(st.rid, toks, self.eos_id) is not None:
                 out.append((st, toks))
         self.kv.end_frame(B)
