@@ -213,7 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
     # Commands whose options their own modules define (none imports torch or rclpy at load).
     from . import transport
     from .core.schedulers import SCHEDULERS
-    from .engines import bench_nova, bench_peer, profiling, tiny_policies
+    from .engines import bench_nova, bench_oxygen, bench_peer, profiling, tiny_policies
     from .engines.llm import convert as llm_convert, profile as llm_profile
     from .live import bench_hybrid
     from .timely import bench as timely_bench
@@ -302,6 +302,10 @@ def build_parser() -> argparse.ArgumentParser:
     hy = b.add_parser("hybrid", help="edge-only vs cloud-only vs hybrid placement over a shaped link (netns, root)")
     bench_hybrid.add_arguments(hy)
     hy.set_defaults(func=bench_hybrid.cli)
+
+    ox = b.add_parser("oxygen", help="SmolVLA actions + language: isolated vs KV sharing vs OxyGen batching (seed 001)")
+    bench_oxygen.add_arguments(ox)
+    ox.set_defaults(func=bench_oxygen.cli)
 
     nv = b.add_parser("nova", help="Nova VLM serving (seed 003): stage pipeline + adaptive partition vs baselines")
     bench_nova.add_arguments(nv)

@@ -42,6 +42,11 @@ def _sampled(profile, inner: str = "lerobot", k: int = 3, saturation_batch=None,
     if inner == "sampled":
         raise ValueError("engine 'sampled' cannot wrap itself")
     return SelfConsistencyEngine(ENGINES.create(inner, profile=profile, **kw), k, saturation_batch)
+def _oxygen(profile, **kw):
+    """SmolVLA with a unified KV cache: actions and language from one prefill (seed 001)."""
+    from .oxygen import OxyGenEngine
+
+    return OxyGenEngine(profile, **kw)
 
 
 ENGINES.register("simulated", lambda profile, **kw: SimulatedEngine(profile, **kw))
@@ -49,6 +54,7 @@ ENGINES.register("remote", _remote)
 ENGINES.register("lerobot", _lerobot)
 ENGINES.register("flow", _flow)
 ENGINES.register("sampled", _sampled)
+ENGINES.register("oxygen", _oxygen)
 
 
 def make_engine(name: str, profile: EngineProfile, **params):

@@ -283,6 +283,17 @@ class InferenceServerNode(Node):
             fill_status(response.status, e.code, e.message)
             return response
         w = _Waiter(int(request.observation.timestep))
+        language_id = ""
+        if request.language_prompt:  # language from this round's prefill (seed 001): the vla_language service
+            lang = getattr(self, "language_requests", None)
+            try:
+                if lang is None:
+                    raise RequestError("this server decodes no language: start it with the vla_language service")
+                language_id = lang.attach(req, request.language_prompt, int(request.language_max_tokens))
+            except RequestError as e:
+                self.runner.count_error(e)
+                fill_status(response.status, e.code, e.message)
+                return response
 
         def register(pending) -> None:  # under the runner's lock, before any batch can take it
             if pending.replay is not None:  # a re-sent round already answered: the cached reply
@@ -298,12 +309,17 @@ class InferenceServerNode(Node):
         try:
             self.runner.submit(req, then=register)  # the core counts the errors it raises
         except RequestError as e:
+            if language_id:
+                self.language_requests.cancel(req, language_id)
             fill_status(response.status, e.code, e.message)
             return response
         w.event.wait()  # this executor thread only; other robots' calls run on others
         if w.error is not None:
+            if language_id and getattr(self, "language_requests", None) is not None:
+                self.language_requests.cancel(req, language_id)
             fill_status(response.status, *w.error)
             return response
+        response.language_id = language_id
         fill_status(response.status, "ok")
         fill_chunk(response.chunk, w.reply, w.first_timestep, self.clock.now())
         self.in_server_s.append(time.monotonic() - received)

@@ -33,5 +33,6 @@ def _lazy(module: str, cls: str):
 for _name, (_module, _cls) in {
     "vlm": (".vlm", "VlmService"),
     "planner": (".planner", "PlannerService"),  # LLM plans by segment (seed 002)
+    "vla_language": (".vla_language", "VlaLanguageService"),
 }.items():
     SERVICES.register(_name, _lazy(_module, _cls))
