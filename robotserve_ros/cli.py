@@ -215,6 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .core.schedulers import SCHEDULERS
     from .engines import bench_peer, profiling, tiny_policies
     from .live import bench_hybrid
+    from .slo import bench as bench_slo, profile_llm as profile_slo
     from .transport.lerobot import command as lerobot_command
 
     p = _Parser(prog="robotserve", description=__doc__)
@@ -296,6 +297,9 @@ def build_parser() -> argparse.ArgumentParser:
     hy = b.add_parser("hybrid", help="edge-only vs cloud-only vs hybrid placement over a shaped link (netns, root)")
     bench_hybrid.add_arguments(hy)
     hy.set_defaults(func=bench_hybrid.cli)
+    sl = b.add_parser("slo", help="SLO-aware disaggregated LLM serving (seed 004): kairos_slo vs fcfs_cb + ablations")
+    bench_slo.add_arguments(sl)
+    sl.set_defaults(func=bench_slo.cli)
 
     g = sub.add_parser("gpu-server", help="host an engine behind the gRPC GPU service (a cloud tier)")
     transport.add_arguments(g)
@@ -314,6 +318,10 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--out", default="reports/live")
     d.add_argument("--ablation", action="store_true", help="also run FIFO with the dynamic horizon")
     d.set_defaults(func=cmd_demo)
+
+    ps = sub.add_parser("profile-slo", help="LLM prefill / decode-step / KV-handover profile for the SLO schedulers")
+    profile_slo.add_arguments(ps)
+    ps.set_defaults(func=profile_slo.cli)
 
     pr = sub.add_parser("profile", help="engine latency vs batch size: the engine profile JSON + Markdown report")
     profiling.add_arguments(pr)

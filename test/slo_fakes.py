@@ -6,7 +6,7 @@ import time
 
 
 class FakeLLMEngine:
-    eos_token_id = 0
+    eos_ids = frozenset({0})
 
     def __init__(self, step_s: float = 0.0, fail_on: str | None = None) -> None:
         self.step_s, self.fail_on = step_s, fail_on

@@ -105,9 +105,38 @@ def test_slack_guided_runs_short_requests_in_a_long_ones_slack():
     batch = SlackGuided().select([long_] + shorts, now, lut, 16)
     assert set(batch) == set(shorts)
     assert ContinuousBatching().select([long_] + shorts, now, lut, 16) == [long_] + shorts
-    # no slack left for anyone: everyone decodes
-    late = [req(f"x{i}", 80, tpot=0.01, n_gen=1, first=now - 1.0, seq=i) for i in range(3)]
-    assert SlackGuided().select(late + [long_], now, lut, 16) == late + [long_]
+    # requests already behind their TPOT SLO join only where the step costs the on-time one nothing
+    late = [req(f"x{i}", 80, tpot=0.01, n_gen=1, first=now - 1.0, seq=i + 1) for i in range(3)]
+    assert set(SlackGuided().select(late + [long_], now, lut, 16)) == set(late + [long_])
+    # Algorithm 3 as printed: no slack to exploit -> decode all
+    assert SlackGuided(literal=True).select(late + [long_], now, lut, 16) == late + [long_]
+
+
+def test_slack_guided_keeps_a_straggler_out_of_the_short_ones_step_when_no_slack_is_left():
+    # a padded batch pays for its longest context in every row: here a long row costs 8x
+    dec = {str(b): {str(c): 0.02 * (1 + b * c / 500) for c in (100, 4000)} for b in (1, 2, 4)}
+    lut = LLMProfile({"10": 0.01, "1000": 0.1}, dec).decode
+    now = 10.0
+    # everyone a little behind (none hopeless: 200 tokens to catch up in)
+    shorts = [req(f"s{i}", 80, tpot=0.05, n_gen=3, first=now - 0.2, seq=i) for i in range(2)]
+    long_ = req("L", 3800, tpot=0.5, n_gen=3, first=now - 1.1, seq=2)
+    for r in shorts + [long_]:
+        r.max_tokens = 200
+    batch = SlackGuided().select(shorts + [long_], now, lut, 16)
+    assert set(batch) == set(shorts)  # the long row would cut the step's tokens/s several times
+    assert SlackGuided(literal=True).select(shorts + [long_], now, lut, 16) == shorts + [long_]  # "decode all"
+
+
+def test_slack_guided_deprioritises_a_request_that_can_no_longer_meet_its_tpot():
+    lut = profile().decode
+    now = 10.0
+    hopeless_ = req("H", 80, tpot=0.03, n_gen=2, first=now - 1.0, seq=0)   # 2 s behind, 48 tokens left
+    hopeless_.max_tokens = 50
+    fresh = [req(f"f{i}", 80, tpot=0.05, n_gen=1, first=now, seq=i + 1) for i in range(2)]
+    sg = SlackGuided()
+    batch = sg.select([hopeless_] + fresh, now, lut, 2)
+    assert set(batch) == set(fresh)
+    assert SlackGuided(deprioritise=False).select([hopeless_] + fresh, now, lut, 2)[0] is hopeless_
 
 
 def test_lut_follows_observed_steps():

@@ -3,7 +3,8 @@
 It drives `core/slo`'s SLOServingCore through the same calls the live workers make
 (submit, dispatch, prefill_done, decode_done); each engine call takes the time the measured
 profile gives (prefill: P(end) - P(start) per chunk; decode: LUT[batch, longest context];
-KV handover: the measured per-token cost), times a seeded log-normal noise so the
+KV handover: the measured per-token cost; the batch-KV regather the engine does when the
+running set changes, where the profile measured it), times a seeded log-normal noise so the
 schedulers' runtime corrections have something to follow. Same seed, same numbers.
 """
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Iterable, Optional
 import numpy as np
 
 from ..core.clock import VirtualClock
-from ..core.slo import DECODE, PREFILL, LLMProfile, SLODefaults, make_slo_core
+from ..core.slo import DECODE, PREFILL, DecodeLUT, LLMProfile, SLODefaults, make_slo_core
 from .workload import Req
 
 
@@ -60,6 +61,10 @@ def simulate(profile: LLMProfile, scheduler: str, requests: list[Req], *, ttft_s
     core = make_slo_core(scheduler, profile.fresh(), clock, defaults=SLODefaults(ttft_slo_s, tpot_slo_s),
                          max_decode_batch=max_decode_batch, chunk_tokens=chunk_tokens, context_limit=context_limit)
     rng = np.random.default_rng(seed + 104729)
+    # The live engine regathers its batch KV when the running set changes (measured apart).
+    rg = truth.meta.get("regather_s")
+    regather = DecodeLUT({b: {c: max(v, 1e-9) for c, v in row.items()} for b, row in rg.items()}) if rg else None
+    last_set: frozenset = frozenset()
 
     def jitter() -> float:
         return float(math.exp(rng.normal(0.0, noise) - noise * noise / 2)) if noise > 0 else 1.0
@@ -86,6 +91,10 @@ def simulate(profile: LLMProfile, scheduler: str, requests: list[Req], *, ttft_s
                 dt = sum(truth.prefill.chunk_s(a, b, corrected=False) for _, a, b in item.chunks)
             else:
                 dt = truth.decode.raw(len(item.batch), item.ctx)
+                ids = frozenset(r.req_id for r in item.batch)
+                if regather is not None and ids != last_set:
+                    dt += regather.raw(len(item.batch), item.ctx)
+                last_set = ids
             heapq.heappush(ev, (t + dt * jitter(), 1, next(seq), slot, item))
         nk = core.next_kv_ready()
         if nk is not None and nk > t and not core.decode_busy and (wake_at is None or nk < wake_at):

@@ -9,7 +9,7 @@ The SLOServingCore decides what each worker does next; the workers only execute.
 
 Engine interface (robotserve_ros/engines/llm's LLMEngine): prefill([(req_id, token_ids)]) ->
 {req_id: first_token}; decode(req_ids, steps=1) -> {req_id: [tokens]}; export_kv(req_id),
-import_kv(req_id, kv), free(req_id), kv_bytes(req_id); eos_token_id (optional).
+import_kv(req_id, kv), free(req_id), kv_bytes(req_id); eos_ids (a set; optional).
 """
 from __future__ import annotations
 
@@ -25,14 +25,15 @@ log = logging.getLogger("robotserve.slo")
 
 
 class DisaggregatedWorkers:
-    def __init__(self, core: SLOServingCore, prefill_engine, decode_engine, *, eos_token_id: Optional[int] = None,
+    def __init__(self, core: SLOServingCore, prefill_engine, decode_engine, *, stop_at_eos: bool = True,
                  on_event: Optional[Callable] = None) -> None:
         if core.chunk_tokens:
             raise ValueError("the live engine prefills whole prompts: use chunk_tokens=0")
         if core.kv_handover_in_core:
             raise ValueError("live workers time the KV handover themselves: use kv_handover_in_core=False")
         self.core, self.pe, self.de = core, prefill_engine, decode_engine
-        self.eos = eos_token_id if eos_token_id is not None else getattr(decode_engine, "eos_token_id", None)
+        # A benchmark generates to max_tokens whatever the text says (as vLLM's ignore_eos does).
+        self.eos = frozenset(getattr(decode_engine, "eos_ids", ()) or ()) if stop_at_eos else frozenset()
         self._handover: dict = {}      # req_id -> exported KV, waiting for the decode worker
         self._imported: set = set()    # req_ids whose KV lives in the decode engine
         self._lock = threading.Lock()
@@ -66,7 +67,7 @@ class DisaggregatedWorkers:
         t0 = time.monotonic()
         first = self.pe.prefill([(r.req_id, list(r.prompt_tokens)) for r in reqs])
         t1 = time.monotonic()
-        eos = frozenset(rid for rid, tok in first.items() if self.eos is not None and tok == self.eos)
+        eos = frozenset(rid for rid, tok in first.items() if tok in self.eos)
         for r in reqs:
             if r.max_tokens > 1 and r.req_id not in eos:
                 nbytes = self.pe.kv_bytes(r.req_id)
@@ -95,7 +96,7 @@ class DisaggregatedWorkers:
         self.kv["import_s"] += t1 - t0
         out = self.de.decode([r.req_id for r in item.batch], steps=1)
         t2 = time.monotonic()
-        eos = frozenset(rid for rid, toks in out.items() if self.eos is not None and self.eos in toks)
+        eos = frozenset(rid for rid, toks in out.items() if any(t in self.eos for t in toks))
         self.core.decode_done(item, out, eos, actual_s=t2 - t1)
         for r in item.batch:
             if r.finished:

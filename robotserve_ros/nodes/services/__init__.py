@@ -31,5 +31,6 @@ def _lazy(module: str, cls: str):
 
 # name -> (module relative to this package, class). One line per service.
 for _name, (_module, _cls) in {
+    "generate": (".generate", "GenerateService"),  # srv/Generate, SLO-aware disaggregated LLM (seed 004)
 }.items():
     SERVICES.register(_name, _lazy(_module, _cls))
