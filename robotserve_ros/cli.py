@@ -214,6 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
     from . import transport
     from .core.schedulers import SCHEDULERS
     from .engines import bench_peer, profiling, tiny_policies
+    from .engines.llm import convert as llm_convert, profile as llm_profile
     from .live import bench_hybrid
     from .slo import bench as bench_slo, profile_llm as profile_slo
     from .transport.lerobot import command as lerobot_command
@@ -325,6 +326,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     pr = sub.add_parser("profile", help="engine latency vs batch size: the engine profile JSON + Markdown report")
     profiling.add_arguments(pr)
+
+    lc = sub.add_parser("llm-convert", help="convert the packaged SmolLM2 GGUF once into a model folder (build step)")
+    llm_convert.add_arguments(lc)
+    lp = sub.add_parser("llm-profile", help="LLM engine: prefill vs prompt, decode step vs batch/context -> profile JSON")
+    llm_profile.add_arguments(lp)
 
     mp = sub.add_parser("make-policy", help="write a random-weight LeRobot policy directory (default or real size)")
     tiny_policies.add_arguments(mp)

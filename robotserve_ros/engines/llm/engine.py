@@ -1,0 +1,301 @@
+"""A causal LM engine with per-request KV caches kept across suspensions (seed 002 §4.1).
+
+Prefill and decode are separate engine calls so that a serving core can schedule them:
+- `prefill(items)` runs each prompt once, keeps its KV and returns its first token;
+- `decode(req_ids, steps)` runs `steps` greedy decode steps for a batch of requests of
+  different lengths (continuous batching: the set may change between calls);
+- a request between calls is *suspended*: its KV and its pending token stay here, and the
+  next `decode` resumes it without a second prefill (§4.1 "context switching");
+- `export_kv` / `import_kv` hand a prefilled request to another engine instance
+  (disaggregated prefill / decode); `free` drops it.
+
+Batching, measured choice: per-request caches (no padding kept while suspended) gathered
+into one left-padded `DynamicCache` when the running set changes; while the set stays the
+same, successive `decode` calls reuse that batch cache with no copy. RoPE positions are
+passed per row so left padding does not shift them; padded slots are masked out.
+
+A request's state: the KV of every token fed so far, and `pending`: the last token
+produced but not yet fed (after prefill, the first output token), so a greedy run split
+anywhere gives the tokens of one uninterrupted run.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Hashable, Iterable, Optional, Sequence
+
+from ..torch_env import import_torch
+
+# fn(tokens generated so far by this request) -> allowed next token ids, or None for any.
+Constraint = Callable[[Sequence[int]], Optional[Sequence[int]]]
+
+
+@dataclass
+class _Request:
+    kv: Optional[list]          # [(k, v)] per layer, each [1, kv_heads, length, head_dim]; None while in the batch
+    length: int                 # tokens in the KV
+    pending: int                # produced, not yet fed
+    generated: list = field(default_factory=list)
+    constraint: Optional[Constraint] = None
+
+
+class LLMEngine:
+    """Greedy generation with suspend / resume. Not thread-safe: one caller at a time (the
+    serving core's decode slot); `prefill` and `decode` may be called from different threads
+    only if the caller serialises them."""
+
+    def __init__(self, model, tokenizer, *, max_context: int = 2048, name: str = "llm") -> None:
+        self.torch = import_torch()
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.name = name
+        self.max_context = int(max_context)
+        self.dtype = next(model.parameters()).dtype
+        self.device = next(model.parameters()).device
+        cfg = model.config
+        self.n_layers = cfg.num_hidden_layers
+        self.eos_ids = _eos_ids(model, tokenizer)
+        self._reqs: dict[Hashable, _Request] = {}
+        self._batch: Optional[_Batch] = None
+
+    # ---- loading ----
+    @classmethod
+    def load(cls, folder: str | Path | None = None, *, dtype: str | None = None, threads: int | None = 1,
+             max_context: int = 2048) -> "LLMEngine":
+        """The converted SmolLM2 folder (engines/llm/convert.py) or any local Llama-like folder."""
+        from .convert import default_model_dir
+
+        torch = import_torch()
+        if threads:
+            torch.set_num_threads(int(threads))
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        folder = Path(folder) if folder else default_model_dir()
+        if not (folder / "config.json").is_file():
+            raise FileNotFoundError(f"no model folder at {folder}: run `robotserve llm-convert` (the Makefile does)")
+        tok = AutoTokenizer.from_pretrained(folder)
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype) if dtype else "auto")
+        return cls(model, tok, max_context=max_context, name=folder.name)
+
+    # ---- text ----
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def decode_text(self, ids: Iterable[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+    def chat_prompt(self, user: str, system: str | None = None) -> list[int]:
+        """The model's chat template around a prompt (plain encoding if it has none)."""
+        tmpl = getattr(self.tokenizer, "chat_template", None)
+        if not tmpl:
+            return self.encode((system + "\n" if system else "") + user + "\n")
+        msgs = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
+        return list(self.tokenizer.apply_chat_template(msgs, add_generation_prompt=True))
+
+    # ---- requests ----
+    def has(self, req_id: Hashable) -> bool:
+        return req_id in self._reqs
+
+    def length(self, req_id: Hashable) -> int:
+        """Tokens in the request's KV (prompt + generated tokens already fed)."""
+        return self._reqs[req_id].length
+
+    def constrain(self, req_id: Hashable, constraint: Optional[Constraint]) -> None:
+        """Restrict the request's next tokens (e.g. a plan template); None lifts it."""
+        self._reqs[req_id].constraint = constraint
+
+    def prefill(self, items: Sequence[tuple[Hashable, Sequence[int]]],
+                constraints: Optional[dict] = None) -> dict[Hashable, int]:
+        """Run each prompt, keep its KV; returns each request's first output token."""
+        torch = self.torch
+        out = {}
+        for req_id, ids in items:
+            ids = list(ids)
+            if not ids:
+                raise ValueError(f"request {req_id!r}: empty prompt")
+            if len(ids) >= self.max_context:
+                raise ValueError(f"request {req_id!r}: {len(ids)} prompt tokens, limit {self.max_context - 1}")
+            if req_id in self._reqs:
+                raise ValueError(f"request {req_id!r} already holds a KV cache")
+            with torch.inference_mode():
+                res = self.model(input_ids=torch.tensor([ids], device=self.device), use_cache=True)
+            kv = _cache_to_list(res.past_key_values)
+            r = _Request(kv=kv, length=len(ids), pending=-1,
+                         constraint=(constraints or {}).get(req_id))
+            r.pending = self._pick(res.logits[0, -1], r)
+            r.generated.append(r.pending)
+            self._reqs[req_id] = r
+            out[req_id] = r.pending
+        return out
+
+    def decode(self, req_ids: Sequence[Hashable], steps: int = 1) -> dict[Hashable, list[int]]:
+        """`steps` batched greedy decode steps for these (prefilled) requests; each gets
+        `steps` new tokens. The set may differ from the previous call's (join / leave)."""
+        torch = self.torch
+        req_ids = list(req_ids)
+        if not req_ids or steps < 1:
+            return {r: [] for r in req_ids}
+        for rid in req_ids:
+            if rid not in self._reqs:
+                raise KeyError(f"request {rid!r} has no KV cache (not prefilled, or freed)")
+            if self._reqs[rid].length + steps > self.max_context:
+                raise ValueError(f"request {rid!r} would pass the context limit {self.max_context}")
+        b = self._batch_for(req_ids)
+        out = {r: [] for r in req_ids}
+        rows = [self._reqs[r] for r in b.ids]
+        with torch.inference_mode():
+            for _ in range(steps):
+                inp = torch.tensor([[r.pending] for r in rows], device=self.device)
+                pos = torch.tensor([[r.length] for r in rows], device=self.device)
+                b.mask = torch.cat([b.mask, b.mask.new_ones((len(rows), 1))], dim=1)
+                res = self.model(input_ids=inp, attention_mask=b.mask, position_ids=pos,
+                                 past_key_values=b.cache, use_cache=True,
+                                 cache_position=torch.tensor([b.width], device=self.device))
+                b.cache, b.width = res.past_key_values, b.width + 1
+                logits = res.logits[:, -1]
+                for i, r in enumerate(rows):
+                    r.length += 1
+                    r.pending = self._pick(logits[i], r)
+                    r.generated.append(r.pending)
+                    out[b.ids[i]].append(r.pending)
+        return out
+
+    def generated(self, req_id: Hashable) -> list[int]:
+        """Every token produced for the request so far (the first one from prefill on)."""
+        return list(self._reqs[req_id].generated)
+
+    def export_kv(self, req_id: Hashable) -> dict:
+        """The request's whole state (KV tensors, pending token, tokens so far), removed
+        here; `import_kv` on another engine of the same model resumes it."""
+        self._scatter()
+        r = self._reqs.pop(req_id)
+        return {"kv": r.kv, "length": r.length, "pending": r.pending, "generated": list(r.generated),
+                "constraint": r.constraint}
+
+    def import_kv(self, req_id: Hashable, state: dict) -> None:
+        if req_id in self._reqs:
+            raise ValueError(f"request {req_id!r} already holds a KV cache")
+        kv = [(k.to(self.device, self.dtype), v.to(self.device, self.dtype)) for k, v in state["kv"]]
+        if len(kv) != self.n_layers or kv[0][0].shape[2] != state["length"]:
+            raise ValueError(f"request {req_id!r}: KV does not fit this model ({len(kv)} layers)")
+        self._reqs[req_id] = _Request(kv=kv, length=int(state["length"]), pending=int(state["pending"]),
+                                      generated=list(state["generated"]), constraint=state.get("constraint"))
+
+    def free(self, req_id: Hashable) -> bool:
+        """Drop the request's KV (request done or dropped). False if it held none."""
+        if req_id not in self._reqs:
+            return False
+        if self._batch is not None and req_id in self._batch.ids:
+            self._scatter()
+        del self._reqs[req_id]
+        return True
+
+    def kv_bytes(self, req_id: Hashable) -> int:
+        return self._reqs[req_id].length * self.kv_bytes_per_token()
+
+    def kv_bytes_per_token(self) -> int:
+        return 2 * self.n_layers * self._kv_heads() * self._head_dim() * _elem_size(self.dtype)
+
+    def requests(self) -> list:
+        return list(self._reqs)
+
+    # ---- internals ----
+    def _pick(self, logits, r: _Request) -> int:
+        allowed = r.constraint(r.generated) if r.constraint is not None else None
+        if allowed is None:
+            return int(logits.argmax())
+        allowed = list(allowed)
+        idx = self.torch.tensor(allowed, device=logits.device)
+        return allowed[int(logits.index_select(0, idx).argmax())]
+
+    def _batch_for(self, req_ids: list) -> "_Batch":
+        if self._batch is not None and set(self._batch.ids) == set(req_ids):
+            return self._batch
+        self._scatter()
+        self._batch = _Batch.gather(self.torch, req_ids, [self._reqs[r] for r in req_ids], self.device)
+        return self._batch
+
+    def _scatter(self) -> None:
+        """Give every request of the running batch its own unpadded KV back."""
+        b, self._batch = self._batch, None
+        if b is None:
+            return
+        legacy = _cache_to_list(b.cache)
+        for i, rid in enumerate(b.ids):
+            r = self._reqs.get(rid)
+            if r is None:
+                continue
+            start = b.width - r.length
+            r.kv = [(k[i:i + 1, :, start:].clone(), v[i:i + 1, :, start:].clone()) for k, v in legacy]
+
+    def _kv_heads(self) -> int:
+        c = self.model.config
+        return getattr(c, "num_key_value_heads", None) or c.num_attention_heads
+
+    def _head_dim(self) -> int:
+        c = self.model.config
+        return getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+
+
+@dataclass
+class _Batch:
+    ids: list
+    cache: object
+    mask: object     # [B, width] 1 for real tokens, 0 for left padding
+    width: int       # padded cache length
+
+    @classmethod
+    def gather(cls, torch, ids, reqs, device) -> "_Batch":
+        from transformers import DynamicCache
+
+        width = max(r.length for r in reqs)
+        layers = []
+        n_layers = len(reqs[0].kv)
+        for li in range(n_layers):
+            ks, vs = [], []
+            for r in reqs:
+                k, v = r.kv[li]
+                pad = width - r.length
+                if pad:
+                    z = k.new_zeros((1, k.shape[1], pad, k.shape[3]))
+                    k, v = torch.cat([z, k], dim=2), torch.cat([z, v], dim=2)
+                ks.append(k)
+                vs.append(v)
+            layers.append((torch.cat(ks, 0) if len(ks) > 1 else ks[0], torch.cat(vs, 0) if len(vs) > 1 else vs[0]))
+        for r in reqs:
+            r.kv = None  # the batch cache holds it now
+        mask = torch.zeros((len(reqs), width), dtype=torch.long, device=device)
+        for i, r in enumerate(reqs):
+            mask[i, width - r.length:] = 1
+        return cls(list(ids), _list_to_cache(DynamicCache, layers), mask, width)
+
+
+def _cache_to_list(cache) -> list:
+    if hasattr(cache, "layers"):
+        return [(layer.keys, layer.values) for layer in cache.layers]
+    return [(k, v) for k, v in cache.to_legacy_cache()]
+
+
+def _list_to_cache(DynamicCache, layers: list):
+    cache = DynamicCache()
+    for li, (k, v) in enumerate(layers):
+        cache.update(k, v, li)
+    return cache
+
+
+def _elem_size(dtype) -> int:
+    return {"torch.float32": 4, "torch.bfloat16": 2, "torch.float16": 2}.get(str(dtype), 4)
+
+
+def _eos_ids(model, tokenizer) -> set:
+    ids = set()
+    for src in (getattr(model, "generation_config", None), model.config):
+        e = getattr(src, "eos_token_id", None) if src is not None else None
+        ids.update(e if isinstance(e, (list, tuple)) else ([e] if e is not None else []))
+    for t in ("<|im_end|>", "<|endoftext|>"):
+        conv = getattr(tokenizer, "convert_tokens_to_ids", None)
+        if conv is not None:
+            i = conv(t)
+            if isinstance(i, int) and i != getattr(tokenizer, "unk_token_id", None):
+                ids.add(i)
+    return ids
