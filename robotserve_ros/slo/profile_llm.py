@@ -113,7 +113,7 @@ def measure(pe, de, *, prompt_tokens=(16, 64, 128, 256, 512, 1024, 1536, 1900), 
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--out", required=True, help="profile JSON (robotserve_ros/profiles/NAME.json for one of record)")
+    p.add_argument("--out", required=True, help="profile JSON (robotserve_ros/slo/profiles/NAME.json for one of record)")
     p.add_argument("--model", default=None, help="LLM folder (default: the converted SmolLM2)")
     p.add_argument("--dtype", default=None, choices=("float32", "bfloat16"))
     p.add_argument("--repeats", type=int, default=3)

@@ -20,13 +20,14 @@ class SLOScheduler:
     decode: DecodePolicy
 
 
-def _pair(name, prefill_cls, decode_cls):
+def _pair(name, prefill_cls, decode_cls, **decode_kw):
     def make(**params) -> SLOScheduler:
         pp = {k: v for k, v in params.items() if k in ("head_candidates",)}
         extra = set(params) - set(pp)
         if extra:
             raise TypeError(f"SLO scheduler '{name}' takes no parameter(s) {sorted(extra)}")
-        return SLOScheduler(name, prefill_cls(**pp) if prefill_cls is UrgencyPrefill else prefill_cls(), decode_cls())
+        return SLOScheduler(name, prefill_cls(**pp) if prefill_cls is UrgencyPrefill else prefill_cls(),
+                            decode_cls(**decode_kw))
 
     return make
 
@@ -36,6 +37,8 @@ SLO_SCHEDULERS.register("fcfs_cb", _pair("fcfs_cb", FcfsPrefill, ContinuousBatch
 SLO_SCHEDULERS.register("urgency_only", _pair("urgency_only", UrgencyPrefill, ContinuousBatching))
 SLO_SCHEDULERS.register("slack_only", _pair("slack_only", FcfsPrefill, SlackGuided))
 SLO_SCHEDULERS.register("kairos_slo", _pair("kairos_slo", UrgencyPrefill, SlackGuided))      # §3.1 + §3.2
+# Algorithm 3 exactly as printed (decode all when no slack, nobody deprioritised): for comparison
+SLO_SCHEDULERS.register("kairos_slo_alg3", _pair("kairos_slo_alg3", UrgencyPrefill, SlackGuided, literal=True))
 
 
 def make_slo_core(scheduler: str, profile: LLMProfile, clock, scheduler_params: dict | None = None, **core_params) -> SLOServingCore:
