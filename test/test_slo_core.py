@@ -184,8 +184,9 @@ def test_failed_items_fail_only_their_requests():
     assert item.requests == [b]
 
 
-def test_registry_has_the_four_schedulers():
-    assert SLO_SCHEDULERS.names() == ["fcfs_cb", "kairos_slo", "slack_only", "urgency_only"]
+def test_registry_has_the_four_schedulers_and_algorithm_3_as_printed():
+    assert SLO_SCHEDULERS.names() == ["fcfs_cb", "kairos_slo", "kairos_slo_alg3", "slack_only", "urgency_only"]
+    assert SLO_SCHEDULERS.create("kairos_slo_alg3").decode.literal
     s = SLO_SCHEDULERS.create("slack_only")
     assert isinstance(s.prefill, FcfsPrefill) and isinstance(s.decode, SlackGuided)
     with pytest.raises(KeyError, match="known: fcfs_cb"):
