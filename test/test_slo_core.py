@@ -145,6 +145,9 @@ def test_lut_follows_observed_steps():
     for _ in range(3):
         lut.observe(4, 1000, 2 * before)
     assert lut.step_s(4, 1000) == pytest.approx(2 * before)
+    # a cell not observed yet follows the mean of all observations
+    assert lut.step_s(1, 100) == pytest.approx(2 * lut.raw(1, 100))
+    lut.observe(1, 100, lut.raw(1, 100))
     assert lut.step_s(1, 100) == pytest.approx(lut.raw(1, 100))
 
 

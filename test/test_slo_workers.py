@@ -68,3 +68,42 @@ def test_a_failing_prefill_fails_only_its_request():
     assert out["q1"].failed and "fake failure" in out["q1"].failed
     assert out["q0"].failed is None and out["q2"].failed is None
     assert out["q2"].tokens == reference(prompts[2], 3)
+
+
+def test_the_real_engine_gives_the_same_tokens_through_the_handover():
+    """Tiny random-weight Llama (engines/llm/tiny.py): prefill on one instance, decode on
+    another after export/import, batched with others = one engine generating alone."""
+    import pytest
+
+    pytest.importorskip("transformers")
+    from robotserve_ros.engines.llm.engine import LLMEngine
+    from robotserve_ros.engines.llm.tiny import ByteTokenizer, tiny_llama
+
+    model = tiny_llama(0)
+    prompts = [list(b"pick the red cube" * (1 + i)) for i in range(4)]
+    done, ev = [], threading.Event()
+
+    def on_done(r):
+        done.append(r)
+        if len(done) == len(prompts):
+            ev.set()
+
+    core = make_slo_core("kairos_slo", profile(), WallClock(), defaults=SLODefaults(5.0, 1.0, 5),
+                         kv_handover_in_core=False, on_done=on_done)
+    pe, de = (LLMEngine(model, ByteTokenizer(), max_context=1024) for _ in range(2))
+    w = DisaggregatedWorkers(core, pe, de, stop_at_eos=False).start()
+    try:
+        for i, p in enumerate(prompts):
+            core.submit(f"q{i}", len(p), 5, prompt_tokens=p)
+            w.kick()
+        assert ev.wait(60)
+    finally:
+        w.close()
+    alone = LLMEngine(model, ByteTokenizer(), max_context=1024)
+    for i, p in enumerate(prompts):
+        first = alone.prefill([("x", p)])["x"]
+        ref = [first] + alone.decode(["x"], 4)["x"]
+        alone.free("x")
+        assert core.requests[f"q{i}"].tokens == ref
+    assert pe.requests() == [] and de.requests() == []
+    assert w.stats()["handovers"] == 4 and w.stats()["bytes"] > 0

@@ -50,13 +50,14 @@ def add_arguments(p) -> None:
     p.add_argument("--out", default="reports/slo", help="folder for slo.json, slo.md, slo.png")
     p.add_argument("--profile", default=str(PROFILE_OF_RECORD), help="LLM SLO profile JSON (robotserve profile-slo)")
     p.add_argument("--sim-requests", type=positive(int), default=1000, help="requests per simulated run (paper: 1000)")
-    p.add_argument("--sim-loads", type=positive(), nargs="+", default=[0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0],
+    p.add_argument("--sim-loads", type=positive(), nargs="+",
+                   default=[0.25, 0.5, 0.75, 0.85, 0.95, 1.0, 1.05, 1.15, 1.3, 1.5, 2.0],
                    help="simulated rates as multiples of the rate where fcfs_cb attains 50 %% e2e")
     p.add_argument("--sim-seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--chunk-tokens", type=int, default=256, help="chunked prefill size in the simulator (0: whole prompts)")
     p.add_argument("--max-decode-batch", type=positive(int), default=16)
-    p.add_argument("--live-requests", type=int, default=24, help="requests per live run (0: no live runs)")
-    p.add_argument("--live-loads", type=positive(), nargs="+", default=[0.5, 1.0, 1.5],
+    p.add_argument("--live-requests", type=int, default=20, help="requests per live run (0: no live runs)")
+    p.add_argument("--live-loads", type=positive(), nargs="+", default=[0.2, 0.35, 0.5],
                    help="live rates as multiples of the rate where the simulator puts fcfs_cb at 50 %% e2e")
     p.add_argument("--model", default=None, help="LLM folder for the live runs (default: the converted SmolLM2)")
     p.add_argument("--dtype", default=None, choices=("float32", "bfloat16"))
@@ -156,7 +157,8 @@ def run_sim(profile: LLMProfile, a, log=print, setting: str = "sim", schedulers=
     else:
         mix, ttft, tpot = decode_bound_setting(profile)
     cap = nominal_capacity(profile, mix, tpot, a.max_decode_batch)
-    cap["fcfs_cb_knee_req_s"] = knee = knee_rate(profile, mix, ttft, tpot, a.max_decode_batch, a.chunk_tokens)
+    cap["fcfs_cb_knee_req_s"] = knee = knee_rate(profile, mix, ttft, tpot, a.max_decode_batch, a.chunk_tokens, n=n,
+                                                 seed=seeds[0])
     log(f"{setting}: TTFT SLO {ttft:.3f} s, TPOT SLO {tpot * 1000:.1f} ms, fcfs_cb attains 50 % e2e at {knee:.4f} req/s")
     rows, details = [], []
     for load in a.sim_loads:
@@ -233,6 +235,55 @@ def run_live_once(pe, de, profile: LLMProfile, sched: str, reqs, ttft: float, tp
     return m, w.stats()
 
 
+def measure_split(pe, de, vocab: int, prompt_tokens: int = 384, batch: int = 4, steps: int = 12, repeats: int = 3) -> dict:
+    """Do the two workers really run side by side (a core each)? A prefill and a batch of decode
+    steps are timed alone, then at once in two threads: overlap = (alone + alone) / together is
+    2 for a perfect split, 1 if they serialise (the GIL, or one core for both)."""
+    import statistics
+
+    rng = np.random.default_rng(5)
+
+    def prompt(n):
+        return rng.integers(100, min(vocab, 20000), n).tolist()
+
+    ids = [f"split{i}" for i in range(batch)]
+    for rid in ids:
+        pe.prefill([(rid, prompt(64))])
+        de.import_kv(rid, pe.export_kv(rid))
+
+    def do_prefill():
+        t = time.monotonic()
+        pe.prefill([("sp", prompt(prompt_tokens))])
+        pe.free("sp")
+        return time.monotonic() - t
+
+    def do_decode():
+        t = time.monotonic()
+        de.decode(ids, steps)
+        return time.monotonic() - t
+
+    res = {"alone": [], "together": [], "prefill_alone_s": [], "decode_alone_s": []}
+    for _ in range(repeats):
+        p, d = do_prefill(), do_decode()
+        out = {}
+        th = threading.Thread(target=lambda: out.setdefault("p", do_prefill()))
+        t0 = time.monotonic()
+        th.start()
+        out["d"] = do_decode()
+        th.join()
+        res["together"].append(time.monotonic() - t0)
+        res["alone"].append(p + d)
+        res["prefill_alone_s"].append(p)
+        res["decode_alone_s"].append(d)
+    for rid in ids:
+        de.free(rid)
+    ov = [a / t for a, t in zip(res["alone"], res["together"])]
+    return {"overlap": statistics.median(ov), "overlaps": ov, "prefill_alone_s": statistics.median(res["prefill_alone_s"]),
+            "decode_alone_s": statistics.median(res["decode_alone_s"]), "together_s": statistics.median(res["together"]),
+            "prompt_tokens": prompt_tokens, "decode_batch": batch, "decode_steps": steps,
+            "loadavg_1m": round(os.getloadavg()[0], 2)}
+
+
 def run_live(profile: LLMProfile, a, log=print) -> dict:
     pe, de = live_engines(a.model, a.dtype)
     vocab = int(pe.model.config.vocab_size)
@@ -245,6 +296,8 @@ def run_live(profile: LLMProfile, a, log=print) -> dict:
     # warm-up: both engines, a prompt and a few steps
     warm = poisson_requests(mix, 5.0, 3, 99)
     run_live_once(pe, de, profile, "fcfs_cb", warm, 60, 10, a.max_decode_batch, vocab, 0)
+    split = measure_split(pe, de, vocab)
+    log(f"live: prefill and decode workers side by side: overlap x{split['overlap']:.2f} (2 = a core each, 1 = serialised)")
     rows, details, kv = [], [], []
     for load in a.live_loads:
         rate = load * knee
@@ -267,7 +320,7 @@ def run_live(profile: LLMProfile, a, log=print) -> dict:
     kv_sum = {"handovers": nh, "bytes_mean": sum(k["bytes"] for k in kv) / max(1, nh),
               "ms_mean": 1000 * sum(k["export_s"] + k["import_s"] for k in kv) / max(1, nh)}
     return {"rows": rows, "details": details, "mix": mix.to_json(), "ttft_slo_s": ttft, "tpot_slo_s": tpot,
-            "capacity": cap, "requests": a.live_requests, "kv_handover": kv_sum, "model": pe.name,
+            "capacity": cap, "requests": a.live_requests, "kv_handover": kv_sum, "model": pe.name, "split": split,
             "mix_summary": summary(poisson_requests(mix, 1.0, max(a.live_requests, 200), a.seed))}
 
 
@@ -344,6 +397,11 @@ def write_markdown(res: dict, path: Path) -> None:
               f"decode at the TPOT SLO {m['capacity']['decode_req_s']:.3f} req/s); "
               f"{m['requests']} requests per run; mix: {json.dumps(m['mix_summary'])}.", ""]
         if mode == "live":
+            sp = m["split"]
+            L += [f"Disaggregation: the prefill worker ({sp['prompt_tokens']}-token prompt, {sp['prefill_alone_s']:.2f} s alone) "
+                  f"and the decode worker ({sp['decode_steps']} steps at batch {sp['decode_batch']}, "
+                  f"{sp['decode_alone_s']:.2f} s alone) took {sp['together_s']:.2f} s side by side: overlap "
+                  f"x{sp['overlap']:.2f} (2 = a core each, 1 = serialised; load {sp['loadavg_1m']}).", ""]
             L += [f"KV handover (prefill engine export + decode engine import, in-process tensors): "
                   f"{m['kv_handover']['ms_mean']:.2f} ms mean for {m['kv_handover']['bytes_mean'] / 1e6:.2f} MB mean "
                   f"over {m['kv_handover']['handovers']} handovers.", ""]

@@ -6,7 +6,8 @@
 - `DecodeLUT`: per-step decode latency vs batch size and context length (the longest in the
   batch: every row waits for it, §2.2). Bilinear between measured cells, the last slope past
   them. After each step the nearest cell's running mean of actual/predicted is updated
-  (Algorithm 3 line 24), so drift on a loaded machine moves the schedule.
+  (Algorithm 3 line 24), so drift on a loaded machine moves the schedule; a cell not
+  observed yet takes the mean ratio of all observations.
 """
 from __future__ import annotations
 
@@ -83,6 +84,7 @@ class DecodeLUT:
         self.batches, self.ctxs = batches, ctxs
         self.table = [[rows[b][c] for c in ctxs] for b in batches]
         self._obs: dict = {}  # (bi, ci) -> (count, mean actual/predicted)
+        self._all = (0, 1.0)  # every observation: the ratio for cells not observed yet
 
     def raw(self, batch: int, ctx: int) -> float:
         col = [_interp(self.ctxs, row, float(ctx)) for row in self.table]
@@ -96,7 +98,7 @@ class DecodeLUT:
     def step_s(self, batch: int, ctx: int) -> float:
         """LUT[bsz, seq_len] of Algorithm 3, with the runtime correction of its cell."""
         r = self._obs.get(self._cell(batch, ctx))
-        return self.raw(batch, ctx) * (r[1] if r else 1.0)
+        return self.raw(batch, ctx) * (r[1] if r else self._all[1])
 
     def observe(self, batch: int, ctx: int, actual_s: float) -> None:
         """UpdateLUT (Algorithm 3 line 24): the cell's historical mean of observed steps."""
@@ -107,6 +109,8 @@ class DecodeLUT:
         n, m = self._obs.get(key, (0, 1.0))
         x = actual_s / pred
         self._obs[key] = (n + 1, x if n == 0 else m + (x - m) / (n + 1))
+        n, m = self._all
+        self._all = (n + 1, m + (x - m) / (n + 1))
 
     def to_json(self) -> dict:
         return {str(b): {str(c): s for c, s in zip(self.ctxs, row)} for b, row in zip(self.batches, self.table)}
