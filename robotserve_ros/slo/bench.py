@@ -36,6 +36,21 @@ from .sim import metrics, simulate
 from .workload import LengthMix, poisson_requests, summary
 
 SCHEDULERS = ("fcfs_cb", "urgency_only", "slack_only", "kairos_slo")
+NOTES = (
+    "decode tok/s is the paper's per-request decode speed (§4.5): tokens after the first over the time they took, "
+    "median over requests; system decode tok/s is every token after the first over the span of decoding.",
+    "kairos_slo_alg3 (dotted) is Algorithm 3 exactly as printed: with no slack left it decodes everyone, nobody is "
+    "deprioritised; kairos_slo decodes the most urgent with whoever raises the step's tokens/s and deprioritises "
+    "requests that can no longer meet their TPOT (core/slo/decode.py).",
+    "The sim setting (answers of median 8 tokens, TPOT SLO 4.5x the typical batch-1 step) was chosen after a first one "
+    "(sim_decode_bound: answers of median 32, TPOT SLO 1.25x the step at the longest context) in which the decode "
+    "worker alone is the bottleneck and a step has no slack to batch in on this CPU: there no mechanism gains "
+    "(its table below).",
+    "Live: a handful of requests per run on a 2-core machine shared with other jobs (load average per run in "
+    "slo.json's details): one request moves attainment by several points, and the engine ran slower than its "
+    "profile under that load. Read the live rows as the same core serving the real engine, not as the measure "
+    "of the gains.",
+)
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles"  # LLM SLO profiles of record
 PROFILE_OF_RECORD = PROFILES_DIR / "smollm2_135m_slo.json"
 TTFT_FACTOR, TPOT_FACTOR, TPOT_TYPICAL_FACTOR = 0.9, 1.25, 4.5
@@ -386,6 +401,8 @@ def write_markdown(res: dict, path: Path) -> None:
          f"{res['loadavg_start']} at start, {res['loadavg_end']} at end; {res['bench_wall_s']:.0f} s in all.",
          f"Profile: `{res['profile_file']}` ({res['profile_meta'].get('model', '?')}, measured "
          f"{res['profile_meta'].get('measured_at', '?')}).", ""]
+    if res.get("notes"):
+        L += ["Notes:", ""] + [f"- {n}" for n in res["notes"]] + [""]
     for mode in ("sim", "live", "sim_decode_bound"):
         m = res.get(mode)
         if not m:
@@ -428,8 +445,7 @@ def write_markdown(res: dict, path: Path) -> None:
                   f"- ablation: urgency_only {ev['urgency_only_gain_points']:+.1f} points, slack_only "
                   f"{ev['slack_only_gain_points']:+.1f} points of kairos_slo's {ev['e2e_gain_points']:+.1f}"]
         L.append("")
-    if res.get("notes"):
-        L += ["## Notes", ""] + [f"- {n}" for n in res["notes"]] + [""]
+    L += ["![SLO attainment and decode speed vs rate](slo.png)", ""]
     path.write_text("\n".join(L) + "\n")
 
 
@@ -448,7 +464,7 @@ def cli(a) -> int:
     assert set(SCHEDULERS) <= set(SLO_SCHEDULERS.names())
     t0 = time.monotonic()
     res = {"machine": machine_info(), "loadavg_start": [round(x, 2) for x in os.getloadavg()],
-           "profile_file": str(pf), "profile_meta": profile.meta, "args": {k: v for k, v in vars(a).items() if not callable(v)}}
+           "profile_file": os.path.relpath(pf), "profile_meta": profile.meta, "args": {k: v for k, v in vars(a).items() if not callable(v)}}
     res["sim"] = run_sim(profile, a, schedulers=SCHEDULERS + ("kairos_slo_alg3",))
     res["sim"]["targets"] = evaluate(res["sim"]["rows"])
     if a.sensitivity:
@@ -459,6 +475,7 @@ def cli(a) -> int:
         res["live"] = run_live(profile, a)
         res["live"]["targets"] = evaluate(res["live"]["rows"])
     res["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+    res["notes"] = list(NOTES)
     res["bench_wall_s"] = time.monotonic() - t0
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
