@@ -72,7 +72,7 @@ def add_arguments(p) -> None:
     p.add_argument("--chunk-tokens", type=int, default=256, help="chunked prefill size in the simulator (0: whole prompts)")
     p.add_argument("--max-decode-batch", type=positive(int), default=16)
     p.add_argument("--live-requests", type=int, default=20, help="requests per live run (0: no live runs)")
-    p.add_argument("--live-loads", type=positive(), nargs="+", default=[0.2, 0.35, 0.5],
+    p.add_argument("--live-loads", type=positive(), nargs="+", default=[0.25, 0.5, 0.75, 1.0],
                    help="live rates as multiples of the rate where the simulator puts fcfs_cb at 50 %% e2e")
     p.add_argument("--model", default=None, help="LLM folder for the live runs (default: the converted SmolLM2)")
     p.add_argument("--dtype", default=None, choices=("float32", "bfloat16"))
@@ -422,14 +422,17 @@ def write_markdown(res: dict, path: Path) -> None:
             L += [f"KV handover (prefill engine export + decode engine import, in-process tensors): "
                   f"{m['kv_handover']['ms_mean']:.2f} ms mean for {m['kv_handover']['bytes_mean'] / 1e6:.2f} MB mean "
                   f"over {m['kv_handover']['handovers']} handovers.", ""]
+        live = mode == "live"
         L += ["| rate (req/s) | scheduler | TTFT att. | TPOT att. | e2e att. | decode tok/s (median per request) | "
-              "system decode tok/s |", "|---|---|---|---|---|---|---|"]
+              "system decode tok/s |" + (" load avg (1 min) before |" if live else ""),
+              "|---|---|---|---|---|---|---|" + ("---|" if live else "")]
         for d in m["details"]:
             if d["mode"] != mode:
                 continue
             L.append(f"| {d['rate']:.3f} | {d['scheduler']} | {d['ttft_attainment']:.3f} | {d['tpot_attainment']:.3f} | "
                      f"{d['e2e_attainment']:.3f} | {d['decode_tokens_per_s']:.2f} | "
-                     f"{d.get('decode_tokens_per_s_system', float('nan')):.2f} |")
+                     f"{d.get('decode_tokens_per_s_system', float('nan')):.2f} |"
+                     + (f" {d.get('loadavg_1m_before', float('nan')):.1f} |" if live else ""))
         ev = m["targets"]
         L += ["", "**Targets** (issue 13):", ""]
         if ev.get("rate") is None:

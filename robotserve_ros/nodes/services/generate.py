@@ -97,6 +97,9 @@ class GenerateService:
             return response
         done = self._waiters[rid]
         if not done.wait(self.timeout_s):
+            with self._lock:  # nobody waits any more: the core forgets it when it ends (_on_done)
+                self._waiters.pop(rid, None)
+            self.core.forget(rid)  # (or now, if it ended just as the wait ran out)
             self.errors["engine_failure"] += 1
             fill_status(response.status, "engine_failure", f"no answer within {self.timeout_s} s")
             return response
@@ -148,6 +151,8 @@ class GenerateService:
         ev = self._waiters.get(r.req_id)
         if ev is not None:
             ev.set()
+        else:  # its caller gave up (timeout_s): nothing keeps its record
+            self.core.forget(r.req_id)
 
     # --- server hooks ---------------------------------------------------------------------------
     def stats(self) -> dict:
