@@ -217,6 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .engines.llm import convert as llm_convert, profile as llm_profile
     from .live import bench_hybrid
     from .timely import bench as timely_bench
+    from .slo import bench as bench_slo, profile_llm as profile_slo
     from .transport.lerobot import command as lerobot_command
 
     p = _Parser(prog="robotserve", description=__doc__)
@@ -302,6 +303,9 @@ def build_parser() -> argparse.ArgumentParser:
     hy = b.add_parser("hybrid", help="edge-only vs cloud-only vs hybrid placement over a shaped link (netns, root)")
     bench_hybrid.add_arguments(hy)
     hy.set_defaults(func=bench_hybrid.cli)
+    sl = b.add_parser("slo", help="SLO-aware disaggregated LLM serving (seed 004): kairos_slo vs fcfs_cb + ablations")
+    bench_slo.add_arguments(sl)
+    sl.set_defaults(func=bench_slo.cli)
 
     ox = b.add_parser("oxygen", help="SmolVLA actions + language: isolated vs KV sharing vs OxyGen batching (seed 001)")
     bench_oxygen.add_arguments(ox)
@@ -330,6 +334,10 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--out", default="reports/live")
     d.add_argument("--ablation", action="store_true", help="also run FIFO with the dynamic horizon")
     d.set_defaults(func=cmd_demo)
+
+    ps = sub.add_parser("profile-slo", help="LLM prefill / decode-step / KV-handover profile for the SLO schedulers")
+    profile_slo.add_arguments(ps)
+    ps.set_defaults(func=profile_slo.cli)
 
     pr = sub.add_parser("profile", help="engine latency vs batch size: the engine profile JSON + Markdown report")
     profiling.add_arguments(pr)

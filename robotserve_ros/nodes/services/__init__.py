@@ -34,5 +34,6 @@ for _name, (_module, _cls) in {
     "vlm": (".vlm", "VlmService"),
     "planner": (".planner", "PlannerService"),  # LLM plans by segment (seed 002)
     "vla_language": (".vla_language", "VlaLanguageService"),
+    "generate": (".generate", "GenerateService"),  # srv/Generate, SLO-aware disaggregated LLM (seed 004)
 }.items():
     SERVICES.register(_name, _lazy(_module, _cls))

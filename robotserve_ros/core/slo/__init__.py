@@ -1,0 +1,52 @@
+"""SLO-aware LLM serving (seed 004, "Kairos" for disaggregated prefill/decode): requests with
+TTFT/TPOT SLOs, urgency-ordered prefill, slack-guided decode batching, the core both the live
+workers and the simulator drive. Schedulers are (prefill policy, decode policy) pairs."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..registry import Registry
+from .decode import ContinuousBatching, DecodePolicy, SlackGuided, tpot_slack
+from .prefill import FcfsPrefill, PrefillPolicy, UrgencyPrefill, select_chunks
+from .profile import DecodeLUT, LLMProfile, PrefillProfile
+from .request import BadPrompt, BadSLO, LLMRequest, Overloaded, SLODefaults, resolve_slo
+from .serving import DECODE, PREFILL, DecodeItem, PrefillItem, SLOServingCore
+
+
+@dataclass(frozen=True)
+class SLOScheduler:
+    name: str
+    prefill: PrefillPolicy
+    decode: DecodePolicy
+
+
+def _pair(name, prefill_cls, decode_cls, **decode_kw):
+    def make(**params) -> SLOScheduler:
+        pp = {k: v for k, v in params.items() if k in ("head_candidates",)}
+        extra = set(params) - set(pp)
+        if extra:
+            raise TypeError(f"SLO scheduler '{name}' takes no parameter(s) {sorted(extra)}")
+        return SLOScheduler(name, prefill_cls(**pp) if prefill_cls is UrgencyPrefill else prefill_cls(),
+                            decode_cls(**decode_kw))
+
+    return make
+
+
+SLO_SCHEDULERS: Registry[SLOScheduler] = Registry("SLO scheduler")
+SLO_SCHEDULERS.register("fcfs_cb", _pair("fcfs_cb", FcfsPrefill, ContinuousBatching))          # DistServe / vLLM
+SLO_SCHEDULERS.register("urgency_only", _pair("urgency_only", UrgencyPrefill, ContinuousBatching))
+SLO_SCHEDULERS.register("slack_only", _pair("slack_only", FcfsPrefill, SlackGuided))
+SLO_SCHEDULERS.register("kairos_slo", _pair("kairos_slo", UrgencyPrefill, SlackGuided))      # §3.1 + §3.2
+# Algorithm 3 exactly as printed (decode all when no slack, nobody deprioritised): for comparison
+SLO_SCHEDULERS.register("kairos_slo_alg3", _pair("kairos_slo_alg3", UrgencyPrefill, SlackGuided, literal=True))
+
+
+def make_slo_core(scheduler: str, profile: LLMProfile, clock, scheduler_params: dict | None = None, **core_params) -> SLOServingCore:
+    s = SLO_SCHEDULERS.create(scheduler, **(scheduler_params or {}))
+    return SLOServingCore(s.prefill, s.decode, profile, clock, **core_params)
+
+
+__all__ = ["SLO_SCHEDULERS", "SLOScheduler", "make_slo_core", "SLOServingCore", "PrefillItem", "DecodeItem",
+           "PREFILL", "DECODE", "LLMProfile", "PrefillProfile", "DecodeLUT", "LLMRequest", "SLODefaults",
+           "resolve_slo", "BadSLO", "BadPrompt", "Overloaded", "FcfsPrefill", "UrgencyPrefill", "ContinuousBatching",
+           "SlackGuided", "PrefillPolicy", "DecodePolicy", "select_chunks", "tpot_slack"]
