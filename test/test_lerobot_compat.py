@@ -13,6 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from robotserve_ros.engines import ENGINES
+
 grpc = pytest.importorskip("grpc")
 pytest.importorskip("lerobot")
 
@@ -353,7 +355,7 @@ def test_client_id_metadata_separates_clients_on_one_connection(sim_server):
     ("fps", -1, "fps must be a number > 0, got -1"),
     ("scheduler", "nosuch", "unknown scheduler 'nosuch'; known: autellix, edf, fifo, kairos"),
     ("scheduler_params", {"nosuch": 1}, "scheduler_params for kairos"),
-    ("engine", "nosuch", "unknown engine 'nosuch'; known: lerobot, remote, simulated"),
+    ("engine", "nosuch", f"unknown engine 'nosuch'; known: {', '.join(ENGINES.names())}"),
     ("profile_ms", {0: 5.0}, "profile_ms: batch size"),
     ("port", 70000, "port must be an integer in 0..65535"),
     ("threads", 0, "threads must be an integer > 0"),
