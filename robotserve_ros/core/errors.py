@@ -40,6 +40,29 @@ class BadPolicyParam(RequestError):
     code = "bad_policy_param"
 
 
+class BadPrompt(RequestError):
+    """A language request's prompt: empty, not text, over the model's context limit, or a bad
+    output length (LLM plans, SLO serving, VLA language, VLM questions)."""
+
+    code = "bad_prompt"
+
+
+class BadDeadline(RequestError):
+    """A time-utility function or SLO that cannot hold (beta <= 0, cutoff <= ERT, SLO <= 0, NaN)."""
+
+    code = "bad_deadline"
+
+
+class Overloaded(RequestError):
+    """Refused at admission: the server takes no more of this kind of work now."""
+
+    code = "overloaded"
+
+
+class UnknownAgent(RequestError):
+    code = "unknown_agent"
+
+
 class WorkloadError(ValueError):
     """A workload file that does not follow the documented format; names the field."""
 

@@ -18,23 +18,13 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from .errors import RequestError
-
-
-class BadPrompt(RequestError):
-    """Empty, not text, or over the model's context limit."""
-
-    code = "bad_prompt"
+from .errors import BadPrompt, Overloaded, RequestError  # noqa: F401 (BadPrompt, Overloaded: this module's errors too)
 
 
 class NoObservation(RequestError):
     """A language request about a frame that was never observed."""
 
     code = "bad_observation"
-
-
-class Overloaded(RequestError):
-    code = "overloaded"
 
 
 @dataclass

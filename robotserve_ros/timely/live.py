@@ -15,16 +15,12 @@ import threading
 import time
 from typing import Callable, Hashable, Optional, Sequence
 
-from ..core.errors import RequestError
+from ..core.errors import BadPrompt, RequestError
 from ..core.loop import LiveDriver
 from ..core.timely import Event, Plan, SegmentOutcome, TimelyCore, WorkItem
 from ..engines.llm.stop import StopChecker
 
 log = logging.getLogger("robotserve.timely")
-
-
-class BadPrompt(RequestError):
-    code = "bad_prompt"
 
 
 class LiveTimely:

@@ -6,23 +6,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ..errors import RequestError
-
-
-class BadSLO(RequestError):
-    """A TTFT/TPOT SLO that cannot hold (<= 0 after defaults, NaN, infinite)."""
-
-    code = "bad_deadline"
-
-
-class BadPrompt(RequestError):
-    """An empty prompt, one over the context limit, or a bad output length."""
-
-    code = "bad_prompt"
-
-
-class Overloaded(RequestError):
-    code = "overloaded"
+from ..errors import BadDeadline as BadSLO, BadPrompt, Overloaded  # noqa: F401 (the SLO core's errors)
 
 
 @dataclass(frozen=True)

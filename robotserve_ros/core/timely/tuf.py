@@ -4,13 +4,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..errors import RequestError
-
-
-class BadDeadline(RequestError):
-    """A time-utility function that cannot hold (beta <= 0, cutoff <= ERT, not finite)."""
-
-    code = "bad_deadline"
+from ..errors import BadDeadline  # noqa: F401 (a TUF that cannot hold: beta <= 0, cutoff <= ERT, not finite)
 
 
 # The paper's two TUFs (§7.1): normal tasks [beta 1, ERT 1 s, cutoff 1.5 s] (alpha -2),

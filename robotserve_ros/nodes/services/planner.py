@@ -26,17 +26,13 @@ import time
 from collections import Counter
 
 from ...core.clock import WallClock
-from ...core.errors import RequestError
+from ...core.errors import RequestError, UnknownAgent
 from ...core.timely import NORMAL, SEGMENT_SCHEDULERS, TUF, URGENT, Plan, TimelyCore
 from ...core.timely.serving import DuplicatePlan
 from ...timely.bench import load_profile
 from ...timely.live import BadPrompt, LiveTimely
 from ...timely.skills import default_skill_time
 from ...timely.trace import SYSTEM
-
-
-class UnknownAgent(RequestError):
-    code = "unknown_agent"
 
 
 class PlannerService:
