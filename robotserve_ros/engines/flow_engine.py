@@ -13,10 +13,10 @@ from typing import Optional, Sequence
 import numpy as np
 
 from ..core.engine import Engine
-from ..core.observation import BadObservation, Observation, ObservationSpec
+from ..core.observation import Observation, ObservationSpec
 from ..core.profile import EngineProfile
 from ..core.types import ChunkResult, InferenceRequest
-from .lerobot_engine import NOMINAL_PROFILE_MS, _row_seed
+from .lerobot_engine import NOMINAL_PROFILE_MS, _row_seed, joint_state
 
 
 class FlowEngine(Engine):
@@ -55,16 +55,7 @@ class FlowEngine(Engine):
         return Observation(joints=rng.uniform(-1, 1, self.state_dim).astype(np.float32))
 
     def _state(self, req: InferenceRequest) -> np.ndarray:
-        obs = req.observation
-        who = f"task {req.task_id!r}"
-        if not isinstance(obs, Observation):
-            raise BadObservation(f"{who}: no observation (the flow policy needs one)")
-        q = np.asarray(obs.joints, dtype=np.float32)
-        if q.shape != (self.state_dim,):
-            raise BadObservation(f"{who}: joint state has shape {q.shape}, the policy takes ({self.state_dim},)")
-        if not np.all(np.isfinite(q)):
-            raise BadObservation(f"{who}: joint state has non-finite values")
-        return q
+        return joint_state(req, self.state_dim, "flow")
 
     def infer(self, batch: Sequence[InferenceRequest]) -> list[ChunkResult]:
         if not batch:

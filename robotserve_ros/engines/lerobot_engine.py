@@ -81,6 +81,19 @@ def check_policy_dir(policy_dir) -> dict:
     return cfg
 
 
+def joint_state(req: InferenceRequest, state_dim: int, policy: str) -> np.ndarray:
+    """The request's joint state as the policy takes it (float32, state_dim, finite), or BadObservation."""
+    obs, who = req.observation, f"task {req.task_id!r}"
+    if not isinstance(obs, Observation):
+        raise BadObservation(f"{who}: no observation (the {policy} policy needs one)")
+    q = np.asarray(obs.joints, dtype=np.float32)
+    if q.shape != (state_dim,):
+        raise BadObservation(f"{who}: joint state has shape {q.shape}, the policy takes ({state_dim},)")
+    if not np.all(np.isfinite(q)):
+        raise BadObservation(f"{who}: joint state has non-finite values")
+    return q
+
+
 def _row_seed(seed: int, task_id: str, round_id: int, sample: int = 0) -> int:
     """One 63-bit seed per (engine seed, task, round, sample): the noise of a row never depends
     on which other rows share its batch; a self-consistency replica (sample > 0) draws its own."""
@@ -250,13 +263,7 @@ class LeRobotEngine(Engine):
         torch = self.torch
         obs = req.observation
         who = f"task {req.task_id!r}"
-        if not isinstance(obs, Observation):
-            raise BadObservation(f"{who}: no observation (the {self.policy_type} policy needs one)")
-        q = np.asarray(obs.joints, dtype=np.float32)
-        if q.shape != (self.state_dim,):
-            raise BadObservation(f"{who}: joint state has shape {q.shape}, the policy takes ({self.state_dim},)")
-        if not np.all(np.isfinite(q)):
-            raise BadObservation(f"{who}: joint state has non-finite values")
+        q = joint_state(req, self.state_dim, self.policy_type)
         images = list(obs.images or [])
         if len(images) != len(self.image_keys):
             raise BadObservation(f"{who}: {len(images)} camera images, the policy takes {len(self.image_keys)} "

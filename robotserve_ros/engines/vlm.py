@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence as Seq
 
+from .tiny_policies import SMOLVLM2_500M
 from .torch_env import import_torch
 
 PAD, BOS, EOS, FAKE, IMAGE = 0, 1, 2, 3, 4
@@ -55,15 +56,8 @@ SHAPES = {
                           "num_attention_heads": 6, "image_size": 224, "patch_size": 16},
         "scale_factor": 2,
     },
-    "smolvlm2_500m": {
-        "text_config": {"model_type": "llama", "vocab_size": 49280, "hidden_size": 960, "intermediate_size": 2560,
-                        "num_hidden_layers": 32, "num_attention_heads": 15, "num_key_value_heads": 5, "head_dim": 64,
-                        "max_position_embeddings": 8192, "rope_theta": 100000.0, "rms_norm_eps": 1e-5,
-                        "pad_token_id": 0},
-        "vision_config": {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12,
-                          "num_attention_heads": 12, "image_size": 512, "patch_size": 16},
-        "scale_factor": 4,
-    },
+    # the published shape SmolVLA's real-size policies use too (tiny_policies); image_seq_len is theirs
+    "smolvlm2_500m": {k: v for k, v in SMOLVLM2_500M.items() if k != "image_seq_len"},
 }
 
 
