@@ -57,3 +57,35 @@ def unanswered_action(now: float, sent_at: float, first_sent_at: float, resend_a
     if not overdue_told and now - first_sent_at > request_timeout_s:
         return "overdue"
     return None
+
+
+class OpenRound:
+    """A robot's open round as re-send state (unanswered_action's inputs): when it was first
+    and last sent, how often re-sent, whether it was reported overdue, and whether a re-send is
+    due. robot_client and light_fleet each keep one per robot."""
+
+    __slots__ = ("sent_at", "first_sent_at", "resends", "overdue_told", "resending")
+
+    def __init__(self) -> None:
+        self.sent_at = self.first_sent_at = 0.0
+        self.resends = 0
+        self.overdue_told = self.resending = False
+
+    def sent(self, now: float) -> None:
+        """The round went out: a re-send if one was due, else a new round."""
+        self.sent_at = now
+        if self.resending:
+            self.resends += 1
+        else:
+            self.first_sent_at, self.resends, self.overdue_told = now, 0, False
+        self.resending = False
+
+    def check(self, now: float, resend_after_s: float, request_timeout_s: float) -> Optional[str]:
+        """unanswered_action for this round; "resend" marks a re-send due, "overdue" is said once."""
+        act = unanswered_action(now, self.sent_at, self.first_sent_at, resend_after_s, request_timeout_s,
+                                self.resends, overdue_told=self.overdue_told)
+        if act == "resend":
+            self.resending = True
+        elif act == "overdue":
+            self.overdue_told = True
+        return act

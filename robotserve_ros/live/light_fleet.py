@@ -32,7 +32,7 @@ from typing import Optional
 
 import numpy as np
 
-from ..core.robot_timing import trigger_actions, unanswered_action
+from ..core.robot_timing import OpenRound, trigger_actions
 
 
 def _robot_config(params: Optional[str]):
@@ -75,8 +75,7 @@ def recorded_observations(n: int = 8, width: int = 96, height: int = 96, joints:
 class LightRobot:
     """One robot's state; its timing and re-send rules are robot_client's."""
 
-    __slots__ = ("name", "acct", "task_k", "task_id", "round", "timestep", "queue_end", "outstanding", "sent_at",
-                 "first_sent_at", "resending", "resends", "overdue_told", "retry_at", "task_start", "exec_start", "idle", "chunks", "fut", "futs",
+    __slots__ = ("name", "acct", "task_k", "task_id", "round", "timestep", "queue_end", "outstanding", "open_round", "retry_at", "task_start", "exec_start", "idle", "chunks", "fut", "futs",
                  "finished_tasks", "continued", "done", "obs_k")
 
     def __init__(self, name: str, hz: float) -> None:
@@ -90,8 +89,8 @@ class LightRobot:
     def start_task(self, now: float, keep_motion: bool = False) -> None:
         self.task_id = f"{self.name}/task{self.task_k}"
         self.round = 0
-        self.outstanding = self.resending = self.done = self.overdue_told = False
-        self.resends = 0
+        self.outstanding = self.done = False
+        self.open_round = OpenRound()
         self.retry_at = 0.0
         self.chunks = 0
         if not keep_motion:
@@ -158,7 +157,7 @@ class LightFleetNode:
                 self._finish(r, now)
                 continue
             self._check_timeout(r, now, ready)
-            if not r.outstanding and (r.resending or not self.draining) and r.left() <= self.trigger \
+            if not r.outstanding and (r.open_round.resending or not self.draining) and r.left() <= self.trigger \
                     and r.queue_end < total and ready:  # draining: no new round, a deferred re-send still goes
                 self._send(r, now)
 
@@ -185,12 +184,8 @@ class LightFleetNode:
         q.refresh_service = self.fetch_name
         if r.task_start is None:
             r.task_start = now
-        r.outstanding, r.sent_at = True, now
-        if r.resending:
-            r.resends += 1
-        else:
-            r.first_sent_at, r.resends, r.overdue_told = now, 0, False
-        r.resending = False
+        r.outstanding = True
+        r.open_round.sent(now)
         key = (r.task_id, r.round)
         r.acct.on_send(key)
         r.fut = self.cli.call_async(q)
@@ -202,15 +197,13 @@ class LightFleetNode:
         reported overdue once after request_timeout_s, never given up."""
         if not r.outstanding:
             return
-        act = unanswered_action(now, r.sent_at, r.first_sent_at, self.resend_after, self.c.request_timeout_s, r.resends,
-                                overdue_told=r.overdue_told)
+        act = r.open_round.check(now, self.resend_after, self.c.request_timeout_s)
         if act == "resend":  # the earlier call stays open (robot_client's rule): first answer wins
-            r.outstanding, r.resending = False, True
+            r.outstanding = False
             if ready:
                 self._send(r, now)
             return
         if act == "overdue":
-            r.overdue_told = True
             r.acct.errors["timeout"] += 1
 
     def _drop_calls(self, r: LightRobot) -> None:

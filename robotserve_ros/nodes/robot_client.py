@@ -37,7 +37,7 @@ from std_msgs.msg import Float64MultiArray
 from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
 from ..core.action_queue import AGGREGATES, ActionQueue
-from ..core.robot_timing import trigger_actions, unanswered_action
+from ..core.robot_timing import OpenRound, trigger_actions
 from ..sim.simulator import task_type_of
 from ..msg import ExecutionProgress
 from ..srv import FetchObservation, Infer
@@ -245,9 +245,7 @@ class RobotClientNode(Node):
             self.instruction = self.config.instruction
         self.round = 0
         self.outstanding = False
-        self.resending = False
-        self.resends = 0
-        self.overdue_told = False
+        self.open_round = OpenRound()
         self.retry_at = 0.0
         self.queue.reset()
         self.task_start = None
@@ -262,7 +260,8 @@ class RobotClientNode(Node):
         self.task_k += 1
         self.task_id = f"{self.robot}/task{self.task_k}"
         self.round = 0
-        self.outstanding = self.resending = False
+        self.outstanding = False
+        self.open_round = OpenRound()
         self.tasks_continued += 1
 
     def _task_actions(self) -> int:
@@ -310,7 +309,7 @@ class RobotClientNode(Node):
         self._check_timeout()
         # Draining starts no new round, but a re-send that could not go out yet (service not
         # ready, a retry pause) is still the open round's and goes when it can.
-        if not self.outstanding and (self.resending or not self.draining) and len(self.queue) <= self.trigger \
+        if not self.outstanding and (self.open_round.resending or not self.draining) and len(self.queue) <= self.trigger \
                 and self._needs_more():
             self._send()
 
@@ -353,12 +352,7 @@ class RobotClientNode(Node):
         if self.task_start is None:
             self.task_start = now
         self.outstanding = True
-        self.sent_at = now
-        if self.resending:
-            self.resends += 1
-        else:
-            self.first_sent_at, self.resends, self.overdue_told = now, 0, False
-        self.resending = False
+        self.open_round.sent(now)
         task, rnd = self.task_id, self.round
         self.acct.on_send((task, rnd))
         self.fut = self.cli.call_async(r)
@@ -372,18 +366,16 @@ class RobotClientNode(Node):
         -- never given up (core/robot_timing.py says why)."""
         if not self.outstanding:
             return
-        act = unanswered_action(self.clock.now(), self.sent_at, self.first_sent_at, self.resend_after,
-                                self.config.request_timeout_s, self.resends, overdue_told=self.overdue_told)
+        act = self.open_round.check(self.clock.now(), self.resend_after, self.config.request_timeout_s)
         if act == "resend":
             # The earlier call stays open: on a loaded robot its reply may only be late in our
             # own executor, and dropping it here would drop every reply slower than
             # resend_after (a livelock at 100 robots on 2 cores). Whichever answer comes first
             # is used; the server never generates the round twice.
-            self.outstanding, self.resending = False, True
+            self.outstanding = False
             self._send()
             return
         if act == "overdue":
-            self.overdue_told = True
             self.acct.errors["timeout"] += 1
             self.get_logger().warning(f"{self.task_id} round {self.round}: no answer in {self.config.request_timeout_s} s; "
                                       "still re-sending")
