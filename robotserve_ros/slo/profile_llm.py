@@ -113,7 +113,7 @@ def measure(pe, de, *, prompt_tokens=(16, 64, 128, 256, 512, 1024, 1536, 1900), 
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--out", required=True, help="profile JSON (robotserve_ros/slo/profiles/NAME.json for one of record)")
+    p.add_argument("--out", required=True, help="profile JSON (robotserve_ros/profiles/NAME.json for one of record)")
     p.add_argument("--model", default=None, help="LLM folder (default: the converted SmolLM2)")
     p.add_argument("--dtype", default=None, choices=("float32", "bfloat16"))
     p.add_argument("--repeats", type=int, default=3)
@@ -121,7 +121,7 @@ def add_arguments(p) -> None:
 
 
 def cli(a) -> int:
-    from .bench import live_engines
+    from ..engines.llm.engine import live_engines
 
     pe, de = live_engines(a.model, a.dtype)
     kw = dict(prompt_tokens=(16, 64, 256), batches=(1, 2, 4), contexts=(64, 256), steps=2) if a.quick else {}

@@ -57,8 +57,8 @@ def _peak_rss_mb(pid: str = "self") -> float:
 
 
 def _load(policy_dir: str, device: str, k: int, threads: int):
-    from .oxygen import OxyGenEngine
-    from .torch_env import import_torch
+    from ..engines.oxygen import OxyGenEngine
+    from ..engines.torch_env import import_torch
 
     torch = import_torch()
     torch.set_num_threads(threads)
@@ -396,12 +396,12 @@ def cli(a) -> int:
     rep.mkdir(parents=True, exist_ok=True)
     tmp = None
     if a.policy:
-        from .lerobot_engine import check_policy_dir
+        from ..engines.lerobot_engine import check_policy_dir
 
         check_policy_dir(a.policy)
         policy = a.policy
     else:
-        from .tiny_policies import make_sized_policy_dir
+        from ..engines.tiny_policies import make_sized_policy_dir
 
         tmp = tempfile.TemporaryDirectory(prefix="oxygen_bench_")
         policy = str(make_sized_policy_dir("smolvla", Path(tmp.name) / "vla", a.size))

@@ -40,8 +40,8 @@ import yaml
 
 from ..launch_description import default_config, server as server_specs
 from ..machine import machine_info
-from .bench_fleet_live import _Listener, aggregate
-from .processes import ModuleSpec, ProcessGroup, pick_free_domain, ros_env
+from .fleet_live import _Listener, aggregate
+from ..live.processes import ModuleSpec, ProcessGroup, pick_free_domain, ros_env
 
 SCENARIOS = ("server_kill", "client_kill", "server_freeze", "partition")
 

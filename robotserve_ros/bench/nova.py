@@ -191,7 +191,7 @@ def _mean_rows(runs: list) -> dict:
 
 def run_live(vlm, mech, profile: StageProfile, wl: Workload, rate: float, n: int, seed: int, log=print) -> list:
     """The schedulers serving the real engine through core.nova's LiveDriver path."""
-    from .vlm import StageExecutor
+    from ..engines.vlm import StageExecutor
 
     plan = _plan(profile, wl)
     ex = StageExecutor(vlm, mech)
@@ -242,7 +242,7 @@ def _trim() -> None:
 
 def measure_offload(shape: str, *, physical: int = 2, reps: int = 5, log=print) -> dict:
     """§III-E on this CPU: the vision encoder with every layer resident vs `physical` layers."""
-    from .vlm import StagedVLM
+    from ..engines.vlm import StagedVLM
 
     with tempfile.TemporaryDirectory(prefix="nova-offload-") as d:
         plain = StagedVLM(shape, seed=0)
@@ -254,7 +254,7 @@ def measure_offload(shape: str, *, physical: int = 2, reps: int = 5, log=print) 
         _trim()
         rss_plain_copy = _rss_mb() - rss0
         before = off.vision_bytes() / 2**20
-        from .vlm import offload_vision_layers
+        from ..engines.vlm import offload_vision_layers
 
         enc = offload_vision_layers(off.model, Path(d), physical)
         _trim()
@@ -317,8 +317,8 @@ def compare(rows: list) -> list:
 def run(out: Path, *, shape: str = "small", loads=(0.3, 0.5, 0.7, 0.85), n: int = 300, seeds=(0, 1, 2),
         live_n: int = 12, live_load: float = 0.3, offload_shapes=("small", "smolvlm2_500m"), reps: int = 5,
         report_dir: Path = Path("reports/nova"), pin: bool = False, log=print) -> dict:
-    from .vlm import StagedVLM
-    from .vlm_partition import CpuCorePartition
+    from ..engines.vlm import StagedVLM
+    from ..engines.vlm_partition import CpuCorePartition
 
     out.mkdir(parents=True, exist_ok=True)
     load_before = os.getloadavg()
@@ -490,7 +490,7 @@ def reading(data: dict, meta: dict) -> list:
 
 
 def add_arguments(p) -> None:
-    from ..cli import positive
+    from ..cli_types import positive
 
     p.add_argument("--out", required=True, help="directory for nova.json (+ nova.meta.json)")
     p.add_argument("--shape", default="small", choices=("tiny", "small", "smolvlm2_500m"),

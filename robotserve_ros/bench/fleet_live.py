@@ -46,7 +46,7 @@ import yaml
 
 from ..launch_description import default_config, robots as robot_specs, server as server_specs
 from ..machine import busy_fraction, cpu_times, machine_info, proc_cpu_s
-from .processes import (DomainContext, ModuleSpec, ProcessGroup, foreign_nodes, pct, pick_free_domain, read_stage_trace, ros_env,
+from ..live.processes import (DomainContext, ModuleSpec, ProcessGroup, foreign_nodes, pct, pick_free_domain, read_stage_trace, ros_env,
                         server_diagnostics)
 
 

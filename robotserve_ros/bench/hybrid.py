@@ -22,7 +22,7 @@ Also measured: gRPC overhead on loopback for a batch of eight 224x224x3 observat
 hybrid mode (every round answered once: lost and duplicated rounds counted).
 
 Helper process (started by the benchmark inside the edge namespace):
-    python -m robotserve_ros.live.bench_hybrid drive --cloud HOST:PORT --token-file F --out F ...
+    python -m robotserve_ros.bench.hybrid drive --cloud HOST:PORT --token-file F --out F ...
 """
 from __future__ import annotations
 
@@ -257,7 +257,7 @@ def drive(argv=None) -> int:
     from ..net.relay import DelayRelay
     from ..transport.remote_engine import RemoteEngine
 
-    p = argparse.ArgumentParser(prog="bench_hybrid drive")
+    p = argparse.ArgumentParser(prog="bench.hybrid drive")
     add_arguments(p)
     p.add_argument("--cloud", help="HOST:PORT of the cloud gpu-server (cloud modes)")
     p.add_argument("--token-file")
@@ -356,7 +356,7 @@ def _drive(link, jobs: dict, tmp: Path) -> dict:
     for tag, args in jobs.items():
         out = tmp / f"drive-{tag}.json"
         log = open(tmp / f"drive-{tag}.log", "w")
-        argv = [sys.executable, "-m", "robotserve_ros.live.bench_hybrid", "drive", *args, "--out", str(out)]
+        argv = [sys.executable, "-m", "robotserve_ros.bench.hybrid", "drive", *args, "--out", str(out)]
         procs[tag] = (link.popen("a", argv, stdout=log, stderr=subprocess.STDOUT), out, log)
     res = {}
     for tag, (proc, out, log) in procs.items():
@@ -517,4 +517,4 @@ def cli(a) -> int:
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "drive":
         raise SystemExit(drive(sys.argv[2:]))
-    raise SystemExit("usage: python -m robotserve_ros.live.bench_hybrid drive ...")
+    raise SystemExit("usage: python -m robotserve_ros.bench.hybrid drive ...")

@@ -32,8 +32,9 @@ import numpy as np
 from ..core.errors import ConfigError
 from ..core.slo import LLMProfile, SLO_SCHEDULERS
 from ..machine import machine_info
-from .sim import metrics, simulate
-from .workload import LengthMix, poisson_requests, summary
+from ..profiles import PROFILES_DIR
+from ..slo.sim import metrics, simulate
+from ..slo.workload import LengthMix, poisson_requests, summary
 
 SCHEDULERS = ("fcfs_cb", "urgency_only", "slack_only", "kairos_slo")
 NOTES = (
@@ -51,8 +52,7 @@ NOTES = (
     "profile under that load. Read the live rows as the same core serving the real engine, not as the measure "
     "of the gains.",
 )
-PROFILES_DIR = Path(__file__).resolve().parent / "profiles"  # LLM SLO profiles of record
-PROFILE_OF_RECORD = PROFILES_DIR / "smollm2_135m_slo.json"
+PROFILE_OF_RECORD = PROFILES_DIR / "smollm2_135m_slo.json"  # the LLM SLO profile of record
 TTFT_FACTOR, TPOT_FACTOR, TPOT_TYPICAL_FACTOR = 0.9, 1.25, 4.5
 ROW_KEYS = ("scheduler", "rate", "ttft_attainment", "tpot_attainment", "e2e_attainment", "decode_tokens_per_s")
 LIVE_MIX = LengthMix(short_median=64, short_sigma=0.8, min_prompt=8, p_long=0.12, long_min=384, long_max=1024,
@@ -60,7 +60,7 @@ LIVE_MIX = LengthMix(short_median=64, short_sigma=0.8, min_prompt=8, p_long=0.12
 
 
 def add_arguments(p) -> None:
-    from ..cli import positive
+    from ..cli_types import positive
 
     p.add_argument("--out", default="reports/slo", help="folder for slo.json, slo.md, slo.png")
     p.add_argument("--profile", default=str(PROFILE_OF_RECORD), help="LLM SLO profile JSON (robotserve profile-slo)")
@@ -98,7 +98,7 @@ def nominal_capacity(profile: LLMProfile, mix: LengthMix, tpot_slo: float, max_b
     """Requests/s the prefill worker can take (1 / mean prefill time of the mix) and the
     decode worker can take at the TPOT SLO (the largest batch whose step at the mix's mean
     context fits the SLO, its tokens/s over the mean output length); the smaller one is 1.0."""
-    from .workload import draw_lengths
+    from ..slo.workload import draw_lengths
 
     prompt, out = draw_lengths(mix, n, np.random.default_rng(12345))
     pre = float(np.mean([profile.prefill.predict(int(p)) for p in prompt]))
@@ -198,23 +198,11 @@ def run_sim(profile: LLMProfile, a, log=print, setting: str = "sim", schedulers=
 # --------------------------------------------------------------------------------------------
 # Live runs: the real engine as two disaggregated workers
 # --------------------------------------------------------------------------------------------
-def live_engines(model: str | None, dtype: str | None):
-    """Two engine instances sharing one set of weights (each its own KV caches): the prefill
-    worker's and the decode worker's. torch at one intra-op thread: each worker one core."""
-    try:
-        from ..engines.llm.engine import LLMEngine
-    except ImportError as e:
-        raise ConfigError(f"the live runs need the LLM engine (robotserve_ros/engines/llm): {e}") from None
-    pe = LLMEngine.load(model, dtype=dtype, threads=1)
-    de = LLMEngine(pe.model, pe.tokenizer, max_context=pe.max_context, name=pe.name + "-decode")
-    return pe, de
-
-
 def run_live_once(pe, de, profile: LLMProfile, sched: str, reqs, ttft: float, tpot: float, max_batch: int,
                   vocab: int, seed: int, timeout_s: float = 600.0) -> tuple[dict, dict]:
     from ..core.clock import WallClock
     from ..core.slo import SLODefaults, make_slo_core
-    from .workers import DisaggregatedWorkers
+    from ..slo.workers import DisaggregatedWorkers
 
     done = []
     all_done = threading.Event()
@@ -300,6 +288,8 @@ def measure_split(pe, de, vocab: int, prompt_tokens: int = 384, batch: int = 4, 
 
 
 def run_live(profile: LLMProfile, a, log=print) -> dict:
+    from ..engines.llm.engine import live_engines
+
     pe, de = live_engines(a.model, a.dtype)
     vocab = int(pe.model.config.vocab_size)
     mix = LIVE_MIX
@@ -409,7 +399,7 @@ def write_markdown(res: dict, path: Path) -> None:
             continue
         L += [f"## {mode}", "",
               f"TTFT SLO {m['ttft_slo_s']:.3f} s, TPOT SLO {1000 * m['tpot_slo_s']:.1f} ms (from the profile, see "
-              f"slo/bench.py); rates are multiples of {m['capacity']['fcfs_cb_knee_req_s']:.4f} req/s, where the "
+              f"bench/slo.py); rates are multiples of {m['capacity']['fcfs_cb_knee_req_s']:.4f} req/s, where the "
               f"simulator has fcfs_cb attain 50 % e2e (analytic capacity: prefill {m['capacity']['prefill_req_s']:.3f}, "
               f"decode at the TPOT SLO {m['capacity']['decode_req_s']:.3f} req/s); "
               f"{m['requests']} requests per run; mix: {json.dumps(m['mix_summary'])}.", ""]
