@@ -43,8 +43,8 @@ import numpy as np
 import yaml
 
 from ..core.runner import STAGES
-from ..machine import busy_fraction, cpu_times, machine_info
 from ..live.processes import DomainContext, ModuleSpec, foreign_nodes, pct, pick_free_domain, read_stage_trace
+from ..machine import busy_fraction, cpu_times, machine_info
 
 RAW_SERVICE = "/robotserve_bench/raw_infer"
 RAW_MT_SERVICE = "/robotserve_bench/raw_infer_mt"
