@@ -266,7 +266,7 @@ def scaled(block: dict, speedup: float) -> LLMProfile:
     if "regather_ms" in b:
         b["regather_ms"]["ms"] = [[m / speedup for m in row] if isinstance(row, list) else row / speedup
                                   for row in b["regather_ms"]["ms"]]
-    return LLMProfile(b)
+    return LLMProfile.from_block(b)
 
 
 def ratios(res: dict) -> dict:

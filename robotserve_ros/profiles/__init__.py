@@ -1,11 +1,11 @@
 """Engine profiles of record: the one place measured latency-vs-batch data lives.
 
 Each `NAME.json` here is what `robotserve profile` writes (the engine profile the scheduler
-and placement read, every sample, the machine and method), or an LLM engine's profile: the
-segment scheduler's (`robotserve llm-profile`, core/timely/profile.py) and the SLO
-schedulers' (`robotserve profile-slo`, core/slo/profile.py). Built-in workloads, node
-defaults and config files name a profile (`engine_profile: smolvla_tiny`) instead of
-pasting its numbers; `reports/profiles/NAME.md` is each one's short report.
+and placement read, every sample, the machine and method), or an LLM engine's profile
+(`robotserve llm-profile`; core/llm_profile.py), the one the SLO and segment schedulers read.
+Built-in workloads, node defaults and config files name a profile (`engine_profile:
+smolvla_tiny`) instead of pasting its numbers; `reports/profiles/NAME.md` is each one's short
+report.
 """
 from __future__ import annotations
 
@@ -66,9 +66,9 @@ def load_profile_file(path) -> EngineProfile:
 
 
 def load_llm_profile(name: str):
-    """The LLM engine's profile for the segment scheduler (core/timely/profile.py) and its whole
-    record, from a profile of record's name or a JSON file."""
-    from ..core.timely import LLMProfile
+    """The LLM engine's profile (core/llm_profile.py) and its whole record, from a profile of
+    record's name or a JSON file."""
+    from ..core.llm_profile import LLMProfile
 
     try:
         rec = json.loads(path_of(name).read_text())
