@@ -194,7 +194,6 @@ def build_parser() -> argparse.ArgumentParser:
     from .bench import slo as bench_slo, study_fleet, timely as timely_bench
     from .engines import profiling, tiny_policies
     from .engines.llm import convert as llm_convert, profile as llm_profile
-    from .slo import profile_llm as profile_slo
     from .transport.lerobot import command as lerobot_command
 
     p = _Parser(prog="robotserve", description=__doc__)
@@ -312,16 +311,13 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--ablation", action="store_true", help="also run FIFO with the dynamic horizon")
     d.set_defaults(func=cmd_demo)
 
-    ps = sub.add_parser("profile-slo", help="LLM prefill / decode-step / KV-handover profile for the SLO schedulers")
-    profile_slo.add_arguments(ps)
-    ps.set_defaults(func=profile_slo.cli)
-
     pr = sub.add_parser("profile", help="engine latency vs batch size: the engine profile JSON + Markdown report")
     profiling.add_arguments(pr)
 
     lc = sub.add_parser("llm-convert", help="convert the packaged SmolLM2 GGUF once into a model folder (build step)")
     llm_convert.add_arguments(lc)
-    lp = sub.add_parser("llm-profile", help="LLM engine: prefill vs prompt, decode step vs batch/context -> profile JSON")
+    lp = sub.add_parser("llm-profile", help="LLM engine: prefill vs prompt, decode step vs batch/context, KV handover "
+                                           "-> the profile JSON every LLM scheduler reads")
     llm_profile.add_arguments(lp)
 
     mp = sub.add_parser("make-policy", help="write a random-weight LeRobot policy directory (default or real size)")

@@ -63,7 +63,7 @@ def add_arguments(p) -> None:
     from ..cli_types import positive
 
     p.add_argument("--out", default="reports/slo", help="folder for slo.json, slo.md, slo.png")
-    p.add_argument("--profile", default=str(PROFILE_OF_RECORD), help="LLM SLO profile JSON (robotserve profile-slo)")
+    p.add_argument("--profile", default=str(PROFILE_OF_RECORD), help="LLM profile JSON (robotserve llm-profile)")
     p.add_argument("--sim-requests", type=positive(int), default=1000, help="requests per simulated run (paper: 1000)")
     p.add_argument("--sim-loads", type=positive(), nargs="+",
                    default=[0.25, 0.5, 0.75, 0.85, 0.95, 1.0, 1.05, 1.15, 1.3, 1.5, 2.0],
@@ -336,7 +336,7 @@ def cli(a) -> int:
         raise ConfigError(f"--live-requests must be >= 0, got {a.live_requests}")
     pf = Path(a.profile)
     if not pf.is_file():
-        raise ConfigError(f"--profile {pf}: no such file (measure one with `robotserve profile-slo --out FILE`)")
+        raise ConfigError(f"--profile {pf}: no such file (measure one with `robotserve llm-profile --out FILE`)")
     try:
         profile = LLMProfile.load(pf)
     except (ValueError, KeyError, json.JSONDecodeError) as e:
