@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 
+from .cli_types import Parser as _Parser, UsageError, positive
 from .params import parse_key_values
 
 
@@ -46,8 +46,8 @@ def cmd_sim(a) -> int:
 
 
 def cmd_bench_fleet(a) -> int:
-    from .sim.bench_fleet import run_bench
-    from .sim.report import regime_targets, targets
+    from .bench.fleet import run_bench
+    from .bench.fleet_report import regime_targets, targets
 
     seeds = tuple(a.seeds)
     tasks = a.tasks
@@ -61,7 +61,7 @@ def cmd_bench_fleet(a) -> int:
 
 
 def cmd_bench_scheduler(a) -> int:
-    from .sim.bench_scheduler import format_table, run_bench
+    from .bench.scheduler import format_table, run_bench
 
     res = run_bench(Path(a.out), tuple(a.sizes), a.repeats)
     print(format_table(res))
@@ -70,7 +70,7 @@ def cmd_bench_scheduler(a) -> int:
 
 
 def cmd_bench_regime(a) -> int:
-    from .sim.regime import run_regime
+    from .bench.regime import run_regime
 
     seeds, tasks = (a.seeds[:1], min(a.tasks, 120)) if a.quick else (a.seeds, a.tasks)
     run_regime(Path(a.out), seeds=tuple(seeds), tasks=tasks, workers=a.workers)
@@ -156,49 +156,26 @@ def cmd_demo(a) -> int:
     return 0
 
 
-class UsageError(Exception):
-    """A wrong name or value on the command line: one line to stderr, exit 2."""
-
-
-def positive(kind=float):
-    """argparse type: a finite number > 0 (a whole one for kind=int)."""
-    def parse(v: str):
-        try:
-            x = kind(v)
-        except ValueError:
-            x = None
-        if x is None or not math.isfinite(x) or x <= 0:
-            raise argparse.ArgumentTypeError(f"must be a {'whole ' if kind is int else ''}number > 0, got {v!r}")
-        return x
-
-    return parse
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line naming the argument and what is allowed, no usage dump
-        self.exit(2, f"{self.prog}: {message}\n")
-
-
 def cmd_bench_transport(a) -> int:
-    from .live.bench_transport import cli
+    from .bench.transport import cli
 
     return cli(a)
 
 
 def cmd_bench_fleet_live(a) -> int:
-    from .live.bench_fleet_live import cli
+    from .bench.fleet_live import cli
 
     return cli(a)
 
 
 def cmd_bench_soak(a) -> int:
-    from .live.bench_soak import cli
+    from .bench.soak import cli
 
     return cli(a)
 
 
 def cmd_bench_chaos(a) -> int:
-    from .live.bench_chaos import cli
+    from .bench.chaos import cli
 
     return cli(a)
 
@@ -213,11 +190,10 @@ def build_parser() -> argparse.ArgumentParser:
     # Commands whose options their own modules define (none imports torch or rclpy at load).
     from . import transport
     from .core.schedulers import SCHEDULERS
-    from .engines import bench_nova, bench_oxygen, bench_peer, profiling, tiny_policies
+    from .bench import hybrid as bench_hybrid, nova as bench_nova, oxygen as bench_oxygen, peer as bench_peer
+    from .bench import slo as bench_slo, study_fleet, timely as timely_bench
+    from .engines import profiling, tiny_policies
     from .engines.llm import convert as llm_convert, profile as llm_profile
-    from .live import bench_hybrid
-    from .timely import bench as timely_bench
-    from .slo import bench as bench_slo, profile_llm as profile_slo
     from .transport.lerobot import command as lerobot_command
 
     p = _Parser(prog="robotserve", description=__doc__)
@@ -258,7 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
     sc.add_argument("--sizes", type=positive(int), nargs="+", default=[10, 100, 1000])
     sc.add_argument("--repeats", type=positive(int), default=300)
     sc.set_defaults(func=cmd_bench_scheduler)
-    # Live benchmarks on real ROS 2 processes (robotserve_ros/live/bench_transport.py, bench_fleet_live.py).
+    # Live benchmarks on real ROS 2 processes (robotserve_ros/bench/transport.py, fleet_live.py).
     tr = b.add_parser("transport", help="latency the inference server adds over a bare rclpy service round trip")
     tr.add_argument("--out", required=True, help="result JSON")
     tr.add_argument("--rounds", type=positive(int), default=200, help="measured round trips per service (after warm-up)")
@@ -335,16 +311,13 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--ablation", action="store_true", help="also run FIFO with the dynamic horizon")
     d.set_defaults(func=cmd_demo)
 
-    ps = sub.add_parser("profile-slo", help="LLM prefill / decode-step / KV-handover profile for the SLO schedulers")
-    profile_slo.add_arguments(ps)
-    ps.set_defaults(func=profile_slo.cli)
-
     pr = sub.add_parser("profile", help="engine latency vs batch size: the engine profile JSON + Markdown report")
     profiling.add_arguments(pr)
 
     lc = sub.add_parser("llm-convert", help="convert the packaged SmolLM2 GGUF once into a model folder (build step)")
     llm_convert.add_arguments(lc)
-    lp = sub.add_parser("llm-profile", help="LLM engine: prefill vs prompt, decode step vs batch/context -> profile JSON")
+    lp = sub.add_parser("llm-profile", help="LLM engine: prefill vs prompt, decode step vs batch/context, KV handover "
+                                           "-> the profile JSON every LLM scheduler reads")
     llm_profile.add_arguments(lp)
 
     mp = sub.add_parser("make-policy", help="write a random-weight LeRobot policy directory (default or real size)")
@@ -363,7 +336,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     from .study.commands import add_parser as add_study  # PushGust task and horizon study (robotserve_ros/study/)
 
-    add_study(sub)
+    study = add_study(sub)
+    # a benchmark, so it lives in bench/ and is wired here (only the CLI imports bench/)
+    study_fleet.add_arguments(study.add_parser("fleet", help="Kairos vs FIFO (and the Table 2 split) on the measured "
+                                                              "workloads at peak load and with 100 robots"))
 
     w = sub.add_parser("workload", help="list, generate or check workload files")
     w.add_argument("action", choices=("list", "gen", "check"))

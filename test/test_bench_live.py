@@ -23,7 +23,7 @@ def _apply_env(monkeypatch) -> None:
 
 
 def test_transport_small(tmp_path, monkeypatch):
-    from robotserve_ros.live.bench_transport import run_transport
+    from robotserve_ros.bench.transport import run_transport
 
     _apply_env(monkeypatch)
     out = tmp_path / "transport.json"
@@ -47,7 +47,7 @@ def test_transport_small(tmp_path, monkeypatch):
 def test_transport_profile_has_every_served_stage(tmp_path, monkeypatch):
     """--profile: the real server writes its stage trace on SIGINT, and every round of the
     served path comes back split into its stages, client send to client receive."""
-    from robotserve_ros.live.bench_transport import SERVED_STAGES, run_transport
+    from robotserve_ros.bench.transport import SERVED_STAGES, run_transport
 
     _apply_env(monkeypatch)
     res = run_transport(tmp_path / "t.json", rounds=12, image=32, warmup=3, profile=True,
@@ -68,7 +68,7 @@ def test_transport_profile_has_every_served_stage(tmp_path, monkeypatch):
 
 
 def test_fleet_engine_profile_read_like_the_node():
-    from robotserve_ros.live.bench_fleet_live import engine_profile_ms
+    from robotserve_ros.bench.fleet_live import engine_profile_ms
     from robotserve_ros.profiles import batch_latency_ms
 
     explicit = {"engine_batch_sizes": [1, 4], "engine_latency_ms": [10.0, 20.0], "engine_profile": "act_small"}
@@ -78,7 +78,7 @@ def test_fleet_engine_profile_read_like_the_node():
 
 
 def test_fleet_live_small(tmp_path, monkeypatch):
-    from robotserve_ros.live.bench_fleet_live import run_fleet_live
+    from robotserve_ros.bench.fleet_live import run_fleet_live
 
     _apply_env(monkeypatch)
     out = tmp_path / "fleet_live.json"
@@ -113,7 +113,7 @@ def test_fleet_live_small(tmp_path, monkeypatch):
 def test_fleet_live_light_reports_the_servers_numbers(tmp_path, monkeypatch):
     """--light: robots from live/light_fleet.py (several in one process), the server's own
     numbers (backlog utilisation, dispatch time, in-server latency) in the report."""
-    from robotserve_ros.live.bench_fleet_live import run_fleet_live
+    from robotserve_ros.bench.fleet_live import run_fleet_live
 
     _apply_env(monkeypatch)
     res = run_fleet_live(tmp_path / "light.json", robots=6, duration=8.0, per_process=3, log_dir=tmp_path / "logs",
@@ -137,7 +137,7 @@ def test_fleet_live_light_reports_the_servers_numbers(tmp_path, monkeypatch):
 def test_soak_short_frees_every_task(tmp_path, monkeypatch):
     """A 30 s soak: RSS sampled, nothing lost or duplicated, and once the robots stop the
     server's reaper leaves no task, waiter or cached reply behind."""
-    from robotserve_ros.live.bench_soak import run_soak
+    from robotserve_ros.bench.soak import run_soak
 
     _apply_env(monkeypatch)
     res = run_soak(tmp_path / "soak.json", minutes=0.5, robots=6, verbose=False)
@@ -151,7 +151,7 @@ def test_soak_short_frees_every_task(tmp_path, monkeypatch):
 def test_chaos_server_killed_and_restarted(tmp_path, monkeypatch):
     """The server SIGKILLed mid-fleet and started again: every robot gets chunks again, the
     tasks the new server does not know continue under new ids, nothing lost or duplicated."""
-    from robotserve_ros.live.bench_chaos import run_scenario
+    from robotserve_ros.bench.chaos import run_scenario
 
     _apply_env(monkeypatch)
     r = run_scenario("server_kill", tmp_path, robots=4, before_s=4.0, after_s=12.0)
@@ -163,7 +163,7 @@ def test_chaos_server_killed_and_restarted(tmp_path, monkeypatch):
 
 
 def test_chaos_robot_process_killed_its_tasks_are_reaped(tmp_path, monkeypatch):
-    from robotserve_ros.live.bench_chaos import run_scenario
+    from robotserve_ros.bench.chaos import run_scenario
 
     _apply_env(monkeypatch)
     r = run_scenario("client_kill", tmp_path, robots=4, before_s=3.0, after_s=5.0)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from robotserve_ros.engines import bench_oxygen as bo
+from robotserve_ros.bench import oxygen as bo
 
 
 def run_cli(capsys, *args):

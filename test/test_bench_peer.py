@@ -16,7 +16,7 @@ from robotserve_ros.cli import main  # noqa: E402
 from robotserve_ros.core.profile import EngineProfile  # noqa: E402
 from robotserve_ros.core.types import InferenceRequest  # noqa: E402
 from robotserve_ros.engines import make_engine  # noqa: E402
-from robotserve_ros.engines.bench_peer import REPORT_KEYS, LeRobotPeer  # noqa: E402
+from robotserve_ros.bench.peer import REPORT_KEYS, LeRobotPeer  # noqa: E402
 from robotserve_ros.engines.lerobot_engine import check_policy_dir  # noqa: E402
 from robotserve_ros.engines.tiny_policies import META_FILE, make_sized_policy_dir  # noqa: E402
 
@@ -100,7 +100,7 @@ def test_bench_peer_refuses_a_missing_policy_dir(tmp_path, capsys):
 
 
 def test_bench_peer_at_a_given_batch_says_it_was_not_swept(tiny_dp, tmp_path):
-    from robotserve_ros.engines.bench_peer import run_peer
+    from robotserve_ros.bench.peer import run_peer
 
     out = tmp_path / "b2.json"
     rep = run_peer(str(tiny_dp), out, batch=2, repeats=1, warmup=1)

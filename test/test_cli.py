@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from robotserve_ros.cli import main
-from robotserve_ros.sim.bench_fleet import default_workloads
+from robotserve_ros.bench.fleet import default_workloads
 from robotserve_ros.sim.simulator import task_type_of
 from robotserve_ros.sim.workloads import MEASURED, SHAPES, builtin_names, builtin_workload, measured_names, regime_names
 

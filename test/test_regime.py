@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from robotserve_ros.sim import regime
+from robotserve_ros.bench import regime
 from robotserve_ros.sim.simulator import Simulator, task_type_of
 from robotserve_ros.sim.workloads import builtin_workload
 

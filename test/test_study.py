@@ -164,7 +164,7 @@ def test_study_runs_every_horizon_policy_and_writes_the_issue_schema(tmp_path):
 
 def test_study_fleet_compares_kairos_and_fifo_on_a_measured_workload(capsys):
     from robotserve_ros.cli import main
-    from robotserve_ros.study.fleet import markdown, run_fleet_check
+    from robotserve_ros.bench.study_fleet import markdown, run_fleet_check
     from robotserve_ros.sim.workloads import MEASURED
 
     if not MEASURED["pushgust-flow-matching"].exists():

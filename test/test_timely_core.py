@@ -9,9 +9,9 @@ from robotserve_ros.core.clock import VirtualClock
 from robotserve_ros.core.timely import (SCHEDULER_NAMES, SEGMENT_SCHEDULERS, TUF, BadDeadline, Context, LLMProfile,
                                         Plan, SegmentOutcome, SkillTimeModel, TimelyCore, skill_name)
 
-PROFILE = LLMProfile({"prefill_ms": {"tokens": [16, 128], "ms": [20, 100]},
-                      "decode_step_ms": {"batch": [1, 4, 16], "context": [64, 512], "ms": [[50, 60], [60, 75], [110, 150]]},
-                      "regather_ms": {"batch": [1, 16], "ms": [0, 5]}})
+PROFILE = LLMProfile.from_block({"prefill_ms": {"tokens": [16, 128], "ms": [20, 100]},
+                                 "decode_step_ms": {"batch": [1, 4, 16], "context": [64, 512], "ms": [[50, 60], [60, 75], [110, 150]]},
+                                 "regather_ms": {"batch": [1, 16], "ms": [0, 5]}})
 SKILLS = SkillTimeModel({"drone": {"s": 1.5, "g": 2.4, "mf": 1.0}})
 
 

@@ -11,8 +11,8 @@ from robotserve_ros.timely.metrics import summarize
 from robotserve_ros.timely.sim import simulate
 from robotserve_ros.timely.trace import PlanSpec
 
-PROFILE = LLMProfile({"prefill_ms": {"tokens": [16, 128], "ms": [30, 80]},
-                      "decode_step_ms": {"batch": [1, 4, 16], "context": [64, 512], "ms": [[40, 45], [45, 55], [80, 110]]}})
+PROFILE = LLMProfile.from_block({"prefill_ms": {"tokens": [16, 128], "ms": [30, 80]},
+                                 "decode_step_ms": {"batch": [1, 4, 16], "context": [64, 512], "ms": [[40, 45], [45, 55], [80, 110]]}})
 SKILLS = SkillTimeModel({"drone": {"s": 1.5, "g": 2.0, "mf": 1.0, "d": 1.0}})
 
 

@@ -28,7 +28,7 @@ class FlowEngine(Engine):
 
         read_flow_config(policy_dir)  # a wrong directory fails before torch loads
         if profile_file is not None:
-            from .profiling import load_profile_file
+            from ..profiles import load_profile_file
 
             self.profile, self.profile_source = load_profile_file(profile_file), f"file {profile_file}"
         elif profile is not None:

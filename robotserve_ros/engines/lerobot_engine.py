@@ -133,7 +133,7 @@ class LeRobotEngine(Engine):
             raise ValueError(f"dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
         raw_cfg = check_policy_dir(policy_dir)
         if profile_file is not None:
-            from .profiling import load_profile_file
+            from ..profiles import load_profile_file
 
             self.profile, self.profile_source = load_profile_file(profile_file), f"file {profile_file}"
         elif profile is not None:

@@ -15,7 +15,7 @@ size is recorded, and the report names the GPU, its driver and the torch/CUDA ve
 record) and as each variant, side by side: speed-up per batch size and the largest absolute
 difference of the actions from eager fp32 on the same requests (same noise per row).
 
-Nothing here imports torch at module level: `load_profile_file` serves torch-free callers.
+Nothing here imports torch at module level.
 """
 from __future__ import annotations
 
@@ -31,29 +31,9 @@ import numpy as np
 from ..core.profile import EngineProfile
 from ..core.types import InferenceRequest
 from ..machine import machine_info
+from ..profiles import load_profile_file  # noqa: F401 (its callers' old home)
 
 SCHEMA = "robotserve.engine_profile/1"
-
-
-def load_profile_file(path) -> EngineProfile:
-    """The EngineProfile in a `robotserve profile` JSON (or a workload file's engine block),
-    or a profile of record by name (robotserve_ros/profiles/NAME.json)."""
-    from .. import profiles
-
-    if str(path) in profiles.names():
-        return profiles.profile_of_record(str(path))
-    p = Path(path)
-    try:
-        obj = json.loads(p.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"profile file {str(p)!r}: cannot read it as JSON ({e})") from None
-    block = obj.get("engine_profile") or obj.get("engine") if isinstance(obj, dict) else None
-    if not isinstance(block, dict) or not isinstance(block.get("batch_latency_ms"), dict):
-        raise ValueError(f"profile file {str(p)!r}: no engine_profile.batch_latency_ms (write it with `robotserve profile`)")
-    try:
-        return EngineProfile(block["batch_latency_ms"], gain_tol=float(block.get("gain_tol", 0.05)))
-    except ValueError as e:
-        raise ValueError(f"profile file {str(p)!r}: {e}") from None
 
 
 class DeviceProbe:

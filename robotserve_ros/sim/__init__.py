@@ -1,1 +1,1 @@
-"""Virtual-clock fleet simulator, workloads, metrics and benchmark reports."""
+"""Virtual-clock fleet simulator, workloads and metrics (the fleet benchmarks and their reports: bench/)."""

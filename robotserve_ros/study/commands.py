@@ -122,9 +122,9 @@ def cmd_workload(a) -> int:
     return 0
 
 
-def add_parser(sub) -> None:
-    """The `study` command group, added to the `robotserve` parser."""
-    from ..cli import positive
+def add_parser(sub):
+    """The `study` command group, added to the `robotserve` parser; returns its subcommands."""
+    from ..cli_types import positive
     st = sub.add_parser("study", help="PushGust (pymunk) task: demos, DiffusionPolicy training, horizon study")
     g = st.add_subparsers(dest="study", required=True)
     c = g.add_parser("collect", help="scripted-expert demonstrations into an npz")
@@ -199,10 +199,7 @@ def add_parser(sub) -> None:
     mg.add_argument("--into", required=True, help="the run of record, e.g. reports/horizon/pushgust-diffusion.json")
     mg.add_argument("--add", nargs="+", required=True, help="runs written elsewhere with --out (their .meta.json beside)")
     mg.set_defaults(func=cmd_merge)
-    from .fleet import add_arguments as fleet_arguments
-
-    fleet_arguments(g.add_parser("fleet", help="Kairos vs FIFO (and the Table 2 split) on the measured workloads "
-                                              "at peak load and with 100 robots"))
+    return g  # the CLI adds `study fleet` (a benchmark: bench/study_fleet.py)
 
 
 __all__ = ["add_parser"]

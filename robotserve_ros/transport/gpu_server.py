@@ -36,17 +36,10 @@ from ..core.runner import Runner
 from ..core.schedulers import Scheduler, make_scheduler
 from ..core.serving import ServingCore, Tier
 from ..core.types import InferenceRequest
-from . import DEFAULT_MAX_MESSAGE, TOKEN_ENV, add_arguments, stubs  # noqa: F401 (re-exported)
+from . import DEFAULT_MAX_MESSAGE, TOKEN_ENV, add_arguments, channel_options, stubs  # noqa: F401 (re-exported)
 from .tensors import BadField, Limits, check_spec, request_from_pb, result_to_pb
 
 log = logging.getLogger("robotserve.gpu_server")
-
-
-def channel_options(max_message_bytes: int) -> list:
-    return [
-        ("grpc.max_receive_message_length", int(max_message_bytes)),
-        ("grpc.max_send_message_length", int(max_message_bytes)),
-    ]
 
 
 class TokenInterceptor(grpc.ServerInterceptor):

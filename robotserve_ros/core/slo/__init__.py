@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..registry import Registry
+from ..llm_profile import DecodeLUT, LLMProfile, PrefillProfile
 from .decode import ContinuousBatching, DecodePolicy, SlackGuided, tpot_slack
 from .prefill import FcfsPrefill, PrefillPolicy, UrgencyPrefill, select_chunks
-from .profile import DecodeLUT, LLMProfile, PrefillProfile
 from .request import BadPrompt, BadSLO, LLMRequest, Overloaded, SLODefaults, resolve_slo
 from .serving import DECODE, PREFILL, DecodeItem, PrefillItem, SLOServingCore
 

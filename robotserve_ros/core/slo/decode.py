@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
-from .profile import DecodeLUT
+from ..llm_profile import DecodeLUT
 from .request import LLMRequest
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import heapq
 from abc import ABC, abstractmethod
 
-from .profile import PrefillProfile
+from ..llm_profile import PrefillProfile
 from .request import LLMRequest
 
 

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from ..clock import Clock
+from ..llm_profile import LLMProfile
 from .decode import DecodePolicy
 from .prefill import PrefillPolicy, select_chunks
-from .profile import LLMProfile
 from .request import BadPrompt, LLMRequest, Overloaded, SLODefaults, resolve_slo
 
 PREFILL, DECODE = "prefill", "decode"

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from ..registry import Registry
+from ..llm_profile import LLMProfile
 from .plan import Plan
-from .profile import LLMProfile
 
 SEGMENT_SCHEDULERS: Registry = Registry("segment scheduler")
 

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Hashable, Optional
 
 from ..errors import RequestError
+from ..llm_profile import LLMProfile
 from .plan import DONE, RUNNING, WAITING, Plan
-from .profile import LLMProfile
 from .schedulers import Context, SegmentScheduler
 from .skill_time import SkillTimeModel
 

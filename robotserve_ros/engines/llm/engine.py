@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Hashable, Iterable, Optional, Sequence
 
+from ...core.errors import ConfigError
 from ..torch_env import import_torch
 
 # fn(tokens generated so far by this request) -> allowed next token ids, or None for any.
@@ -358,3 +359,15 @@ def _eos_ids(model, tokenizer) -> set:
             if isinstance(i, int) and i != getattr(tokenizer, "unk_token_id", None):
                 ids.add(i)
     return ids
+
+
+def live_engines(model: str | None, dtype: str | None):
+    """Two engine instances sharing one set of weights (each its own KV caches): the prefill
+    worker's and the decode worker's (seed 004's disaggregation). torch at one intra-op
+    thread: each worker one core."""
+    try:
+        pe = LLMEngine.load(model, dtype=dtype, threads=1)
+    except ImportError as e:
+        raise ConfigError(f"the live runs need the LLM engine (robotserve_ros/engines/llm): {e}") from None
+    de = LLMEngine(pe.model, pe.tokenizer, max_context=pe.max_context, name=pe.name + "-decode")
+    return pe, de

@@ -1,7 +1,9 @@
 """`robotserve llm-profile`: measure the LLM engine (prefill latency vs prompt tokens, decode
 step latency vs batch size and context length, the cost of rebuilding the batch KV when the
-running set changes, the stop check per token) and write the profile JSON the segment
-scheduler (§4.4 batch size) and the simulator read (format: core/timely/profile.py).
+running set changes, the KV handover from a prefill engine to a decode engine, the stop check
+per token) and write the one LLM profile JSON every LLM scheduler reads: the segment
+scheduler (seed 002 §4.4 batch size), the SLO schedulers (seed 004 §3.1-3.2: prefill
+profile, decode LUT, handover) and their simulators (format: core/llm_profile.py).
 
 Each point is timed in CPU time of the engine's thread (torch runs one thread), the median
 of `repeats` runs after a warm-up: on this 2-core machine shared by several jobs (load
@@ -24,9 +26,19 @@ PROFILE_NAME = "smollm2_135m_llm"
 REFERENCE_CONTEXT = 128  # the engine_profile block's decode step latencies are at this context
 
 
+def _fit_line(xs: list, ys: list) -> tuple[float, float]:
+    """Least squares y = fixed + slope * x, both clipped at 0 (a handover never costs less)."""
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / max(1e-12, sum((x - mx) ** 2 for x in xs))
+    return max(0.0, slope), max(0.0, my - slope * mx)
+
+
 def measure(engine, *, prompt_tokens=(16, 32, 64, 128, 256), batches=(1, 2, 4, 8, 16),
             contexts=(64, 128, 256, 512), steps: int = 3, repeats: int = 3) -> dict:
     from .stop import StopChecker
+
+    # the decode worker's engine (seed 004's disaggregation): the same weights, its own KV caches
+    twin = type(engine)(engine.model, engine.tokenizer, max_context=engine.max_context, name=engine.name + "-decode")
 
     torch = engine.torch
     vocab = engine.model.config.vocab_size
@@ -39,6 +51,7 @@ def measure(engine, *, prompt_tokens=(16, 32, 64, 128, 256), batches=(1, 2, 4, 8
     engine.decode(["warm"], 2)
     engine.free("warm")
     pre = {n: [] for n in prompt_tokens}
+    hand = {n: [] for n in prompt_tokens}
     wall = {"prefill": {n: [] for n in prompt_tokens}, "decode_step": {}}
     for rep in range(repeats):
         for n in prompt_tokens:
@@ -47,7 +60,10 @@ def measure(engine, *, prompt_tokens=(16, 32, 64, 128, 256), batches=(1, 2, 4, 8
             engine.prefill([("p", p)])
             pre[n].append((time.thread_time() - c0) * 1000)
             wall["prefill"][n].append((time.perf_counter() - t0) * 1000)
-            engine.free("p")
+            t0 = time.perf_counter()
+            twin.import_kv("p", engine.export_kv("p"))  # export removes it from the prefill engine
+            hand[n].append(time.perf_counter() - t0)
+            twin.free("p")
     step = {(b, c): [] for b in batches for c in contexts}
     regather = {(b, c): [] for b in batches for c in contexts}
     for c in contexts:
@@ -83,6 +99,7 @@ def measure(engine, *, prompt_tokens=(16, 32, 64, 128, 256), batches=(1, 2, 4, 8
     # the least-disturbed sample of each point: on a shared machine other processes only add
     # time, so the minimum is the engine's own cost; every sample is kept beside it
     best = statistics.median
+    kv_slope, kv_fixed = _fit_line([float(n) for n in prompt_tokens], [best(hand[n]) for n in prompt_tokens])
     step_ms = [[round(best(step[(b, c)]), 3) for c in contexts] for b in batches]
     ref = min(contexts, key=lambda c: abs(c - REFERENCE_CONTEXT))
     ref_ms, mono = {}, 0.0
@@ -97,13 +114,17 @@ def measure(engine, *, prompt_tokens=(16, 32, 64, 128, 256), batches=(1, 2, 4, 8
                             "ms": [[round(best(regather[(b, c)]), 3) for c in contexts] for b in batches]},
             "stop_check_us": round(stop_us, 2),
             "kv_bytes_per_token": engine.kv_bytes_per_token(),
+            "kv_handover_s_per_token": kv_slope,
+            "kv_handover_fixed_s": kv_fixed,
         },
         "engine_profile": {"batch_latency_ms": ref_ms, "reference_context": ref},
         "samples_ms": {"prefill": {str(n): [round(x, 3) for x in v] for n, v in pre.items()},
+                       "kv_handover": {str(n): [round(1000 * x, 3) for x in v] for n, v in hand.items()},
                        "decode_step": {f"{b}x{c}": [round(x, 3) for x in v] for (b, c), v in step.items()}},
         "wall_samples_ms": {"prefill": {str(n): [round(x, 3) for x in v] for n, v in wall["prefill"].items()},
                             "decode_step": {k: [round(x, 3) for x in v] for k, v in wall["decode_step"].items()}},
-        "timing": "CPU time of the engine thread (time.thread_time), median of the repeats",
+        "timing": "CPU time of the engine thread (time.thread_time), median of the repeats; the KV handover "
+                  "in wall time (a copy between engines)",
     }
 
 
@@ -114,6 +135,7 @@ def add_arguments(p) -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", type=Path, default=None,
                    help=f"profile JSON (default: robotserve_ros/profiles/{PROFILE_NAME}.json)")
+    p.add_argument("--quick", action="store_true", help="fewer points (a smoke run)")
     p.set_defaults(func=cli)
 
 
@@ -127,13 +149,16 @@ def cli(args) -> int:
     rec = {"schema": "robotserve.llm_profile/1", "engine_name": "llm", "model": eng.name,
            "dtype": str(eng.dtype).replace("torch.", ""), "threads": args.threads,
            "load_s": round(load_s, 2), "machine": machine_info(), "loadavg_before": load0}
-    rec.update(measure(eng, repeats=args.repeats))
+    kw = dict(prompt_tokens=(16, 64), batches=(1, 2), contexts=(64, 128), steps=2) if args.quick else {}
+    rec.update(measure(eng, repeats=max(1, args.repeats), **kw))
     rec["loadavg_after"] = os.getloadavg()
     out = args.out or Path(__file__).resolve().parents[2] / "profiles" / f"{PROFILE_NAME}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(rec, indent=1) + "\n")
     lp = rec["llm_profile"]
     print(f"prefill ms {dict(zip(lp['prefill_ms']['tokens'], lp['prefill_ms']['ms']))}")
     print(f"decode step ms @ctx {lp['decode_step_ms']['context']}: "
           + "; ".join(f"b{b}: {row}" for b, row in zip(lp['decode_step_ms']['batch'], lp['decode_step_ms']['ms'])))
-    print(f"regather ms {lp['regather_ms']['ms']}  stop check {lp['stop_check_us']} us/token  -> {out}")
+    print(f"regather ms {lp['regather_ms']['ms']}  stop check {lp['stop_check_us']} us/token  "
+          f"KV handover {1e6 * lp['kv_handover_s_per_token']:.2f} us/token  -> {out}")
     return 0

@@ -7,7 +7,7 @@ Parameters (services_params: {"generate": {...}}):
 - scheduler: kairos_slo | fcfs_cb | urgency_only | slack_only;
 - engine: "smollm2" (the converted SmolLM2-135M, `model_dir` or the build's folder) or
   "tiny" (a random-weight tiny Llama: tests);
-- profile: the LLM SLO profile of record (robotserve_ros/slo/profiles/NAME.json) the schedulers
+- profile: the LLM SLO profile of record (robotserve_ros/profiles/NAME.json) the schedulers
   predict with (corrected at run time from observed step times);
 - ttft_slo_s / tpot_slo_s / max_tokens: what a request naming 0 inherits;
 - max_decode_batch, max_queue (more waiting prefills: OVERLOADED), context_limit,
@@ -31,7 +31,7 @@ from ...core.slo import SLO_SCHEDULERS, BadPrompt, BadSLO, LLMProfile, SLODefaul
 from ...slo.workers import DisaggregatedWorkers
 from ..convert import fill_status
 
-from ...slo.bench import PROFILES_DIR as PROFILES
+from ...profiles import PROFILES_DIR as PROFILES
 
 
 def _engines(engine: str, model_dir: str, dtype: str, threads: int):
@@ -47,7 +47,7 @@ def _engines(engine: str, model_dir: str, dtype: str, threads: int):
         model = tiny_llama(0)
         return (LLMEngine(model, ByteTokenizer(), max_context=1024, name="tiny-llama"),
                 LLMEngine(model, ByteTokenizer(), max_context=1024, name="tiny-llama-decode"))
-    from ...slo.bench import live_engines
+    from ...engines.llm.engine import live_engines
 
     return live_engines(model_dir or None, dtype or None)
 

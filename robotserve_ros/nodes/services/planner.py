@@ -29,7 +29,7 @@ from ...core.clock import WallClock
 from ...core.errors import RequestError, UnknownAgent
 from ...core.timely import NORMAL, SEGMENT_SCHEDULERS, TUF, URGENT, Plan, TimelyCore
 from ...core.timely.serving import DuplicatePlan
-from ...timely.bench import load_profile
+from ...profiles import load_llm_profile as load_profile
 from ...timely.live import BadPrompt, LiveTimely
 from ...timely.skills import default_skill_time
 from ...timely.trace import SYSTEM

@@ -68,7 +68,7 @@ class LeRobotPeer:
 
     def __init__(self, policy_dir: str, *, device: str = "cpu", state_dim: int, cameras: list, chunk: int,
                  fps: float, fill_diffusion_queues: bool = True) -> None:
-        from .torch_env import import_lerobot_policies, import_torch
+        from ..engines.torch_env import import_lerobot_policies, import_torch
 
         import_lerobot_policies()
         self.torch = import_torch()
@@ -167,7 +167,7 @@ def sweep_batched(engine, *, max_batch: int, warmup: int, repeats: int, seed: in
     """(ms samples per batch size, why the sweep stopped): batch 1, 2, 4, ... until throughput
     stops growing by GAIN_TOL ("saturated"), max_batch, or the next size would overrun the
     time budget ("time cap": then the saturation batch is only the largest measured)."""
-    from .profiling import DeviceProbe, measure
+    from ..engines.profiling import DeviceProbe, measure
 
     samples: dict[int, list[float]] = {}
     b, prev_tput = 1, 0.0
@@ -188,7 +188,7 @@ def sweep_batched(engine, *, max_batch: int, warmup: int, repeats: int, seed: in
 def measure_batch_sizes(engine, batch: int, *, warmup: int, seed: int) -> dict:
     """One timed call at batch 1 and at `batch` (after warm-up): the latency table when the
     batch is given rather than swept."""
-    from .profiling import DeviceProbe, measure
+    from ..engines.profiling import DeviceProbe, measure
 
     return measure(engine, sorted({1, batch}), warmup=warmup, repeats=1, seed=seed, probe=DeviceProbe(engine))
 
@@ -210,9 +210,9 @@ def run_peer(policy_dir: str, out: Path, *, device: str = "cpu", max_batch: int 
     the saturation batch in time; the report says so). Otherwise the sweep (at most half the time cap) finds the saturation batch B; then rounds of B
     robots alternate between LeRobot's server and the batched engine, so drift in the
     machine's load lands on both alike."""
-    from . import make_engine
-    from .lerobot_engine import check_policy_dir
-    from .profiling import build_report
+    from ..engines import make_engine
+    from ..engines.lerobot_engine import check_policy_dir
+    from ..engines.profiling import build_report
 
     t_start = time.monotonic()
     deadline = t_start + time_cap_s
@@ -316,7 +316,7 @@ def run_peer(policy_dir: str, out: Path, *, device: str = "cpu", max_batch: int 
 
 
 def _policy_meta(policy_dir) -> dict:
-    from .tiny_policies import META_FILE
+    from ..engines.tiny_policies import META_FILE
 
     f = Path(policy_dir) / META_FILE
     try:
@@ -337,7 +337,7 @@ def _torch_versions(device: str) -> dict:
     torch = sys.modules.get("torch")
     info = {"version": getattr(torch, "__version__", None), "threads": torch.get_num_threads() if torch else None}
     if device.startswith("cuda") and torch is not None:
-        from .profiling import gpu_info
+        from ..engines.profiling import gpu_info
 
         info["gpu"] = gpu_info(torch, torch.device(device))
     return info
@@ -377,7 +377,7 @@ def markdown(rep: dict, meta: dict) -> str:
 
 
 def cli(a) -> int:
-    from .lerobot_engine import PolicyDirError
+    from ..engines.lerobot_engine import PolicyDirError
 
     try:
         rep = run_peer(a.policy_dir, Path(a.out), device=a.device, max_batch=a.max_batch, repeats=a.repeats,

@@ -32,10 +32,11 @@ import numpy as np
 from ..core.errors import ConfigError
 from ..core.slo import LLMProfile, SLO_SCHEDULERS
 from ..machine import machine_info
-from .sim import metrics, simulate
-from .workload import LengthMix, poisson_requests, summary
+from ..profiles import PROFILES_DIR
+from ..slo.sim import metrics, simulate
+from ..slo.workload import LengthMix, poisson_requests, summary
+from .slo_report import SCHEDULERS, evaluate, plot, write_markdown
 
-SCHEDULERS = ("fcfs_cb", "urgency_only", "slack_only", "kairos_slo")
 NOTES = (
     "decode tok/s is the paper's per-request decode speed (§4.5): tokens after the first over the time they took, "
     "median over requests; system decode tok/s is every token after the first over the span of decoding.",
@@ -51,8 +52,7 @@ NOTES = (
     "profile under that load. Read the live rows as the same core serving the real engine, not as the measure "
     "of the gains.",
 )
-PROFILES_DIR = Path(__file__).resolve().parent / "profiles"  # LLM SLO profiles of record
-PROFILE_OF_RECORD = PROFILES_DIR / "smollm2_135m_slo.json"
+PROFILE_OF_RECORD = PROFILES_DIR / "smollm2_135m_slo.json"  # the LLM SLO profile of record
 TTFT_FACTOR, TPOT_FACTOR, TPOT_TYPICAL_FACTOR = 0.9, 1.25, 4.5
 ROW_KEYS = ("scheduler", "rate", "ttft_attainment", "tpot_attainment", "e2e_attainment", "decode_tokens_per_s")
 LIVE_MIX = LengthMix(short_median=64, short_sigma=0.8, min_prompt=8, p_long=0.12, long_min=384, long_max=1024,
@@ -60,10 +60,10 @@ LIVE_MIX = LengthMix(short_median=64, short_sigma=0.8, min_prompt=8, p_long=0.12
 
 
 def add_arguments(p) -> None:
-    from ..cli import positive
+    from ..cli_types import positive
 
     p.add_argument("--out", default="reports/slo", help="folder for slo.json, slo.md, slo.png")
-    p.add_argument("--profile", default=str(PROFILE_OF_RECORD), help="LLM SLO profile JSON (robotserve profile-slo)")
+    p.add_argument("--profile", default=str(PROFILE_OF_RECORD), help="LLM profile JSON (robotserve llm-profile)")
     p.add_argument("--sim-requests", type=positive(int), default=1000, help="requests per simulated run (paper: 1000)")
     p.add_argument("--sim-loads", type=positive(), nargs="+",
                    default=[0.25, 0.5, 0.75, 0.85, 0.95, 1.0, 1.05, 1.15, 1.3, 1.5, 2.0],
@@ -98,7 +98,7 @@ def nominal_capacity(profile: LLMProfile, mix: LengthMix, tpot_slo: float, max_b
     """Requests/s the prefill worker can take (1 / mean prefill time of the mix) and the
     decode worker can take at the TPOT SLO (the largest batch whose step at the mix's mean
     context fits the SLO, its tokens/s over the mean output length); the smaller one is 1.0."""
-    from .workload import draw_lengths
+    from ..slo.workload import draw_lengths
 
     prompt, out = draw_lengths(mix, n, np.random.default_rng(12345))
     pre = float(np.mean([profile.prefill.predict(int(p)) for p in prompt]))
@@ -198,23 +198,11 @@ def run_sim(profile: LLMProfile, a, log=print, setting: str = "sim", schedulers=
 # --------------------------------------------------------------------------------------------
 # Live runs: the real engine as two disaggregated workers
 # --------------------------------------------------------------------------------------------
-def live_engines(model: str | None, dtype: str | None):
-    """Two engine instances sharing one set of weights (each its own KV caches): the prefill
-    worker's and the decode worker's. torch at one intra-op thread: each worker one core."""
-    try:
-        from ..engines.llm.engine import LLMEngine
-    except ImportError as e:
-        raise ConfigError(f"the live runs need the LLM engine (robotserve_ros/engines/llm): {e}") from None
-    pe = LLMEngine.load(model, dtype=dtype, threads=1)
-    de = LLMEngine(pe.model, pe.tokenizer, max_context=pe.max_context, name=pe.name + "-decode")
-    return pe, de
-
-
 def run_live_once(pe, de, profile: LLMProfile, sched: str, reqs, ttft: float, tpot: float, max_batch: int,
                   vocab: int, seed: int, timeout_s: float = 600.0) -> tuple[dict, dict]:
     from ..core.clock import WallClock
     from ..core.slo import SLODefaults, make_slo_core
-    from .workers import DisaggregatedWorkers
+    from ..slo.workers import DisaggregatedWorkers
 
     done = []
     all_done = threading.Event()
@@ -300,6 +288,8 @@ def measure_split(pe, de, vocab: int, prompt_tokens: int = 384, batch: int = 4, 
 
 
 def run_live(profile: LLMProfile, a, log=print) -> dict:
+    from ..engines.llm.engine import live_engines
+
     pe, de = live_engines(a.model, a.dtype)
     vocab = int(pe.model.config.vocab_size)
     mix = LIVE_MIX
@@ -339,119 +329,6 @@ def run_live(profile: LLMProfile, a, log=print) -> dict:
             "mix_summary": summary(poisson_requests(mix, 1.0, max(a.live_requests, 200), a.seed))}
 
 
-# --------------------------------------------------------------------------------------------
-# Targets and report
-# --------------------------------------------------------------------------------------------
-def evaluate(rows: list[dict]) -> dict:
-    """Issue 13's targets on one mode's rows: at the highest rate where fcfs_cb attains >= 50 %
-    end to end, kairos_slo >= 25 % higher with decode tokens/s not lower; each ablation's
-    share of the gain."""
-    by = {(r["scheduler"], r["rate"]): r for r in rows}
-    rates = sorted({r["rate"] for r in rows})
-    ok = [x for x in rates if by[("fcfs_cb", x)]["e2e_attainment"] >= 0.5]
-    if not ok:
-        return {"rate": None, "note": "fcfs_cb never attains 50 % end to end"}
-    x = max(ok)
-    f, k = by[("fcfs_cb", x)], by[("kairos_slo", x)]
-    gain = k["e2e_attainment"] - f["e2e_attainment"]
-    out = {"rate": x, "fcfs_cb_e2e": f["e2e_attainment"], "kairos_slo_e2e": k["e2e_attainment"],
-           "e2e_gain_points": 100 * gain, "e2e_gain_relative_pct": 100 * gain / f["e2e_attainment"],
-           "decode_tps_ratio": k["decode_tokens_per_s"] / f["decode_tokens_per_s"] if f["decode_tokens_per_s"] else None}
-    out["met_e2e_relative_25pct"] = out["e2e_gain_relative_pct"] >= 25.0
-    out["met_e2e_points_25"] = out["e2e_gain_points"] >= 25.0
-    out["met_decode_not_lower"] = out["decode_tps_ratio"] is not None and out["decode_tps_ratio"] >= 1.0
-    for ab in ("urgency_only", "slack_only"):
-        g = by[(ab, x)]["e2e_attainment"] - f["e2e_attainment"]
-        out[f"{ab}_gain_points"] = 100 * g
-        out[f"{ab}_share_of_gain"] = g / gain if abs(gain) > 1e-9 else None
-    return out
-
-
-def plot(res: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    modes = [m for m in ("sim", "live", "sim_decode_bound") if res.get(m)]
-    metrics_ = (("e2e_attainment", "end-to-end SLO attainment"), ("ttft_attainment", "TTFT SLO attainment"),
-                ("tpot_attainment", "TPOT SLO attainment"), ("decode_tokens_per_s", "decode tokens/s per request (median)"))
-    fig, axes = plt.subplots(len(modes), 4, figsize=(18, 4.2 * len(modes)), squeeze=False)
-    for i, mode in enumerate(modes):
-        rows = [d for d in res[mode]["details"] if d["mode"] == mode]
-        for j, (key, title) in enumerate(metrics_):
-            ax = axes[i][j]
-            for s in dict.fromkeys(d["scheduler"] for d in rows):
-                pts = sorted((r["rate"], r[key]) for r in rows if r["scheduler"] == s)
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=s,
-                        linestyle=":" if s not in SCHEDULERS else "-")
-            ax.set_title(f"{mode}: {title}", fontsize=10)
-            ax.set_xlabel("requests/s")
-            ax.grid(alpha=0.3)
-            if j == 0:
-                ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def write_markdown(res: dict, path: Path) -> None:
-    L = ["# SLO-aware disaggregated LLM serving (seed 004): `robotserve bench slo`", "",
-         f"Machine: {res['machine']['cpu']} ({res['machine']['cores']} cores), load average "
-         f"{res['loadavg_start']} at start, {res['loadavg_end']} at end; {res['bench_wall_s']:.0f} s in all.",
-         f"Profile: `{res['profile_file']}` ({res['profile_meta'].get('model', '?')}, measured "
-         f"{res['profile_meta'].get('measured_at', '?')}).", ""]
-    if res.get("notes"):
-        L += ["Notes:", ""] + [f"- {n}" for n in res["notes"]] + [""]
-    for mode in ("sim", "live", "sim_decode_bound"):
-        m = res.get(mode)
-        if not m:
-            continue
-        L += [f"## {mode}", "",
-              f"TTFT SLO {m['ttft_slo_s']:.3f} s, TPOT SLO {1000 * m['tpot_slo_s']:.1f} ms (from the profile, see "
-              f"slo/bench.py); rates are multiples of {m['capacity']['fcfs_cb_knee_req_s']:.4f} req/s, where the "
-              f"simulator has fcfs_cb attain 50 % e2e (analytic capacity: prefill {m['capacity']['prefill_req_s']:.3f}, "
-              f"decode at the TPOT SLO {m['capacity']['decode_req_s']:.3f} req/s); "
-              f"{m['requests']} requests per run; mix: {json.dumps(m['mix_summary'])}.", ""]
-        if mode == "live":
-            sp = m["split"]
-            L += [f"Disaggregation: the prefill worker ({sp['prompt_tokens']}-token prompt, {sp['prefill_alone_s']:.2f} s alone) "
-                  f"and the decode worker ({sp['decode_steps']} steps at batch {sp['decode_batch']}, "
-                  f"{sp['decode_alone_s']:.2f} s alone) took {sp['together_s']:.2f} s side by side: overlap "
-                  f"x{sp['overlap']:.2f} (2 = a core each, 1 = serialised; load {sp['loadavg_1m']}).", ""]
-            L += [f"KV handover (prefill engine export + decode engine import, in-process tensors): "
-                  f"{m['kv_handover']['ms_mean']:.2f} ms mean for {m['kv_handover']['bytes_mean'] / 1e6:.2f} MB mean "
-                  f"over {m['kv_handover']['handovers']} handovers.", ""]
-        live = mode == "live"
-        L += ["| rate (req/s) | scheduler | TTFT att. | TPOT att. | e2e att. | decode tok/s (median per request) | "
-              "system decode tok/s |" + (" load avg (1 min) before |" if live else ""),
-              "|---|---|---|---|---|---|---|" + ("---|" if live else "")]
-        for d in m["details"]:
-            if d["mode"] != mode:
-                continue
-            L.append(f"| {d['rate']:.3f} | {d['scheduler']} | {d['ttft_attainment']:.3f} | {d['tpot_attainment']:.3f} | "
-                     f"{d['e2e_attainment']:.3f} | {d['decode_tokens_per_s']:.2f} | "
-                     f"{d.get('decode_tokens_per_s_system', float('nan')):.2f} |"
-                     + (f" {d.get('loadavg_1m_before', float('nan')):.1f} |" if live else ""))
-        ev = m["targets"]
-        L += ["", "**Targets** (issue 13):", ""]
-        if ev.get("rate") is None:
-            L.append(f"- {ev['note']}")
-        else:
-            L += [f"- highest rate where fcfs_cb attains >= 50 % e2e: {ev['rate']:.3f} req/s "
-                  f"(fcfs_cb {ev['fcfs_cb_e2e']:.3f}, kairos_slo {ev['kairos_slo_e2e']:.3f})",
-                  f"- e2e gain: {ev['e2e_gain_points']:+.1f} points, {ev['e2e_gain_relative_pct']:+.1f} % relative "
-                  f"(target >= 25 %: {'met' if ev['met_e2e_relative_25pct'] else 'MISSED'} relative, "
-                  f"{'met' if ev['met_e2e_points_25'] else 'missed'} in points)",
-                  f"- decode tok/s kairos_slo / fcfs_cb: {ev['decode_tps_ratio']:.3f} "
-                  f"({'met' if ev['met_decode_not_lower'] else 'MISSED'}: not lower)",
-                  f"- ablation: urgency_only {ev['urgency_only_gain_points']:+.1f} points, slack_only "
-                  f"{ev['slack_only_gain_points']:+.1f} points of kairos_slo's {ev['e2e_gain_points']:+.1f}"]
-        L.append("")
-    L += ["![SLO attainment and decode speed vs rate](slo.png)", ""]
-    path.write_text("\n".join(L) + "\n")
-
-
 def cli(a) -> int:
     if a.chunk_tokens < 0:
         raise ConfigError(f"--chunk-tokens must be >= 0, got {a.chunk_tokens}")
@@ -459,7 +336,7 @@ def cli(a) -> int:
         raise ConfigError(f"--live-requests must be >= 0, got {a.live_requests}")
     pf = Path(a.profile)
     if not pf.is_file():
-        raise ConfigError(f"--profile {pf}: no such file (measure one with `robotserve profile-slo --out FILE`)")
+        raise ConfigError(f"--profile {pf}: no such file (measure one with `robotserve llm-profile --out FILE`)")
     try:
         profile = LLMProfile.load(pf)
     except (ValueError, KeyError, json.JSONDecodeError) as e:

@@ -26,14 +26,15 @@ from pathlib import Path
 
 from ..core.errors import ConfigError
 from ..core.timely import SCHEDULER_NAMES, SEGMENT_SCHEDULERS, LLMProfile, Plan, SkillTimeModel, TimelyCore, TUF
-from .metrics import PlanResult, summarize
-from .trace import SYSTEM, agent_kind, load_trace, plan_specs, tokenize_specs
+from ..profiles import load_llm_profile as load_profile
+from ..timely.metrics import PlanResult, summarize
+from ..timely.trace import SYSTEM, agent_kind, load_trace, plan_specs, tokenize_specs
 
 PROFILE = "smollm2_135m_llm"
 
 
 def add_arguments(p) -> None:
-    from ..cli import positive
+    from ..cli_types import positive
 
     p.add_argument("--trace", required=True, help="TimelyLLM trace JSON (its _config.json beside it)")
     p.add_argument("--out", required=True, help="directory for timely.json")
@@ -52,17 +53,6 @@ def add_arguments(p) -> None:
                         "prefilled once, §4.1)")
     p.add_argument("--report-dir", default="reports/timely")
     p.set_defaults(func=cli)
-
-
-def load_profile(name: str) -> tuple[LLMProfile, dict]:
-    from .. import profiles
-
-    path = Path(name) if name.endswith(".json") else profiles.PROFILES_DIR / f"{name}.json"
-    try:
-        rec = json.loads(path.read_text())
-        return LLMProfile.from_record(rec), rec
-    except (OSError, json.JSONDecodeError, ValueError) as e:
-        raise ConfigError(f"--profile {name!r}: {e}") from None
 
 
 def prepare(trace: str):
@@ -110,7 +100,7 @@ def decision_bench(profile: LLMProfile, skill_time: SkillTimeModel, n: int = 8, 
 
 
 def run_sim(specs, names, profile, skill_time, args, est, mx) -> dict:
-    from .sim import simulate
+    from ..timely.sim import simulate
 
     res = {}
     for name in names:
@@ -125,7 +115,7 @@ def run_sim(specs, names, profile, skill_time, args, est, mx) -> dict:
 def run_live(specs, names, profile, skill_time, args, est, mx, eos) -> dict:
     from ..core.clock import WallClock
     from ..engines.llm import ForcedText, LLMEngine
-    from .live import LiveTimely
+    from ..timely.live import LiveTimely
 
     t_first = specs[0].trigger
     window = [s for s in specs if s.trigger - t_first <= args.live_window]
@@ -259,7 +249,7 @@ def cli(args) -> int:
     d = Path(args.out)
     d.mkdir(parents=True, exist_ok=True)
     (d / "timely.json").write_text(json.dumps(out, indent=1) + "\n")
-    from .report import write_report
+    from .timely_report import write_report
 
     tag = f"_seg{args.segment_ms:g}ms" if args.segment_ms is not None else ""
     md = write_report(out, Path(args.report_dir), f"{Path(args.trace).stem}_{mode}{tag}")
@@ -276,7 +266,7 @@ def scaled(block: dict, speedup: float) -> LLMProfile:
     if "regather_ms" in b:
         b["regather_ms"]["ms"] = [[m / speedup for m in row] if isinstance(row, list) else row / speedup
                                   for row in b["regather_ms"]["ms"]]
-    return LLMProfile(b)
+    return LLMProfile.from_block(b)
 
 
 def ratios(res: dict) -> dict:

@@ -39,9 +39,10 @@ from typing import Optional
 import yaml
 
 from ..launch_description import default_config, server as server_specs
+from ..live.processes import ModuleSpec, ProcessGroup, pick_free_domain, ros_env
 from ..machine import machine_info
-from .bench_fleet_live import _Listener, aggregate
-from .processes import ModuleSpec, ProcessGroup, pick_free_domain, ros_env
+from .fleet_live import _Listener
+from .fleet_live_report import aggregate
 
 SCENARIOS = ("server_kill", "client_kill", "server_freeze", "partition")
 

@@ -24,7 +24,7 @@ third service (the bare one on a MultiThreadedExecutor of the server's thread co
 measured too, and the JSON gets the median of every stage of the served path.
 
 Helper process of this module (started by the benchmark itself):
-    python -m robotserve_ros.live.bench_transport raw-server [--service S] [--horizon H]
+    python -m robotserve_ros.bench.transport raw-server [--service S] [--horizon H]
         [--action-dim D] [--threads N]
 """
 from __future__ import annotations
@@ -43,8 +43,8 @@ import numpy as np
 import yaml
 
 from ..core.runner import STAGES
+from ..live.processes import DomainContext, ModuleSpec, foreign_nodes, pct, pick_free_domain, read_stage_trace
 from ..machine import busy_fraction, cpu_times, machine_info
-from .processes import DomainContext, ModuleSpec, foreign_nodes, pct, pick_free_domain, read_stage_trace
 
 RAW_SERVICE = "/robotserve_bench/raw_infer"
 RAW_MT_SERVICE = "/robotserve_bench/raw_infer_mt"
@@ -63,7 +63,7 @@ def raw_server_main(argv) -> int:
     from ..nodes.common import run_nodes
     from ..srv import Infer
 
-    ap = argparse.ArgumentParser(prog="bench_transport raw-server")
+    ap = argparse.ArgumentParser(prog="bench.transport raw-server")
     ap.add_argument("--service", default=RAW_SERVICE)
     ap.add_argument("--horizon", type=int, default=HORIZON)
     ap.add_argument("--action-dim", type=int, default=ACTION_DIM)
@@ -228,7 +228,7 @@ def run_transport(out: Path, rounds: int = 200, image: int = 224, warmup: int = 
     from rclpy.executors import SingleThreadedExecutor
     from rclpy.serialization import serialize_message
 
-    from .processes import ProcessGroup, ros_env
+    from ..live.processes import ProcessGroup, ros_env
     from ..launch_description import NodeSpec
 
     if rounds < 1 or warmup < 0 or image < 8:
@@ -241,7 +241,7 @@ def run_transport(out: Path, rounds: int = 200, image: int = 224, warmup: int = 
     env = ros_env(domain, str(tmp / "ros_log"))
     trace_file = tmp / "stage_trace.json"
     params = _server_params(tmp / "server.yaml", image, str(trace_file) if profile else "")
-    this = "robotserve_ros.live.bench_transport"
+    this = "robotserve_ros.bench.transport"
     specs = [ModuleSpec("raw_server", this, ["raw-server", "--service", RAW_SERVICE]),
              NodeSpec("inference_server", "inference_server", (), params)]
     if profile:
@@ -385,7 +385,7 @@ def main(argv=None) -> int:
     what = argv[1] if len(argv) > 1 else ""
     if what == "raw-server":
         return raw_server_main([argv[0]] + argv[2:])
-    print("usage: python -m robotserve_ros.live.bench_transport raw-server ... "
+    print("usage: python -m robotserve_ros.bench.transport raw-server ... "
           "(the benchmark itself: robotserve bench transport)", file=sys.stderr)
     return 2
 

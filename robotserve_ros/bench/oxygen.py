@@ -35,136 +35,12 @@ from pathlib import Path
 import numpy as np
 
 from ..core.errors import ConfigError
+from .oxygen_modes import (_frame_rates, _load, _obs, _peak_rss_mb, _sync, frame_actions, frame_language_isolated,
+                           run_inline, run_poisson)
+from .oxygen_report import MODES, summarize, write_report
 
-MODES = ("sequential", "parallel", "kv_sharing", "oxygen")
-PROMPT = "what do you see"  # ignored by the measure: the length is what counts
 ROW_KEYS = ("mode", "decode_tokens", "denoise_steps", "action_hz", "tokens_per_s", "avg_decode_batch",
             "peak_memory_mb")
-
-
-def _peak_rss_mb(pid: str = "self") -> float:
-    """VmHWM: the process's peak resident set, MB."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024.0
-    except OSError:
-        pass
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-
-
-def _load(policy_dir: str, device: str, k: int, threads: int):
-    from .oxygen import OxyGenEngine
-    from .torch_env import import_torch
-
-    torch = import_torch()
-    torch.set_num_threads(threads)
-    return OxyGenEngine(policy_dir=policy_dir, device=device, tokens_per_frame=k, max_active=256, seed=0)
-
-
-def _obs(eng, rng):
-    return eng.example_observation(rng)
-
-
-def _request(task, rnd, obs):
-    from ..core.types import InferenceRequest
-
-    return InferenceRequest(task_id=task, round_id=rnd, observation=obs)
-
-
-def _sync(eng) -> None:
-    if eng.device.type == "cuda":
-        eng.torch.cuda.synchronize()
-
-
-# --------------------------------------------------------------------------------------
-# One frame of each mode (in the process that holds the engine)
-# --------------------------------------------------------------------------------------
-def frame_actions(eng, rnd, obs) -> None:
-    eng.infer([_request("robot0", rnd, obs)])
-
-
-def frame_language_isolated(eng, obs, n) -> int:
-    return len(eng.isolated_language(obs, PROMPT, n))
-
-
-def run_inline(eng, mode: str, n: int, steps: int, frames: int, warmup: int, seed: int) -> dict:
-    """sequential / kv_sharing / oxygen in this process: per frame a new observation. Each
-    measured frame's time and tokens are kept (the summary takes the median frame)."""
-    eng.set_denoise_steps(steps)
-    eng.kv.close()
-    eng.kv.counts.update(frames=0, batch_sum=0)
-    rng = np.random.default_rng(seed)
-    kv_peak = 0
-    times, toks = [], []
-    for f in range(warmup + frames):
-        if f == warmup:
-            eng.kv.counts.update(frames=0, batch_sum=0)
-        obs = _obs(eng, rng)
-        _sync(eng)
-        t0, tokens = time.perf_counter(), 0
-        if mode == "sequential":
-            frame_actions(eng, f, obs)
-            tokens += frame_language_isolated(eng, obs, n)
-        else:
-            eng.request_language("robot0", f, PROMPT, n)
-            frame_actions(eng, f, obs)
-            if mode == "kv_sharing":  # to completion inside the frame
-                while len(eng.kv):
-                    tokens += sum(len(t) for _, t in eng.decode_frame())
-            else:  # one round of k tokens for every active request
-                tokens += sum(len(t) for _, t in eng.decode_frame())
-        _sync(eng)
-        if f >= warmup:
-            times.append(time.perf_counter() - t0)
-            toks.append(tokens)
-        kv_peak = max(kv_peak, eng.kv.kv_bytes())
-    eng.kv.close()
-    return _frame_rates(eng.chunk_len, times, toks, eng.kv.avg_decode_batch(), kv_peak / 2**20)
-
-
-def _frame_rates(chunk_len: int, times: list, toks: list, batch: float, kv_peak_mb) -> dict:
-    dt = sum(times)
-    return {"action_hz": chunk_len * len(times) / dt, "tokens_per_s": sum(toks) / dt, "avg_decode_batch": batch,
-            "frame_ms": 1000 * dt / len(times), "kv_peak_mb": kv_peak_mb, "frame_s": list(times),
-            "frame_tokens": list(toks), "chunk_len": chunk_len}
-
-
-def run_poisson(eng, lam: float, n: int, steps: int, frames: int, warmup: int, seed: int, sequential: bool) -> dict:
-    """§4.4: per frame Poisson(lam) robots send an observation with a language request."""
-    eng.set_denoise_steps(steps)
-    eng.kv.close()
-    rng = np.random.default_rng([seed, int(lam * 1000)])
-    tokens = chunks = 0
-    t0 = None
-    for f in range(warmup + frames):
-        if f == warmup:
-            t0, tokens, chunks = time.perf_counter(), 0, 0
-            eng.kv.counts.update(frames=0, batch_sum=0)
-        m = int(rng.poisson(lam))
-        obs = [_obs(eng, rng) for _ in range(m)]
-        if sequential:
-            for i, o in enumerate(obs):
-                eng.infer([_request(f"robot{i}", f, o)])
-                tokens += frame_language_isolated(eng, o, n)
-        else:
-            for i in range(m):
-                eng.request_language(f"robot{i}", f, PROMPT, n)
-            if m:
-                eng.infer([_request(f"robot{i}", f, o) for i, o in enumerate(obs)])
-            tokens += sum(len(t) for _, t in eng.decode_frame())
-        chunks += m
-    _sync(eng)
-    dt = time.perf_counter() - t0
-    eng.kv.close()
-    # Action frequency per request: H over the mean frame time of frames that had requests.
-    return {"lambda": lam, "mode": "sequential" if sequential else "oxygen", "decode_tokens": n,
-            "denoise_steps": steps, "actions_per_s_total": eng.chunk_len * chunks / dt,
-            "action_hz_per_request": eng.chunk_len * frames / dt, "tokens_per_s": tokens / dt,
-            "avg_decode_batch": 1.0 if sequential else eng.kv.avg_decode_batch()}
 
 
 # --------------------------------------------------------------------------------------
@@ -396,12 +272,12 @@ def cli(a) -> int:
     rep.mkdir(parents=True, exist_ok=True)
     tmp = None
     if a.policy:
-        from .lerobot_engine import check_policy_dir
+        from ..engines.lerobot_engine import check_policy_dir
 
         check_policy_dir(a.policy)
         policy = a.policy
     else:
-        from .tiny_policies import make_sized_policy_dir
+        from ..engines.tiny_policies import make_sized_policy_dir
 
         tmp = tempfile.TemporaryDirectory(prefix="oxygen_bench_")
         policy = str(make_sized_policy_dir("smolvla", Path(tmp.name) / "vla", a.size))
@@ -489,121 +365,3 @@ def _device_name(device: str) -> str:
     except OSError:
         pass
     return f"cpu: {cpu}, {os.cpu_count()} cores (no GPU)"
-
-
-def _index(rows):
-    return {(r["mode"], r["decode_tokens"], r["denoise_steps"]): r for r in rows}
-
-
-def summarize(doc: dict) -> dict:
-    """The issue's targets: >= 2x action frequency over sequential at >= 20 tokens with
-    language throughput not lower; memory overhead over sequential <= 20 %."""
-    idx = _index(doc["rows"])
-    lines, checks = [], []
-    for (mode, n, s), r in sorted(idx.items(), key=lambda x: (x[0][2], x[0][1], MODES.index(x[0][0]))):
-        base = idx.get(("sequential", n, s))
-        if base is None or mode == "sequential":
-            continue
-        sp = r["action_hz"] / base["action_hz"]
-        tp = r["tokens_per_s"] / max(1e-9, base["tokens_per_s"])
-        mem = r["peak_memory_mb"] / base["peak_memory_mb"] - 1
-        lines.append(f"{mode:<11} N={n:>3} S={s:>2}: action Hz x{sp:.2f}, tokens/s x{tp:.2f}, "
-                     f"peak memory {100 * mem:+.1f}% vs sequential")
-        if mode == "oxygen":
-            checks.append({"decode_tokens": n, "denoise_steps": s, "action_speedup": round(sp, 3),
-                           "tokens_speedup": round(tp, 3), "memory_overhead": round(mem, 4),
-                           "speed_target_met": (sp >= 2 and tp >= 1) if n >= 20 else None,
-                           "memory_target_met": mem <= 0.2})
-    return {"lines": lines, "oxygen_vs_sequential": checks}
-
-
-def write_report(doc: dict, rep: Path) -> None:
-    rows, idx = doc["rows"], _index(doc["rows"])
-    steps = sorted({r["denoise_steps"] for r in rows})
-    toks = sorted({r["decode_tokens"] for r in rows})
-    modes = [m for m in MODES if any(r["mode"] == m for r in rows)]
-    md = ["# OxyGen: actions and language from one SmolVLA prefill (seed 001)", "",
-          f"`robotserve bench oxygen` on **{doc['device']}**; policy: SmolVLA, {doc['policy'].get('size')} size, "
-          f"{doc['policy'].get('parameters', 0) / 1e6:.1f}M parameters, random weights (timing does not depend on "
-          f"the values). Action horizon H = {doc['action_horizon']}, k = {doc['tokens_per_frame']} tokens per "
-          f"request per frame; per configuration the modes ran in {doc['blocks_per_config']} interleaved blocks of "
-          f"{doc['frames_per_block']} measured frames (order rotating); action Hz = H / median frame time, "
-          f"tokens/s = mean tokens per frame / median frame time, over all of a mode's measured frames "
-          f"(block rates and mean frame times are in the JSON), "
-          f"{doc['threads_per_process']} torch thread(s) per process (parallel: two processes).", "",
-          f"Load average before {doc['loadavg_before']}, after {doc['loadavg_after']} (2 cores shared with other "
-          f"jobs: timings are noisy; every ratio below compares modes of this one run). Wall time "
-          f"{doc['wall_s']} s.", "",
-          "Peak memory: peak RSS (VmHWM) of the process(es) serving the mode alone (each in-process mode "
-          "again in a fresh process; parallel: the sum of its two workers); "
-          "it includes the Python/torch runtime (~0.5 GB per process), so on the tiny model the KV cache is a "
-          "tiny part of it (see kv_cache_peak_mb in the JSON).", ""]
-    for s in steps:
-        md += [f"## Denoising steps S = {s}", "", "| N tokens | " + " | ".join(
-            f"{m} Hz | {m} tok/s" for m in modes) + " | oxygen batch |",
-            "|---:|" + "---:|" * (2 * len(modes) + 1)]
-        for n in toks:
-            cells = []
-            for m in modes:
-                r = idx.get((m, n, s))
-                cells += [f"{r['action_hz']:.1f}", f"{r['tokens_per_s']:.1f}"] if r else ["", ""]
-            ob = idx.get(("oxygen", n, s))
-            md.append(f"| {n} | " + " | ".join(cells) + f" | {ob['avg_decode_batch']:.2f} |" if ob else " |")
-        md.append("")
-    md += ["## Ratios to sequential isolated execution", "", "```", *doc["summary"]["lines"], "```", ""]
-    checks = [c for c in doc["summary"]["oxygen_vs_sequential"] if c["decode_tokens"] >= 20]
-    if checks:
-        md += ["## Targets", ""]
-        for c in checks:
-            md.append(f"- N={c['decode_tokens']} S={c['denoise_steps']}: action frequency x{c['action_speedup']:.2f} "
-                      f"(target >= 2: {'met' if c['action_speedup'] >= 2 else 'MISSED'}), tokens/s "
-                      f"x{c['tokens_speedup']:.2f} (not lower: {'met' if c['tokens_speedup'] >= 1 else 'MISSED'}), "
-                      f"memory {100 * c['memory_overhead']:+.1f}% (<= 20%: "
-                      f"{'met' if c['memory_target_met'] else 'MISSED'})")
-        md.append("")
-    if doc["poisson"]:
-        md += ["## Poisson arrivals (§4.4)", "", "| mode | lambda/frame | N | S | actions/s (all robots) | "
-               "action Hz per request | tokens/s | avg decode batch |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
-        for p in doc["poisson"]:
-            md.append(f"| {p['mode']} | {p['lambda']} | {p['decode_tokens']} | {p['denoise_steps']} | "
-                      f"{p['actions_per_s_total']:.1f} | {p['action_hz_per_request']:.1f} | {p['tokens_per_s']:.1f} | "
-                      f"{p['avg_decode_batch']:.2f} |")
-        md.append("")
-    md += ["![action frequency, language throughput and the ablation](oxygen.png)", ""]
-    (rep / "oxygen.md").write_text("\n".join(md))
-    _plot(doc, rep / "oxygen.png", idx, steps, toks, modes)
-
-
-def _plot(doc, path, idx, steps, toks, modes) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(len(steps), 3, figsize=(15, 4 * len(steps)), squeeze=False)
-    for i, s in enumerate(steps):
-        for j, (key, label) in enumerate((("action_hz", "action frequency (Hz)"),
-                                          ("tokens_per_s", "language throughput (tokens/s)"))):
-            ax = axes[i][j]
-            for m in modes:
-                xs = [n for n in toks if (m, n, s) in idx]
-                ax.plot(xs, [idx[(m, n, s)][key] for n in xs], marker="o", label=m)
-            ax.set_xlabel("decoded tokens per request (N)")
-            ax.set_ylabel(label)
-            ax.set_title(f"{label}, S={s} (Fig. 4)")
-            ax.grid(alpha=0.3)
-            ax.legend(fontsize=8)
-        ax = axes[i][2]  # ablation as Fig. 6: sequential -> + KV sharing -> + batching
-        for m, lab in (("sequential", "baseline"), ("kv_sharing", "+ KV sharing"), ("oxygen", "+ batching (OxyGen)")):
-            xs = [n for n in toks if (m, n, s) in idx]
-            if xs:
-                ax.plot(xs, [idx[(m, n, s)]["action_hz"] for n in xs], marker="o", label=lab)
-        ax.set_xlabel("decoded tokens per request (N)")
-        ax.set_ylabel("action frequency (Hz)")
-        ax.set_title(f"ablation, S={s}, k={doc['tokens_per_frame']} (Fig. 6)")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.suptitle(f"OxyGen on SmolVLA ({doc['policy'].get('size')}), {doc['device']}", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)

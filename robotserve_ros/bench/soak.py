@@ -22,7 +22,7 @@ from typing import Optional
 import yaml
 
 from ..launch_description import default_config
-from .bench_fleet_live import run_fleet_live
+from .fleet_live import run_fleet_live
 
 
 def rss_growth(rss: list, warmup_s: float, end_s: float) -> dict:

@@ -27,9 +27,9 @@ from pathlib import Path
 import numpy as np
 
 from ..machine import machine_info
-from .runner import pooled, run_many
-from .simulator import SimTier, Simulator
-from .workloads import REGIME_SHAPES, builtin_workload, shape_workload
+from ..sim.runner import pooled, run_many
+from ..sim.simulator import SimTier, Simulator
+from ..sim.workloads import REGIME_SHAPES, builtin_workload, shape_workload
 
 SCHEDULERS = ("fifo", "kairos", "srpt", "remaining")
 LABELS = {"fifo": "FIFO", "kairos": "Kairos", "srpt": "SRPT oracle", "remaining": "remaining"}
@@ -129,7 +129,7 @@ def run_regime(out_dir: Path, seeds=(0, 1), tasks: int = 300, workers=None) -> d
         "sweeps": {name: [rows[p] for p in ps] for name, ps in sweeps.items()},
     }
     (out_dir / "regime.json").write_text(json.dumps(data, indent=1) + "\n")
-    from .report import write_regime_report
+    from .fleet_report import write_regime_report
 
     write_regime_report(data, out_dir)
     return data

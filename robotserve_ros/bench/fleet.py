@@ -26,8 +26,8 @@ from pathlib import Path
 import numpy as np
 
 from ..machine import machine_info
-from .runner import RunSpec, pooled, run_many
-from .workloads import REGIME_SHAPES, SHAPES, builtin_workload, measured_names, regime_names
+from ..sim.runner import RunSpec, pooled, run_many
+from ..sim.workloads import REGIME_SHAPES, SHAPES, builtin_workload, measured_names, regime_names
 
 
 @dataclass(frozen=True)
@@ -137,7 +137,7 @@ def run_bench(out_dir: Path, seeds=(0, 1, 2), tasks: int = 400, peak_load: float
     data["meta"]["regime_fractions_of_peak"] = list(REGIME_FRACTIONS)
     data["meta"]["wall_s"] = round(time.time() - t0, 1)
     (out_dir / "fleet_bench.json").write_text(json.dumps(data, indent=1) + "\n")
-    from .report import write_fleet_report
+    from .fleet_report import write_fleet_report
 
     write_fleet_report(data, out_dir)
     return data

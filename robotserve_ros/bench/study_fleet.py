@@ -1,7 +1,7 @@
 """`robotserve study fleet`: the fleet-bench pieces issue 11 asks for, on the measured workloads.
 
 Kairos (wait-ratio order, dynamic horizon) vs FIFO (static horizon) average end-to-end
-latency at peak load (bench_fleet.peak_rate: FIFO-static offers 90 % of the engine's
+latency at peak load (bench/fleet.py peak_rate: FIFO-static offers 90 % of the engine's
 saturation throughput) and with 100 robots, plus FIFO with the dynamic horizon and Kairos
 with the static one (Table 2's split of horizon and ordering). The same simulator, runs and
 peak definition as `robotserve bench fleet`, restricted to these 4 configurations x 2 points.
@@ -19,7 +19,7 @@ CONFIGS = (("FIFO", "fifo", "static"), ("Kairos", "kairos", "dynamic"), ("FIFO d
 
 def run_fleet_check(workloads, seeds=(0, 1, 2), tasks: int = 400, robots: int = 100, workers: int = 1,
                     log=print) -> dict:
-    from ..sim.bench_fleet import peak_rate, reduction
+    from .fleet import peak_rate, reduction
     from ..sim.runner import RunSpec, pooled, run_many
 
     load0 = os.getloadavg()
@@ -90,7 +90,7 @@ def cmd_fleet(a) -> int:
 
 
 def add_arguments(p) -> None:
-    from ..cli import positive
+    from ..cli_types import positive
 
     p.add_argument("--workloads", nargs="+", default=["pushgust-diffusion", "pushgust-flow-matching"])
     p.add_argument("--out", default="reports/horizon")

@@ -1,0 +1,33 @@
+"""Command-line value types and the one-line usage error, shared by the CLI and every command
+module that defines its own options. The lowest floor: imports nothing of the package, so a
+module anywhere may take `positive` without importing the CLI above it."""
+from __future__ import annotations
+
+import argparse
+import math
+
+
+class UsageError(Exception):
+    """A wrong name or value on the command line: one line to stderr, exit 2."""
+
+
+def positive(kind=float):
+    """argparse type: a finite number > 0 (a whole one for kind=int)."""
+    def parse(v: str):
+        try:
+            x = kind(v)
+        except ValueError:
+            x = None
+        if x is None or not math.isfinite(x) or x <= 0:
+            raise argparse.ArgumentTypeError(f"must be a {'whole ' if kind is int else ''}number > 0, got {v!r}")
+        return x
+
+    return parse
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line naming the argument and what is allowed, no usage dump
+        self.exit(2, f"{self.prog}: {message}\n")
+
+
+__all__ = ["Parser", "UsageError", "positive"]
