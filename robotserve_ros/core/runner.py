@@ -207,7 +207,7 @@ class Runner:
                 self.late_replies += 1
                 return False
             try:
-                replies: list[ChunkReply] = self.core.complete(d.id, results)
+                replies: list[ChunkReply] = self.core.complete(d, results)
             except ValueError as e:  # wrong result count: the core requeued the batch
                 self.core.stats.errors["engine_failure"] += 1
                 log.error("%s", e)
@@ -296,7 +296,7 @@ class Runner:
 
     def _requeue(self, d: Dispatch, e: Exception) -> None:
         """Under the lock: the batch's requests wait again, up to max_attempts failures each."""
-        gave_up = self.core.fail(d.id, self.max_attempts)
+        gave_up = self.core.fail(d, str(e), self.max_attempts)
         if gave_up:
             log.error("%d request(s) failed %d batches; answered with an error: %r", len(gave_up), self.max_attempts, e)
             if self.on_given_up is not None:
@@ -324,9 +324,8 @@ class Runner:
         """Start the dispatcher and one thread per tier slot (core/loop.py), and the refresh-ahead thread."""
         if self._driver is not None:
             return self
-        self._driver = LiveDriver({t.name: t.slots for t in self.core.tiers},
-                                  lambda: [(d.tier, d) for d in self.dispatch()],
-                                  lambda _tier, d: self.run_batch(d), on_crash=self._crashed)
+        self._driver = LiveDriver(self.core.slots, self.dispatch, lambda _tier, d: self.run_batch(d),
+                                  on_crash=self._crashed)
         if self.prefresh_lead_s is not None:
             self._threads.append(threading.Thread(target=self._prefresh_loop, name="prefresh", daemon=True))
         self._driver.start()

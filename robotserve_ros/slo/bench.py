@@ -213,7 +213,7 @@ def live_engines(model: str | None, dtype: str | None):
 def run_live_once(pe, de, profile: LLMProfile, sched: str, reqs, ttft: float, tpot: float, max_batch: int,
                   vocab: int, seed: int, timeout_s: float = 600.0) -> tuple[dict, dict]:
     from ..core.clock import WallClock
-    from ..core.slo import SLODefaults, make_slo_core
+    from ..core.slo import SLODefaults, SLORequest, make_slo_core
     from .workers import DisaggregatedWorkers
 
     done = []
@@ -236,7 +236,7 @@ def run_live_once(pe, de, profile: LLMProfile, sched: str, reqs, ttft: float, tp
             delay = t0 + r.arrival_s - time.monotonic()
             if delay > 0:
                 time.sleep(delay)
-            core.submit(r.req_id, r.prompt_len, r.out_len, prompt_tokens=prompts[r.req_id])
+            core.submit(SLORequest(r.req_id, r.prompt_len, r.out_len, prompt_tokens=prompts[r.req_id]))
             w.kick()
         finished = all_done.wait(timeout_s)
     finally:

@@ -1,7 +1,7 @@
 """Virtual-clock simulator of disaggregated prefill/decode serving (seed 004 §4 at scale).
 
 It drives `core/slo`'s SLOServingCore through the same calls the live workers make
-(submit, dispatch, prefill_done, decode_done); each engine call takes the time the measured
+(submit, dispatch, complete); each engine call takes the time the measured
 profile gives (prefill: P(end) - P(start) per chunk; decode: LUT[batch, longest context];
 KV handover: the measured per-token cost; the batch-KV regather the engine does when the
 running set changes, where the profile measured it), times a seeded log-normal noise so the
@@ -17,7 +17,7 @@ from typing import Iterable, Optional
 import numpy as np
 
 from ..core.clock import VirtualClock
-from ..core.slo import DECODE, PREFILL, DecodeLUT, LLMProfile, SLODefaults, make_slo_core
+from ..core.slo import DECODE, PREFILL, DecodeLUT, LLMProfile, SLODefaults, SLORequest, make_slo_core
 from .workload import Req
 
 
@@ -77,16 +77,15 @@ def simulate(profile: LLMProfile, scheduler: str, requests: list[Req], *, ttft_s
         t, _, _, kind, x = heapq.heappop(ev)
         clock.advance_to(t)
         if kind == "arrive":
-            core.submit(x.req_id, x.prompt_len, x.out_len, 0.0, 0.0)
-        elif kind == PREFILL:
-            core.prefill_done(x)
-        elif kind == DECODE:
-            core.decode_done(x)
+            core.submit(SLORequest(x.req_id, x.prompt_len, x.out_len))
+        elif kind in (PREFILL, DECODE):
+            core.complete(x)
         elif kind == "wake":
             wake_at = None
         if ev and ev[0][0] <= t:  # finish every event of this instant before deciding
             continue
-        for slot, item in core.dispatch():
+        for item in core.dispatch():
+            slot = item.slot
             if slot == PREFILL:
                 dt = sum(truth.prefill.chunk_s(a, b, corrected=False) for _, a, b in item.chunks)
             else:

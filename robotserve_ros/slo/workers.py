@@ -19,7 +19,7 @@ import time
 from typing import Callable, Optional
 
 from ..core.loop import LiveDriver
-from ..core.slo import DECODE, PREFILL, DecodeItem, PrefillItem, SLOServingCore
+from ..core.slo import DECODE, PREFILL, DecodeItem, PrefillItem, SLOServingCore, StepResult
 
 log = logging.getLogger("robotserve.slo")
 
@@ -39,8 +39,7 @@ class DisaggregatedWorkers:
         self._lock = threading.Lock()
         self.kv = {"handovers": 0, "bytes": 0, "export_s": 0.0, "import_s": 0.0}
         self.on_event = on_event
-        self.driver = LiveDriver({PREFILL: 1, DECODE: 1}, core.dispatch, self.run, on_crash=self.on_crash,
-                                 name="slo-dispatcher")
+        self.driver = LiveDriver.for_core(core, self.run, on_crash=self.on_crash, name="slo-dispatcher")
 
     def start(self) -> "DisaggregatedWorkers":
         self.driver.start()
@@ -79,7 +78,7 @@ class DisaggregatedWorkers:
         t2 = time.monotonic()
         with self._lock:
             self.kv["export_s"] += t2 - t1
-        self.core.prefill_done(item, first, eos, actual_s=t1 - t0)
+        self.core.complete(item, StepResult(first, eos, t1 - t0))
         if self.on_event:
             self.on_event("prefill", item, t1 - t0)
 
@@ -97,7 +96,7 @@ class DisaggregatedWorkers:
         out = self.de.decode([r.req_id for r in item.batch], steps=1)
         t2 = time.monotonic()
         eos = frozenset(rid for rid, toks in out.items() if any(t in self.eos for t in toks))
-        self.core.decode_done(item, out, eos, actual_s=t2 - t1)
+        self.core.complete(item, StepResult(out, eos, t2 - t1))
         for r in item.batch:
             if r.finished:
                 self._release(r.req_id)
@@ -124,9 +123,9 @@ class DisaggregatedWorkers:
                     pass
                 with self._lock:
                     self._handover.pop(r.req_id, None)
-            self.core.prefill_failed(item, reason)
+            self.core.fail(item, reason)
         else:
-            self.core.decode_failed(item, reason)
+            self.core.fail(item, reason)
             for r in item.batch:
                 self._release(r.req_id)
 

@@ -36,7 +36,7 @@ class LiveTimely:
         self.failures = 0
         self._to_free: set = set()
         self._lock = threading.Lock()
-        self.driver = LiveDriver({"llm": 1}, self._dispatch, self._run, on_crash=self._crash, name="planner")
+        self.driver = LiveDriver(core.slots, self._dispatch, self._run, on_crash=self._crash, name="planner")
 
     def start(self) -> "LiveTimely":
         self.driver.start()
@@ -77,10 +77,9 @@ class LiveTimely:
                 self.engine.free(plan_id)
 
     # ---- LiveDriver ----
-    def _dispatch(self):
-        with self._lock:
-            item = self.core.dispatch()
-        return [("llm", item)] if item is not None else []
+    def _dispatch(self) -> list:
+        with self._lock:  # a plan's prompt is registered with it (submit): never one without the other
+            return self.core.dispatch()
 
     def _run(self, slot, item: WorkItem) -> None:
         t0 = time.perf_counter()

@@ -85,8 +85,7 @@ def simulate(specs: list[PlanSpec], scheduler: str, profile: LLMProfile, skill_t
             pid, k = ev.data
             core.segment_started(pid, k, ev.t)  # the robot gives no estimate: the skill model's
         if engine_item is None:
-            item = core.dispatch()
-            if item is not None:
+            for item in core.dispatch():
                 engine_item = item
                 if item.kind == "prefill":
                     dur = profile.prefill_s(prefill_tokens[item.plan_ids[0]])

@@ -1,7 +1,7 @@
 """Virtual-clock replay of a VLM workload on a measured stage profile (seed 003, §V).
 
-The core's own `dispatch`/`complete` steps run on a VirtualClock; each op lasts what the
-profile says for its stage, units, tiles, tokens and batch. Workloads: Poisson arrivals
+The core's own `dispatch`/`complete` steps run on a VirtualClock (the simulator sets the
+core's clock: it owns the time); each op lasts what the profile says for its stage, units, tiles, tokens and batch. Workloads: Poisson arrivals
 (§V-A4) with request shapes drawn from a seeded generator.
 """
 from __future__ import annotations
@@ -10,7 +10,6 @@ import heapq
 import math
 import random
 from dataclasses import dataclass
-from typing import Callable
 
 from ..clock import VirtualClock
 from .partition import StageProfile
@@ -42,7 +41,7 @@ class Workload:
 
 def simulate(core: VLMCore, profile: StageProfile, requests: list, *, horizon_s: float = math.inf) -> VLMCore:
     """Run every request through `core` on a virtual clock; returns the core (done list filled)."""
-    clock = VirtualClock()
+    clock = core.clock = VirtualClock()
     events: list = []
     seq = 0
     for r in requests:
@@ -54,12 +53,12 @@ def simulate(core: VLMCore, profile: StageProfile, requests: list, *, horizon_s:
             break
         clock.advance_to(t)
         if kind == "arrive":
-            core.submit(x, t)
+            core.submit(x)
         else:
-            core.complete(x, t)
+            core.complete(x)
         if events and events[0][0] == t:
             continue  # take every event of this instant before dispatching
-        for _slot, op in core.dispatch(clock.now()):
+        for op in core.dispatch():
             heapq.heappush(events, (clock.now() + op_time(profile, op), seq, "done", op))
             seq += 1
     return core
@@ -88,7 +87,3 @@ def summarize(done: list, *, scheduler: str, workload: str, rate: float, extra: 
     row.update(extra or {})
     return row
 
-
-def run_policy(make_core: Callable[[], VLMCore], profile: StageProfile, workload: Workload, rate: float, n: int,
-               seed: int) -> VLMCore:
-    return simulate(make_core(), profile, workload.requests(rate, n, seed))

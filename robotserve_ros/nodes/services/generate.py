@@ -27,7 +27,7 @@ from pathlib import Path
 
 from ...core.clock import WallClock
 from ...core.errors import RequestError
-from ...core.slo import SLO_SCHEDULERS, BadPrompt, BadSLO, LLMProfile, SLODefaults, make_slo_core
+from ...core.slo import SLO_SCHEDULERS, BadPrompt, BadSLO, LLMProfile, SLODefaults, SLORequest, make_slo_core
 from ...slo.workers import DisaggregatedWorkers
 from ..convert import fill_status
 
@@ -139,7 +139,7 @@ class GenerateService:
                 raise BadPrompt(f"request {m.request_id!r} of task {m.task_id!r} is already being served")
             self._waiters[rid] = ev
         try:
-            self.core.submit(rid, len(ids), int(m.max_tokens), float(m.ttft_slo_s), float(m.tpot_slo_s), prompt_tokens=ids)
+            self.core.submit(SLORequest(rid, len(ids), int(m.max_tokens), float(m.ttft_slo_s), float(m.tpot_slo_s), ids))
         except Exception:
             with self._lock:
                 self._waiters.pop(rid, None)
