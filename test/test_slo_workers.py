@@ -8,7 +8,7 @@ import time
 
 from robotserve_ros.core.clock import WallClock
 from robotserve_ros.core.slo import LLMProfile, SLODefaults, SLORequest, make_slo_core
-from robotserve_ros.slo.workers import DisaggregatedWorkers
+from robotserve_ros.core.slo.workers import DisaggregatedWorkers
 from slo_fakes import FakeLLMEngine
 
 

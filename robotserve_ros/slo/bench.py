@@ -5,7 +5,7 @@ slack_only and kairos_slo, at rising request rates of a long-tail mix (slo/workl
 - mode "sim": the virtual-clock simulator (slo/sim.py) driving the same core with the
   measured profile, at the paper's scale (1000 requests per rate, chunked prefill, §4.1);
 - mode "live": the real engine (robotserve_ros/engines/llm, SmolLM2-135M) as two
-  disaggregated workers on this CPU (slo/workers.py), fewer requests.
+  disaggregated workers on this CPU (core/slo/workers.py), fewer requests.
 
 SLOs are set from the measured profile the way the paper's relate to its hardware (§2.2,
 §4.1): TTFT SLO = 0.9 x the prefill time of the longest prompt of the mix (8 s vs 8.8 s for
@@ -214,7 +214,7 @@ def run_live_once(pe, de, profile: LLMProfile, sched: str, reqs, ttft: float, tp
                   vocab: int, seed: int, timeout_s: float = 600.0) -> tuple[dict, dict]:
     from ..core.clock import WallClock
     from ..core.slo import SLODefaults, SLORequest, make_slo_core
-    from .workers import DisaggregatedWorkers
+    from ..core.slo.workers import DisaggregatedWorkers
 
     done = []
     all_done = threading.Event()

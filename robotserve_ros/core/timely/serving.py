@@ -9,7 +9,7 @@ events: segments to hand to robots, plans finished (their KV to free). The calls
 core/contract.py's.
 
 Live, `core/loop.py`'s LiveDriver calls `dispatch` / the engine / `complete` (see
-timely/live.py); the simulator calls the same two steps on its virtual clock with engine
+core/timely/live.py); the simulator calls the same two steps on its virtual clock with engine
 times from the measured profile (timely/sim.py). The clock is injected; `timer` (a
 perf_counter) only measures the decision overhead.
 """

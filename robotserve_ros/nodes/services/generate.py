@@ -1,6 +1,6 @@
 """srv/Generate on the inference server: text requests with TTFT/TPOT SLOs served by the
 SLO-aware disaggregated core (seed 004): urgency-ordered prefill on one engine instance,
-slack-guided decode batching on another, the KV handed between them (slo/workers.py).
+slack-guided decode batching on another, the KV handed between them (core/slo/workers.py).
 
 Parameters (services_params: {"generate": {...}}):
 - service: the srv/Generate name (default /robotserve/generate);
@@ -28,7 +28,7 @@ from pathlib import Path
 from ...core.clock import WallClock
 from ...core.errors import RequestError
 from ...core.slo import SLO_SCHEDULERS, BadPrompt, BadSLO, LLMProfile, SLODefaults, SLORequest, make_slo_core
-from ...slo.workers import DisaggregatedWorkers
+from ...core.slo.workers import DisaggregatedWorkers
 from ..convert import fill_status
 
 from ...slo.bench import PROFILES_DIR as PROFILES
