@@ -1,6 +1,7 @@
 """core/contract.py: every one of the five serving cores answers the one contract (submit one
 request object, dispatch items to named slots, complete / fail an item, cancel, stats as
-plain data) on a VirtualClock, and the calls do what they say. Pure core: no ROS, no torch."""
+plain data) on a VirtualClock, and the calls do what they say; sim/loop.py's one
+virtual-clock loop serves every one of them to the end. No ROS, no torch."""
 from __future__ import annotations
 
 import json
@@ -15,6 +16,7 @@ from robotserve_ros.core.language_frames import LanguageFrameCore, LanguageReque
 from robotserve_ros.core.nova import PartitionPlan, VLMCore, VLMRequest, make_vlm_scheduler
 from robotserve_ros.core.slo import SLORequest, StepResult, make_slo_core
 from robotserve_ros.core.timely import SEGMENT_SCHEDULERS, SegmentOutcome, TimelyCore
+from robotserve_ros.sim.loop import VirtualLoop
 from conftest import zeros_chunk
 from test_nova_core import small_profile
 from test_slo_core import profile as slo_profile
@@ -32,6 +34,7 @@ class Case:
     ids: tuple                  # the three requests' ids (for cancel)
     after_complete: Callable    # (core, handles, out) -> None, asserts
     after_fail: Callable        # (core, handles, item, out) -> None, asserts
+    served: Callable            # (core, handles) -> True once every request was served
 
 
 def _action_core(clock):
@@ -53,6 +56,7 @@ ACTION = Case(
     after_complete=lambda core, handles, out: (len(out) == 1 and out[0].horizon == 4
                                                and core.stats.completed == 1) or pytest.fail(f"replies {out}"),
     after_fail=_action_fail,
+    served=lambda core, handles: core.stats.completed == 3 and not core.pending,
 )
 
 
@@ -70,6 +74,7 @@ TIMELY = Case(
     after_fail=lambda core, handles, item, out: ([e.kind for e in out] == ["done"] * len(item.plan_ids)
                                                  and not any(p in core.plans for p in item.plan_ids))
     or pytest.fail(f"events {out}"),
+    served=lambda core, handles: core.stats.plans_done == 3 and not core.plans,
 )
 
 
@@ -92,6 +97,7 @@ SLO = Case(
     after_complete=lambda core, handles, out: (handles[0].first_token_s is not None and handles[0].tokens == [7])
     or pytest.fail("the first request got no first token"),
     after_fail=_slo_failed,
+    served=lambda core, handles: all(r.finished and r.tokens == [7, 8, 8, 8] for r in handles),
 )
 
 
@@ -104,6 +110,7 @@ NOVA = Case(
     or pytest.fail(f"a is in {handles[0].stage}"),
     after_fail=lambda core, handles, item, out: (out == [item.front] and item.front.error == "engine_failure")
     or pytest.fail(f"finished {out}"),
+    served=lambda core, handles: all(r.stage == "done" and r.tokens_out == 3 for r in handles) and core.idle(),
 )
 
 
@@ -142,6 +149,7 @@ LANGUAGE = Case(
     or pytest.fail(f"published {core.engine.published}"),
     after_fail=lambda core, handles, item, out: (core.counts["failed_rounds"] == 1 and not core.snapshot()["decoding"])
     or pytest.fail("a failed round must free the decode slot"),
+    served=lambda core, handles: {rid for rid, _ in core.engine.published} == set(handles),
 )
 
 CASES = {"action_chunks": ACTION, "timely": TIMELY, "slo": SLO, "nova": NOVA, "language_frames": LANGUAGE}
@@ -175,6 +183,20 @@ def test_submit_dispatch_complete_fail_cancel_and_stats_as_plain_data(name):
     assert core.cancel("nobody", "cancelled") is False or name == "language_frames"
     snap = core.snapshot()
     assert isinstance(snap, dict) and json.loads(json.dumps(snap)) == snap
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_the_one_virtual_clock_loop_serves_every_core_to_the_end(name):
+    case, clock = CASES[name], VirtualClock()
+    core = case.build(clock)
+    handles = []
+    # the engine model: every item takes 0.1 s; its result is what the case's engine returns
+    loop = VirtualLoop(clock, core.dispatch, lambda item: (0.1, case.result(core, item)), core.complete)
+    for i, q in enumerate(case.requests()):
+        loop.at(0.01 * i, lambda q=q: handles.append(core.submit(q)))
+    loop.run()
+    assert len(handles) == 3 and clock.now() >= 0.1
+    assert case.served(core, handles)
 
 
 def test_a_core_missing_a_call_or_with_the_wrong_shape_is_named():

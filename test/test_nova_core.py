@@ -3,11 +3,11 @@ the schedulers' stage order and batching on the virtual clock, the simulator's b
 import pytest
 
 from robotserve_ros.core.clock import VirtualClock
-
-from robotserve_ros.core.nova import (PartitionPlan, StageProfile, VLMCore, VLMRequest, Workload, make_vlm_scheduler,
-                                      paper_profile, pareto_frontier, simulate, summarize)
+from robotserve_ros.core.nova import (PartitionPlan, StageProfile, VLMCore, VLMRequest, make_vlm_scheduler, paper_profile,
+                                      pareto_frontier)
 from robotserve_ros.core.nova.partition import PlanPoint
 from robotserve_ros.core.nova.serving import VLM_SCHEDULERS
+from robotserve_ros.sim.nova import Workload, simulate, summarize
 
 
 def small_profile(total=8):
