@@ -122,9 +122,9 @@ class Runner:
             except Exception:  # a diagnostics fault must never cost a robot its round
                 log.exception("stage observer failed at %s", stage)
 
-    def _account(self) -> None:
-        """Under the lock, before any change of the queue or of the running slots: the time
-        since the last change goes to the backlog integrals."""
+    def account(self) -> None:
+        """Under the lock, before any change of the queue or of the running slots (and before
+        reading the load figures): the time since the last change goes to the backlog integrals."""
         now = self.core.clock.now()
         if self._acct_at is not None and len(self.core.pending) > self.backlog_threshold:
             dt = max(0.0, now - self._acct_at)
@@ -142,7 +142,7 @@ class Runner:
         `then(pending)` runs under the same lock, before any batch can take the request: a
         caller registers its waiter there so no reply can come before it."""
         with self.lock:
-            self._account()
+            self.account()
             p = self.core.submit(req)
             if then is not None:
                 then(p)
@@ -157,7 +157,7 @@ class Runner:
 
     def dispatch(self) -> list[Dispatch]:
         with self.lock:
-            self._account()
+            self.account()
             backlogged = self.backlogged()
             t0 = self.core.clock.now()
             ds = self.core.dispatch()
@@ -183,7 +183,7 @@ class Runner:
         self.core.refresh_stale(d)
         self._emit("engine_start", _rounds(d))
         with self.lock:
-            self._account()
+            self.account()
             started = self.core.clock.now()
             self.running[d.tier] += 1
             frm = self._dispatched_at.pop(d.id, None)
@@ -234,7 +234,7 @@ class Runner:
 
     def _engine_done(self, tier: str, started: float) -> None:
         """Under the lock: the tier's engine finished (or failed) a batch begun at `started`."""
-        self._account()
+        self.account()
         now = self.core.clock.now()
         self.busy_s[tier] += now - started
         self.running[tier] = max(0, self.running[tier] - 1)

@@ -18,7 +18,7 @@ from typing import Optional
 import numpy as np
 
 from ..core.clock import VirtualClock
-from ..core.ledger import wait_ratio
+from ..core.ledger import Span, wait_ratio
 from ..core.placement import LinkEstimate, ShortestDelay, payload_bytes
 from ..core.profile import EngineProfile
 from ..core.runner import Runner
@@ -87,8 +87,7 @@ class TaskOutcome:
     task_id: str
     spec_id: str
     robot: int
-    arrival: float
-    end: float
+    span: Span  # arrival -> end of the task's last execution
     rounds: int
     idle_s: float
     wait_ratio: float
@@ -96,7 +95,7 @@ class TaskOutcome:
 
     @property
     def latency(self) -> float:
-        return self.end - self.arrival
+        return self.span.length
 
 
 @dataclass
@@ -257,7 +256,7 @@ class _Run:
     def finish(self) -> SimResult:
         self.loop.run()
         r = self.result
-        r.makespan_s = max(o.end for o in r.outcomes) - min(o.arrival for o in r.outcomes)
+        r.makespan_s = max(o.span.end for o in r.outcomes) - min(o.span.start for o in r.outcomes)
         r.batches, r.dispatched = self.core.stats.batches, self.core.stats.dispatched
         slots = sum(t.slots for t in self.core.tiers)
         r.engine_busy_s = sum(self.runner.busy_s.values()) / slots  # busy share of all slots
@@ -304,7 +303,8 @@ class _Run:
         wr = wait_ratio(rec, now)
         self.core.drop_task(tid)
         self.result.outcomes.append(
-            TaskOutcome(tid, rb.spec.id, rb.robot, rb.arrival, now, len(rb.rounds), rb.idle, wr, self._lower_bound(rb))
+            TaskOutcome(tid, rb.spec.id, rb.robot, Span(rb.arrival, now), len(rb.rounds), rb.idle, wr,
+                        self._lower_bound(rb))
         )
         if self.backlog:  # fleet mode: the robot takes the next task
             spec = self.backlog.pop()

@@ -310,13 +310,21 @@ class StaticPartitionScheduler(PipelineScheduler):
         return {"scheduler": self.name, "n_v": self.n_v, "n_p": self.n_p}
 
 
-class FcfsScheduler(VLMScheduler):
+class OneWorkerScheduler(VLMScheduler):
+    """The sequential baselines: one worker with the whole device, one op at a time."""
+
+    def pick(self, core: VLMCore, now: float) -> list:
+        return [] if "worker" in core.running else self.pick_idle(core)
+
+    def pick_idle(self, core: VLMCore) -> list:
+        raise NotImplementedError
+
+
+class FcfsScheduler(OneWorkerScheduler):
     """Sequential, one stage at a time, the oldest request's next stage first."""
     name = "fcfs"
 
-    def pick(self, core: VLMCore, now: float) -> list:
-        if "worker" in core.running:
-            return []
+    def pick_idle(self, core: VLMCore) -> list:
         cands = []
         if core.decode_ready:
             cands.append((min(r.arrival for r in core.decode_ready), 0))
@@ -335,32 +343,28 @@ class FcfsScheduler(VLMScheduler):
         return [Op("vision", "worker", core.total, front=core.vision_q.popleft())]
 
 
-class PrefillFirstScheduler(VLMScheduler):
+class PrefillFirstScheduler(OneWorkerScheduler):
     """PF-Limit (§V-A7): vision/prefill first; decode once `limit` requests wait for it."""
     name = "prefill_first"
 
     def __init__(self, limit: int = 5) -> None:
         self.limit = int(limit)
 
-    def pick(self, core: VLMCore, now: float) -> list:
-        if "worker" in core.running:
-            return []
+    def pick_idle(self, core: VLMCore) -> list:
         if core.decode_ready and (len(core.decode_ready) >= self.limit or not (core.prefill_q or core.vision_q)):
             return [Op("decode", "worker", core.total, batch=list(core.decode_ready))]
         op = _front_op(core, "worker", core.total, False)
         return [op] if op else []
 
 
-class ChunkedPrefillScheduler(VLMScheduler):
+class ChunkedPrefillScheduler(OneWorkerScheduler):
     """Sarathi-style hybrid batches: every running decode plus a prefill chunk, under a token budget."""
     name = "chunked_prefill"
 
     def __init__(self, budget: int = 128) -> None:
         self.budget = int(budget)
 
-    def pick(self, core: VLMCore, now: float) -> list:
-        if "worker" in core.running:
-            return []
+    def pick_idle(self, core: VLMCore) -> list:
         batch = list(core.decode_ready)
         if core.prefill_q:
             r = core.prefill_q.popleft()
