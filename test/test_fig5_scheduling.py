@@ -57,7 +57,7 @@ def run_synchronous(make_core, chunk, scheduler: str):
                 core.submit(InferenceRequest(tid, k, info))
                 requested_at[tid] = now
             else:  # generation done: the robot gets its chunk and executes it at once
-                for reply in core.complete(payload.id, [chunk(4)]):
+                for reply in core.complete(payload, [chunk(4)]):
                     tid, k = reply.task_id, reply.round_id
                     idle[tid] += now - requested_at[tid]
                     done = now + TASKS[tid][k]

@@ -189,11 +189,11 @@ def test_register_horizon_policy_is_used_by_serving_core(make_core, user_policy)
     actions[5, 0] = -1.0  # policy keeps A1..A6, the server-side cap param makes it 4
     d = core.dispatch()[0]
     clock.advance_to(1.0)
-    (ra,) = core.complete(d.id, [ChunkResult(actions)])
+    (ra,) = core.complete(d, [ChunkResult(actions)])
     assert (ra.task_id, ra.horizon, ra.reason, ra.chunk_len) == ("a", 4, "user policy", 8)
     assert ra.actions.shape == (4, DIM)
     d = core.dispatch()[0]
-    (rb,) = core.complete(d.id, [ChunkResult(actions)])
+    (rb,) = core.complete(d, [ChunkResult(actions)])
     assert rb.horizon == 2  # the client's own knob
     # The user policy's check_param guards requests too.
     with pytest.raises(BadPolicyParam):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 from robotserve_ros.core.clock import VirtualClock, WallClock
-from robotserve_ros.core.language_frames import SLOT, LanguageFrameCore
+from robotserve_ros.core.language_frames import SLOT, DecodeRound, LanguageFrameCore
 from robotserve_ros.core.loop import LiveDriver
 
 
@@ -30,9 +30,9 @@ def test_one_round_per_frame_and_never_during_an_action_batch():
     core.action_started()
     core.action_ended()  # a second frame before the decode worker ran
     items = core.dispatch()
-    assert items == [(SLOT, 2)]
+    assert items == [DecodeRound(2)] and items[0].slot == SLOT
     assert core.dispatch() == []  # one round at a time
-    core.run(*items[0])
+    core.run(SLOT, items[0])
     assert published == [[1]] and core.counts["rounds"] == 1
 
 
@@ -43,9 +43,9 @@ def test_idle_rounds_serve_standalone_questions_and_nothing_without_work():
     clock.advance_to(0.05)
     assert core.dispatch() == []
     clock.advance_to(0.1)
-    (slot, n), = core.dispatch()
-    assert n == 0 and core.counts["idle_rounds"] == 1
-    core.run(slot, n)
+    item, = core.dispatch()
+    assert item.frames == 0 and core.counts["idle_rounds"] == 1
+    core.run(item.slot, item)
     active["n"] = 0
     clock.advance_to(5.0)
     core.frame()
@@ -54,8 +54,8 @@ def test_idle_rounds_serve_standalone_questions_and_nothing_without_work():
 
 def test_live_driver_runs_the_rounds_between_action_batches():
     core, rounds, published = make(WallClock(), idle=0.01)
-    drv = LiveDriver({SLOT: 1}, core.dispatch, core.run, poll_s=0.005, name="language")
-    core._kick = drv.kick
+    drv = LiveDriver.for_core(core, core.run, poll_s=0.005, name="language")
+    core.set_kick(drv.kick)
     drv.start()
     try:
         for _ in range(20):  # action batches of 5 ms, back to back

@@ -1,10 +1,16 @@
 """core/loop.py: the live driver every serving core uses (pure Python, threads only)."""
 import threading
 import time
+from typing import NamedTuple
 
 import pytest
 
 from robotserve_ros.core.loop import LiveDriver
+
+
+class Item(NamedTuple):  # a work item names its slot
+    slot: str
+    n: object
 
 
 def _until(cond, timeout=5.0):
@@ -16,7 +22,7 @@ def _until(cond, timeout=5.0):
 
 def test_items_go_to_their_slot_and_each_slot_runs_one_at_a_time():
     lock = threading.Lock()
-    todo = [("prefill", i) for i in range(5)] + [("decode", i) for i in range(5)]
+    todo = [Item("prefill", i) for i in range(5)] + [Item("decode", i) for i in range(5)]
     done, running, overlap = [], {"prefill": 0, "decode": 0}, []
 
     def dispatch():
@@ -32,7 +38,7 @@ def test_items_go_to_their_slot_and_each_slot_runs_one_at_a_time():
         time.sleep(0.002)
         with lock:
             running[slot] -= 1
-            done.append((slot, item))
+            done.append((slot, item.n))
 
     d = LiveDriver({"prefill": 1, "decode": 1}, dispatch, run).start()
     d.kick()
@@ -47,20 +53,20 @@ def test_a_crashing_item_is_reported_and_the_slot_serves_the_next():
     todo, done, crashed = ["bad", "good"], [], []
 
     def dispatch():
-        out = [("w", x) for x in todo]
+        out = [Item("w", x) for x in todo]
         todo.clear()
         return out
 
     def run(slot, item):
-        if item == "bad":
+        if item.n == "bad":
             raise RuntimeError("boom")
-        done.append(item)
+        done.append(item.n)
 
     d = LiveDriver({"w": 1}, dispatch, run, on_crash=lambda s, i, e: crashed.append((s, i, str(e)))).start()
     d.kick()
     assert _until(lambda: done == ["good"])
     d.close()
-    assert crashed == [("w", "bad", "boom")]
+    assert crashed == [("w", Item("w", "bad"), "boom")]
 
 
 def test_a_failing_dispatch_does_not_stop_the_loop():
@@ -71,9 +77,9 @@ def test_a_failing_dispatch_does_not_stop_the_loop():
         calls["n"] += 1
         if calls["n"] == 1:
             raise ValueError("core bug")
-        return [("w", calls["n"])] if calls["n"] == 2 else []
+        return [Item("w", calls["n"])] if calls["n"] == 2 else []
 
-    d = LiveDriver({"w": 2}, dispatch, lambda s, i: done.append(i), poll_s=0.01).start()
+    d = LiveDriver({"w": 2}, dispatch, lambda s, i: done.append(i.n), poll_s=0.01).start()
     d.kick()
     assert _until(lambda: done == [2])
     d.close()

@@ -2,10 +2,12 @@
 the schedulers' stage order and batching on the virtual clock, the simulator's bookkeeping."""
 import pytest
 
-from robotserve_ros.core.nova import (PartitionPlan, StageProfile, VLMCore, VLMRequest, Workload, make_vlm_scheduler,
-                                      paper_profile, pareto_frontier, simulate, summarize)
+from robotserve_ros.core.clock import VirtualClock
+from robotserve_ros.core.nova import (PartitionPlan, StageProfile, VLMCore, VLMRequest, make_vlm_scheduler, paper_profile,
+                                      pareto_frontier)
 from robotserve_ros.core.nova.partition import PlanPoint
 from robotserve_ros.core.nova.serving import VLM_SCHEDULERS
+from robotserve_ros.sim.nova import Workload, simulate, summarize
 
 
 def small_profile(total=8):
@@ -69,62 +71,72 @@ def test_nova_runs_decode_beside_the_front_stage_and_sequential_baselines_do_not
         core = VLMCore(make_vlm_scheduler(name, PartitionPlan(small_profile(), tokens=30)), 8)
         ops = []
         orig = core.dispatch
-        core.dispatch = lambda now, orig=orig, ops=ops: (lambda x: (ops.extend(x), x)[1])(orig(now))
+        core.dispatch = lambda orig=orig, ops=ops: (lambda x: (ops.extend(x), x)[1])(orig())
         simulate(core, small_profile(), reqs if name == "nova" else wl.requests(rate=2.0, n=20, seed=2))
         seen[name] = ops
-    nova_slots = {s for s, _ in seen["nova"]}
+    nova_slots = {op.slot for op in seen["nova"]}
     assert nova_slots == {"front", "decode"}
-    assert any(op.corun and op.kind == "decode" for _, op in seen["nova"])
+    assert any(op.corun and op.kind == "decode" for op in seen["nova"])
     # a co-running decode gets a share, the front the rest; alone a stage gets everything
-    assert all(op.units < 8 for _, op in seen["nova"] if op.corun)
-    assert {s for s, _ in seen["fcfs"]} == {"worker"} and all(op.units == 8 for _, op in seen["fcfs"])
+    assert all(op.units < 8 for op in seen["nova"] if op.corun)
+    assert {op.slot for op in seen["fcfs"]} == {"worker"} and all(op.units == 8 for op in seen["fcfs"])
 
 
 def test_nova_inflight_batching_joins_after_the_running_batch():
     prof = small_profile()
-    core = VLMCore(make_vlm_scheduler("nova", PartitionPlan(prof, tokens=10)), 8)
+    clock = VirtualClock()
+    core = VLMCore(make_vlm_scheduler("nova", PartitionPlan(prof, tokens=10)), 8, clock)
     a = VLMRequest("a", 0.0, tiles=0, prompt_tokens=10, max_tokens=10)
     b = VLMRequest("b", 0.0, tiles=0, prompt_tokens=10, max_tokens=10)
-    core.submit(a, 0.0)
-    core.submit(b, 0.0)
-    (slot, pa), = core.dispatch(0.0)
+    core.submit(a)
+    core.submit(b)
+    pa, = core.dispatch()
     assert pa.kind == "prefill" and pa.front is a
-    core.complete(pa, 0.1)
-    ops = dict(core.dispatch(0.1))
+    clock.advance_to(0.1)
+    core.complete(pa)
+    ops = {op.slot: op for op in core.dispatch()}
     assert ops["front"].front is b and ops["decode"].batch == [a]
-    core.complete(ops["front"], 0.12)  # b is ready while a's decode step still runs
-    assert core.dispatch(0.12) == []  # b waits for the running batch (§III-D)
-    core.complete(ops["decode"], 0.13)
-    (_, d2), = core.dispatch(0.13)
+    clock.advance_to(0.12)
+    core.complete(ops["front"])  # b is ready while a's decode step still runs
+    assert core.dispatch() == []  # b waits for the running batch (§III-D)
+    clock.advance_to(0.13)
+    core.complete(ops["decode"])
+    d2, = core.dispatch()
     assert d2.kind == "decode" and {r.rid for r in d2.batch} == {"a", "b"}
 
 
 def test_prefill_first_holds_decode_until_the_limit():
-    core = VLMCore(make_vlm_scheduler("prefill_first", PartitionPlan(small_profile()), limit=3), 8)
+    clock = VirtualClock()
+    core = VLMCore(make_vlm_scheduler("prefill_first", PartitionPlan(small_profile()), limit=3), 8, clock)
     reqs = [VLMRequest(str(i), 0.0, tiles=0, prompt_tokens=5, max_tokens=5) for i in range(4)]
     for r in reqs:
-        core.submit(r, 0.0)
+        core.submit(r)
     kinds = []
     t = 0.0
     for _ in range(4):
-        (_, op), = core.dispatch(t)
+        clock.advance_to(t)
+        op, = core.dispatch()
         kinds.append(op.kind)
         t += 0.1
-        core.complete(op, t)
+        clock.advance_to(t)
+        core.complete(op)
     assert kinds == ["prefill", "prefill", "prefill", "decode"]  # 3 waiting decodes reach the limit
 
 
 def test_chunked_prefill_splits_the_prompt_and_batches_decodes_into_it():
-    core = VLMCore(make_vlm_scheduler("chunked_prefill", PartitionPlan(small_profile()), budget=16), 8)
+    clock = VirtualClock()
+    core = VLMCore(make_vlm_scheduler("chunked_prefill", PartitionPlan(small_profile()), budget=16), 8, clock)
     a = VLMRequest("a", 0.0, tiles=0, prompt_tokens=10, max_tokens=10)
     b = VLMRequest("b", 0.0, tiles=0, prompt_tokens=40, max_tokens=10)
-    core.submit(a, 0.0)
-    core.submit(b, 0.0)
-    (_, op), = core.dispatch(0.0)
-    core.complete(op, 0.1)
-    (_, op), = core.dispatch(0.1)
+    core.submit(a)
+    core.submit(b)
+    op, = core.dispatch()
+    clock.advance_to(0.1)
+    core.complete(op)
+    op, = core.dispatch()
     assert op.kind == "hybrid" and op.front is b and op.batch == [a] and op.chunk == 15
-    core.complete(op, 0.2)
+    clock.advance_to(0.2)
+    core.complete(op)
     assert b.prefilled == 15 and core.prefill_q[0] is b and a.tokens_out == 2
 
 
@@ -144,19 +156,23 @@ def test_profile_round_trips_and_paper_profile_is_marked_synthetic():
 
 
 def test_cancel_ends_a_queued_request_now_and_a_running_one_when_its_op_ends():
-    core = VLMCore(make_vlm_scheduler("fcfs", PartitionPlan(small_profile())), 8)
+    clock = VirtualClock()
+    core = VLMCore(make_vlm_scheduler("fcfs", PartitionPlan(small_profile())), 8, clock)
     a = VLMRequest("a", 0.0, tiles=1, prompt_tokens=10, max_tokens=5)
     b = VLMRequest("b", 0.0, tiles=1, prompt_tokens=10, max_tokens=5)
-    core.submit(a, 0.0)
-    core.submit(b, 0.0)
-    (_, op), = core.dispatch(0.0)
+    core.submit(a)
+    core.submit(b)
+    op, = core.dispatch()
     assert op.front is a
-    core.cancel(b, "deadline", 0.05)  # queued: gone at once
+    clock.advance_to(0.05)
+    core.cancel("b", "deadline")  # queued: gone at once
     assert b.stage == "done" and b.error == "deadline" and not core.vision_q
-    core.cancel(a, "deadline", 0.06)  # running: ends with its op
+    clock.advance_to(0.06)
+    core.cancel("a", "deadline")  # running: ends with its op
     assert a.stage != "done"
-    assert core.complete(op, 0.1) == [a] and a.error == "deadline"
-    assert core.idle() and core.dispatch(0.1) == []
+    clock.advance_to(0.1)
+    assert core.complete(op) == [a] and a.error == "deadline"
+    assert core.idle() and core.dispatch() == []
 
 
 def test_bench_nova_wrong_value_is_one_line_and_exit_2():

@@ -27,7 +27,7 @@ def test_simulated_requests_carry_the_type_and_the_scheduler_learns_it():
     learn = sched.task_finished
     run.core.scheduler.task_finished = lambda rec, kind: (seen.append(kind), learn(rec, kind))
     for i, spec in enumerate(w.tasks[:6]):
-        run.push(float(i), 0, (f"{spec.id}#{i}", spec, i))
+        run.arrive_at(float(i), f"{spec.id}#{i}", spec, i)
     res = run.finish()
     assert sorted(seen) == sorted(task_type_of(s.id) for s in w.tasks[:6])
     assert len(res.outcomes) == 6 and sched._by_kind  # it learned per type

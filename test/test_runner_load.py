@@ -40,7 +40,7 @@ def test_engine_busy_time_while_backlogged_and_the_gaps_are_counted():
     clock.advance_to(3.5)  # the slot is free, nothing dispatched yet
     (d2,) = runner.dispatch()  # 1 left: no longer backlogged
     with runner.lock:
-        runner._account()
+        runner.account()
     assert runner.backlogged_s == pytest.approx(3.5)
     assert runner.busy_backlogged_s["edge"] == pytest.approx(2.0)  # busy 1.0..3.0 of 0..3.5
     assert list(runner.gap_refresh_s) == [pytest.approx(1.0)]  # dispatched -> engine start
@@ -48,7 +48,7 @@ def test_engine_busy_time_while_backlogged_and_the_gaps_are_counted():
     assert len(runner.dispatch_s) == 2 and runner.running["edge"] == 0
     clock.advance_to(9.0)  # not backlogged: none of this counts
     with runner.lock:
-        runner._account()
+        runner.account()
     assert runner.backlogged_s == pytest.approx(3.5)
 
 

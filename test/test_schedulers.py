@@ -184,7 +184,7 @@ def test_skipped_rounds_come_from_the_dispatch_epoch(make_core, chunk):
     assert core.dispatch() == []  # engine busy: not a round, nobody skipped
     assert core.epoch == 1
     clock.advance_to(1.0)
-    core.complete(d.id, [chunk(4)])
+    core.complete(d, [chunk(4)])
     core.dispatch()
     assert core.epoch == 2
     assert core.epoch - core.pending["c"].epoch == 2
@@ -307,7 +307,7 @@ def test_finish_task_tells_the_scheduler_once_with_the_task_type(make_core, chun
     core.submit(InferenceRequest("a", 0, task_type="pick"))
     (d,) = core.dispatch()
     clock.advance_to(1.0)
-    core.complete(d.id, [chunk(4)])
+    core.complete(d, [chunk(4)])
     core.finish_task("a")
     core.finish_task("a")  # a repeated final report
     core.submit(InferenceRequest("b", 0))  # no type: dropped, never finished, nothing learned

@@ -37,7 +37,7 @@ def serve_round(core, clock, chunk, t_done):
     """Dispatch one batch, let it generate until t_done, complete it; returns the replies."""
     (d,) = core.dispatch()
     clock.advance_to(t_done)
-    return core.complete(d.id, [chunk(4) for _ in d.requests])
+    return core.complete(d, [chunk(4) for _ in d.requests])
 
 
 @pytest.fixture
@@ -152,7 +152,7 @@ def test_requeue_puts_the_batch_back_none_lost_none_twice(make_core, chunk):
     (d2,) = core.dispatch()
     assert [p.task_id for p in d2.requests] == ["a", "b", "c"]  # original order kept
     clock.advance_to(3.0)
-    replies = core.complete(d2.id, [chunk(4)] * 3)
+    replies = core.complete(d2, [chunk(4)] * 3)
     assert [(r.task_id, r.round_id) for r in replies] == [("a", 0), ("b", 0), ("c", 0)]
     assert core.stats.completed == 3
     assert core.ledger.tasks["a"].closed_wait == 2.0
@@ -189,7 +189,7 @@ def test_drop_task_drops_replies_in_flight(make_core, chunk):
     assert not core.drop_task("a")
     assert not core.pending
     clock.advance_to(1.0)
-    replies = core.complete(d.id, [chunk(4), chunk(4)])
+    replies = core.complete(d, [chunk(4), chunk(4)])
     assert [r.task_id for r in replies] == ["b"]
     assert core.stats.dropped_replies == 1
     assert core.stats.completed == 1
@@ -201,7 +201,7 @@ def test_reply_is_trimmed_by_the_horizon(make_core, chunk):
     core.submit(InferenceRequest("a", 0))
     (d,) = core.dispatch()
     clock.advance_to(1.0)
-    (r,) = core.complete(d.id, [chunk(10)])
+    (r,) = core.complete(d, [chunk(10)])
     assert (r.horizon, r.chunk_len, r.actions.shape, r.tier, r.generated_at) == (3, 10, (3, 2), "edge", 1.0)
 
 
@@ -305,7 +305,7 @@ def test_engine_result_count_mismatch_loses_no_request(make_core, chunk):
     (d,) = core.dispatch()
     clock.advance_to(1.0)
     with pytest.raises(ValueError, match="requeued"):
-        core.complete(d.id, [chunk(4)])  # engine fault: one result for two requests
+        core.complete(d, [chunk(4)])  # engine fault: one result for two requests
     assert sorted(core.pending) == ["a", "b"]  # both back in the queue, none lost
     assert not core.inflight and core.tiers[0].busy == 0
     assert core.stats.requeued == 2
@@ -320,7 +320,7 @@ def test_task_restarted_under_same_id_does_not_get_stale_reply(make_core, chunk)
     clock.advance_to(0.5)
     core.submit(InferenceRequest("a", 0))  # the robot starts its task again
     clock.advance_to(1.0)
-    replies = core.complete(d.id, [chunk(4), chunk(4)])
+    replies = core.complete(d, [chunk(4), chunk(4)])
     assert [r.task_id for r in replies] == ["b"]  # the old round's chunk is dropped
     assert core.stats.dropped_replies == 1
     assert core.pending["a"].request.round_id == 0
@@ -348,7 +348,7 @@ def test_resent_round_while_generating_attaches_to_the_batch(make_core, chunk):
     again = core.submit(InferenceRequest("a", 0))
     assert again is d.requests[0] and core.stats.resent_requests == 1 and not core.pending
     clock.advance_to(1.0)
-    assert [(r.task_id, r.round_id) for r in core.complete(d.id, [chunk(4)])] == [("a", 0)]
+    assert [(r.task_id, r.round_id) for r in core.complete(d, [chunk(4)])] == [("a", 0)]
     assert core.dispatch() == []
 
 
@@ -391,4 +391,4 @@ def test_a_broken_refresher_costs_freshness_never_the_round(chunk):
     (d,) = core.dispatch()
     core.refresh_stale(d)
     assert [p.request.observation for p in d.requests] == ["old", "old"] and core.stats.refresh_failures == 2
-    assert len(core.complete(d.id, [chunk(4), chunk(4)])) == 2
+    assert len(core.complete(d, [chunk(4), chunk(4)])) == 2

@@ -9,8 +9,8 @@ import pytest
 from robotserve_ros.core.clock import VirtualClock
 from robotserve_ros.core.errors import RequestError
 from robotserve_ros.core.slo import (DECODE, PREFILL, SLO_SCHEDULERS, BadPrompt, BadSLO, ContinuousBatching,
-                                     FcfsPrefill, LLMProfile, LLMRequest, SlackGuided, SLODefaults, UrgencyPrefill,
-                                     make_slo_core, resolve_slo, select_chunks)
+                                     FcfsPrefill, LLMProfile, LLMRequest, SlackGuided, SLODefaults, SLORequest, StepResult,
+                                     UrgencyPrefill, make_slo_core, resolve_slo, select_chunks)
 from robotserve_ros.slo.sim import simulate
 from robotserve_ros.slo.workload import LengthMix, Req, poisson_requests
 
@@ -43,14 +43,14 @@ def test_slo_defaults_and_refusals():
 def test_core_refuses_bad_requests_and_counts_them():
     core = make_slo_core("kairos_slo", profile(), VirtualClock(), context_limit=100)
     with pytest.raises(BadPrompt, match="context limit"):
-        core.submit("a", 90, 20)
+        core.submit(SLORequest("a", 90, 20))
     with pytest.raises(BadPrompt, match=">= 1 token"):
-        core.submit("b", 0, 5)
+        core.submit(SLORequest("b", 0, 5))
     with pytest.raises(BadSLO):
-        core.submit("c", 10, 5, ttft_slo_s=-2)
-    core.submit("d", 10, 5)
+        core.submit(SLORequest("c", 10, 5, ttft_slo_s=-2))
+    core.submit(SLORequest("d", 10, 5))
     with pytest.raises(BadPrompt, match="already"):
-        core.submit("d", 10, 5)
+        core.submit(SLORequest("d", 10, 5))
     assert core.stats.refused == {"bad_prompt": 3, "bad_deadline": 1}
     assert core.stats.submitted == 1 and len(core.prefill_queue) == 1
 
@@ -156,21 +156,21 @@ def test_request_lifecycle_through_the_core():
     done = []
     core = make_slo_core("kairos_slo", profile(kv=0.001), clock, defaults=SLODefaults(1.0, 0.1, 3),
                          on_done=done.append)
-    r = core.submit("q", 20)
+    r = core.submit(SLORequest("q", 20))
     assert r.max_tokens == 3
-    [(slot, item)] = core.dispatch()
-    assert slot == PREFILL and core.dispatch() == []
+    [item] = core.dispatch()
+    assert item.slot == PREFILL and core.dispatch() == []
     clock.advance_to(0.05)
-    core.prefill_done(item, {"q": 7})
+    core.complete(item, StepResult({"q": 7}))
     assert r.first_token_s == 0.05 and r.tokens == [7] and core.dispatch() == []  # KV still in handover
     clock.advance_to(0.05 + 0.001 * 20)
     t = clock.now()
     for tok in (8, 9):
-        [(slot, item)] = core.dispatch()
-        assert slot == DECODE and item.batch == [r]
+        [item] = core.dispatch()
+        assert item.slot == DECODE and item.batch == [r]
         t += 0.02
         clock.advance_to(t)
-        core.decode_done(item, {"q": [tok]})
+        core.complete(item, StepResult({"q": [tok]}))
     assert r.finished and r.tokens == [7, 8, 9] and done == [r]
     assert r.ttft_s == pytest.approx(0.05) and r.tpot_met() and r.ttft_met()
     assert core.dispatch() == []
@@ -179,11 +179,11 @@ def test_request_lifecycle_through_the_core():
 def test_failed_items_fail_only_their_requests():
     clock = VirtualClock()
     core = make_slo_core("fcfs_cb", profile(), clock)
-    a, b = core.submit("a", 10, 4), core.submit("b", 10, 4)
-    [(_, item)] = core.dispatch()
-    core.prefill_failed(item, "engine_failure")
+    a, b = core.submit(SLORequest("a", 10, 4)), core.submit(SLORequest("b", 10, 4))
+    [item] = core.dispatch()
+    core.fail(item, "engine_failure")
     assert a.failed == "engine_failure" and b.failed is None
-    [(_, item)] = core.dispatch()
+    [item] = core.dispatch()
     assert item.requests == [b]
 
 

@@ -7,8 +7,8 @@ import threading
 import time
 
 from robotserve_ros.core.clock import WallClock
-from robotserve_ros.core.slo import LLMProfile, SLODefaults, make_slo_core
-from robotserve_ros.slo.workers import DisaggregatedWorkers
+from robotserve_ros.core.slo import LLMProfile, SLODefaults, SLORequest, make_slo_core
+from robotserve_ros.core.slo.workers import DisaggregatedWorkers
 from slo_fakes import FakeLLMEngine
 
 
@@ -32,7 +32,7 @@ def serve(scheduler, prompts, max_tokens, fail_on=None):
     w = DisaggregatedWorkers(core, pe, de).start()
     try:
         for i, p in enumerate(prompts):
-            core.submit(f"q{i}", len(p), max_tokens, prompt_tokens=p)
+            core.submit(SLORequest(f"q{i}", len(p), max_tokens, prompt_tokens=p))
             w.kick()
             time.sleep(0.001)
         assert ev.wait(20), f"only {len(done)} of {len(prompts)} answered"
@@ -94,7 +94,7 @@ def test_the_real_engine_gives_the_same_tokens_through_the_handover():
     w = DisaggregatedWorkers(core, pe, de, stop_at_eos=False).start()
     try:
         for i, p in enumerate(prompts):
-            core.submit(f"q{i}", len(p), 5, prompt_tokens=p)
+            core.submit(SLORequest(f"q{i}", len(p), 5, prompt_tokens=p))
             w.kick()
         assert ev.wait(60)
     finally:

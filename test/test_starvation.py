@@ -67,7 +67,7 @@ def run_closed_loop(make_core, chunk, scheduler, execs, arrivals, **params):
         skipped[winner] = 0
         t += LATENCY_S
         clock.advance_to(t)
-        (reply,) = core.complete(d.id, [chunk(4)])
+        (reply,) = core.complete(d, [chunk(4)])
         assert reply.task_id == winner
         i, k = int(winner[1:]), next_round[winner]
         actions = execs[i][k % len(execs[i])]

@@ -118,10 +118,11 @@ def run_plan(name, segs=(2, 3, 2)):
     core.submit(plan("p", 0.0, segments=len(segs)))
     events, left, k, t = [], list(segs), 0, 0.0
     while True:
-        item = core.dispatch()
-        if item is None:
+        items = core.dispatch()
+        if not items:
             break
-        assert core.dispatch() is None  # one item at a time on the engine slot
+        [item] = items
+        assert core.dispatch() == []  # one item at a time on the engine slot
         t += 0.05
         clock.advance_to(t)
         left[k] -= 1
@@ -152,7 +153,7 @@ def test_suspended_plan_waits_while_a_new_urgent_one_runs():
     clock = VirtualClock(0.0)
     core = TimelyCore(SEGMENT_SCHEDULERS.create("timely"), PROFILE, SKILLS, clock, seg_tokens_max=4)
     core.submit(plan("n", 0.0, segments=2))
-    item = core.dispatch()
+    [item] = core.dispatch()
     assert item.kind == "prefill" and item.plan_ids == ["n"]
     clock.advance_to(0.1)
     ev = core.complete(item, {"n": SegmentOutcome(1, "s(cat)")})
@@ -162,7 +163,7 @@ def test_suspended_plan_waits_while_a_new_urgent_one_runs():
     core.segment_started("n", 0, 0.11)
     assert math.isclose(n.exec_end_est, 1.61)  # robot's start + the skill model's 1.5 s
     core.submit(plan("u", 0.1, urgent=True, tokens=16))
-    item = core.dispatch()
+    [item] = core.dispatch()
     assert item.kind == "prefill" and item.plan_ids == ["u"]  # the urgent prefill goes first
 
 
@@ -174,9 +175,9 @@ def test_cancel_and_failure_leave_others_served():
     with pytest.raises(Exception) as e:
         core.submit(plan("a", 0.0))
     assert e.value.code == "duplicate_request"
-    item = core.dispatch()
+    [item] = core.dispatch()
     ev = core.fail(item, "engine_failure")
     assert [e.kind for e in ev] == ["done"] and item.plan_ids[0] not in core.plans
     assert core.cancel("zz") is False
     other = "b" if item.plan_ids[0] == "a" else "a"
-    assert core.dispatch().plan_ids == [other]
+    assert [i.plan_ids for i in core.dispatch()] == [[other]]

@@ -32,9 +32,9 @@ from pathlib import Path
 import numpy as np
 
 from ..core.errors import ConfigError
-from ..core.nova import PartitionPlan, StageProfile, VLMCore, VLMRequest, Workload, make_vlm_scheduler, paper_profile
+from ..core.nova import PartitionPlan, StageProfile, VLMCore, VLMRequest, make_vlm_scheduler, paper_profile
 from ..core.nova.live import NovaServer
-from ..core.nova.sim import simulate, summarize
+from ..sim.nova import Workload, simulate, summarize
 from ..machine import machine_info
 from .nova_report import SCHEDULERS, compare, write_report
 

@@ -40,7 +40,7 @@ def build_pending(n: int, seed: int = 0, history: int = 4):
             break
         for d in core.dispatch():
             clock.advance_to(clock.now() + float(rng.uniform(0.05, 0.3)))
-            core.complete(d.id, [dummy] * len(d.requests))
+            core.complete(d, [dummy] * len(d.requests))
         for i in range(n):
             starts[f"task{i}"] = clock.now() + float(rng.uniform(0.0, 0.5))
         clock.advance_to(clock.now() + float(rng.uniform(0.3, 1.6)))

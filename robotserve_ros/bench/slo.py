@@ -5,7 +5,7 @@ slack_only and kairos_slo, at rising request rates of a long-tail mix (slo/workl
 - mode "sim": the virtual-clock simulator (slo/sim.py) driving the same core with the
   measured profile, at the paper's scale (1000 requests per rate, chunked prefill, §4.1);
 - mode "live": the real engine (robotserve_ros/engines/llm, SmolLM2-135M) as two
-  disaggregated workers on this CPU (slo/workers.py), fewer requests.
+  disaggregated workers on this CPU (core/slo/workers.py), fewer requests.
 
 SLOs are set from the measured profile the way the paper's relate to its hardware (§2.2,
 §4.1): TTFT SLO = 0.9 x the prefill time of the longest prompt of the mix (8 s vs 8.8 s for
@@ -201,8 +201,8 @@ def run_sim(profile: LLMProfile, a, log=print, setting: str = "sim", schedulers=
 def run_live_once(pe, de, profile: LLMProfile, sched: str, reqs, ttft: float, tpot: float, max_batch: int,
                   vocab: int, seed: int, timeout_s: float = 600.0) -> tuple[dict, dict]:
     from ..core.clock import WallClock
-    from ..core.slo import SLODefaults, make_slo_core
-    from ..slo.workers import DisaggregatedWorkers
+    from ..core.slo import SLODefaults, SLORequest, make_slo_core
+    from ..core.slo.workers import DisaggregatedWorkers
 
     done = []
     all_done = threading.Event()
@@ -224,7 +224,7 @@ def run_live_once(pe, de, profile: LLMProfile, sched: str, reqs, ttft: float, tp
             delay = t0 + r.arrival_s - time.monotonic()
             if delay > 0:
                 time.sleep(delay)
-            core.submit(r.req_id, r.prompt_len, r.out_len, prompt_tokens=prompts[r.req_id])
+            core.submit(SLORequest(r.req_id, r.prompt_len, r.out_len, prompt_tokens=prompts[r.req_id]))
             w.kick()
         finished = all_done.wait(timeout_s)
     finally:

@@ -4,7 +4,7 @@
 - `--sim`: the whole trace on the virtual clock, engine times from the measured LLM profile
   (profiles/smollm2_135m_llm.json), robots executing each skill for its recorded duration.
 - live (default): the real SmolLM2-135M engine on this CPU through the live serving loop
-  (timely/live.py), robots in-process on the wall clock; a window of the trace (the first
+  (core/timely/live.py), robots in-process on the wall clock; a window of the trace (the first
   `--live-window` seconds of requests: this CPU cannot serve the whole trace live).
 
 Plans: the trace has the skills and their durations, not the text; each plan is rendered
@@ -115,7 +115,8 @@ def run_sim(specs, names, profile, skill_time, args, est, mx) -> dict:
 def run_live(specs, names, profile, skill_time, args, est, mx, eos) -> dict:
     from ..core.clock import WallClock
     from ..engines.llm import ForcedText, LLMEngine
-    from ..timely.live import LiveTimely
+    from ..core.timely.live import LiveTimely
+    from ..engines.llm.stop import StopChecker
 
     t_first = specs[0].trigger
     window = [s for s in specs if s.trigger - t_first <= args.live_window]
@@ -160,7 +161,7 @@ def run_live(specs, names, profile, skill_time, args, est, mx, eos) -> dict:
                 if left[0] == 0:
                     done.set()
 
-        server = LiveTimely(engine, core, on_event, max_segment_tokens=64).start()
+        server = LiveTimely(engine, core, on_event, stop_checker=StopChecker, max_segment_tokens=64).start()
         server_box.append(server)
         t0 = clock.now()
         for s in window:

@@ -1,12 +1,14 @@
 """The live driver of every serving core: one dispatcher thread, one thread per worker slot.
 
-A serving core hands out work items for named slots (a tier's engine slots for action
-chunks; a prefill worker, a decode worker, a vision stage for the language cores) and is
-told when each item ended. `LiveDriver` is the part that is the same for all of them:
+A serving core (core/contract.py) hands out work items for named slots (a tier's engine
+slots for action chunks; a prefill worker, a decode worker, a vision stage for the language
+cores) and is told when each item ended. `LiveDriver` is the part that is the same for all
+of them; `LiveDriver.for_core(core, run)` drives any core through the contract:
 
 - `dispatch()` is called whenever work arrived (by the dispatcher thread) or a slot freed (by
-  that slot's thread, at once), and returns (slot, item) pairs, each taken by one idle
-  thread of that slot; it must be safe to call from several threads (it takes the core's lock);
+  that slot's thread, at once), and returns work items, each naming its slot (`item.slot`)
+  and taken by one idle thread of that slot; it must be safe to call from several threads
+  (it takes the core's lock);
 - `run(slot, item)` is the slot thread's work: the engine call and whatever completes it.
   An exception escaping it is logged and handed to `on_crash(slot, item, exc)`: the slot
   lives on, so one bad item never stops the server;
@@ -44,6 +46,11 @@ class LiveDriver:
         self._stop = threading.Event()
         self._queues: dict = {}
         self._threads: list[threading.Thread] = []
+
+    @classmethod
+    def for_core(cls, core, run: Callable[[Hashable, object], None], **kw) -> "LiveDriver":
+        """Drive a serving core through the contract: its slots, its dispatch, `run` per item."""
+        return cls(core.slots, core.dispatch, run, **kw)
 
     @property
     def running(self) -> bool:
@@ -83,8 +90,8 @@ class LiveDriver:
             self._hand_out(items)
 
     def _hand_out(self, items) -> None:
-        for slot, item in items:
-            self._queues[slot].put(item)
+        for item in items:
+            self._queues[item.slot].put(item)
 
     def _dispatch_here(self) -> None:
         """A slot that just freed dispatches at once on its own thread: the next batch starts

@@ -122,9 +122,9 @@ class Runner:
             except Exception:  # a diagnostics fault must never cost a robot its round
                 log.exception("stage observer failed at %s", stage)
 
-    def _account(self) -> None:
-        """Under the lock, before any change of the queue or of the running slots: the time
-        since the last change goes to the backlog integrals."""
+    def account(self) -> None:
+        """Under the lock, before any change of the queue or of the running slots (and before
+        reading the load figures): the time since the last change goes to the backlog integrals."""
         now = self.core.clock.now()
         if self._acct_at is not None and len(self.core.pending) > self.backlog_threshold:
             dt = max(0.0, now - self._acct_at)
@@ -142,7 +142,7 @@ class Runner:
         `then(pending)` runs under the same lock, before any batch can take the request: a
         caller registers its waiter there so no reply can come before it."""
         with self.lock:
-            self._account()
+            self.account()
             p = self.core.submit(req)
             if then is not None:
                 then(p)
@@ -157,7 +157,7 @@ class Runner:
 
     def dispatch(self) -> list[Dispatch]:
         with self.lock:
-            self._account()
+            self.account()
             backlogged = self.backlogged()
             t0 = self.core.clock.now()
             ds = self.core.dispatch()
@@ -183,7 +183,7 @@ class Runner:
         self.core.refresh_stale(d)
         self._emit("engine_start", _rounds(d))
         with self.lock:
-            self._account()
+            self.account()
             started = self.core.clock.now()
             self.running[d.tier] += 1
             frm = self._dispatched_at.pop(d.id, None)
@@ -207,7 +207,7 @@ class Runner:
                 self.late_replies += 1
                 return False
             try:
-                replies: list[ChunkReply] = self.core.complete(d.id, results)
+                replies: list[ChunkReply] = self.core.complete(d, results)
             except ValueError as e:  # wrong result count: the core requeued the batch
                 self.core.stats.errors["engine_failure"] += 1
                 log.error("%s", e)
@@ -234,7 +234,7 @@ class Runner:
 
     def _engine_done(self, tier: str, started: float) -> None:
         """Under the lock: the tier's engine finished (or failed) a batch begun at `started`."""
-        self._account()
+        self.account()
         now = self.core.clock.now()
         self.busy_s[tier] += now - started
         self.running[tier] = max(0, self.running[tier] - 1)
@@ -296,7 +296,7 @@ class Runner:
 
     def _requeue(self, d: Dispatch, e: Exception) -> None:
         """Under the lock: the batch's requests wait again, up to max_attempts failures each."""
-        gave_up = self.core.fail(d.id, self.max_attempts)
+        gave_up = self.core.fail(d, str(e), self.max_attempts)
         if gave_up:
             log.error("%d request(s) failed %d batches; answered with an error: %r", len(gave_up), self.max_attempts, e)
             if self.on_given_up is not None:
@@ -324,9 +324,8 @@ class Runner:
         """Start the dispatcher and one thread per tier slot (core/loop.py), and the refresh-ahead thread."""
         if self._driver is not None:
             return self
-        self._driver = LiveDriver({t.name: t.slots for t in self.core.tiers},
-                                  lambda: [(d.tier, d) for d in self.dispatch()],
-                                  lambda _tier, d: self.run_batch(d), on_crash=self._crashed)
+        self._driver = LiveDriver(self.core.slots, self.dispatch, lambda _tier, d: self.run_batch(d),
+                                  on_crash=self._crashed)
         if self.prefresh_lead_s is not None:
             self._threads.append(threading.Thread(target=self._prefresh_loop, name="prefresh", daemon=True))
         self._driver.start()

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional, Protocol, Sequence
 
 from .clock import Clock
+from .contract import plain
 from .errors import (
     BadExecInfo,
     BadPolicyParam,
@@ -59,6 +60,10 @@ class Dispatch:
     tier: str
     requests: list  # PendingRequest, in priority order
     started: float
+
+    @property
+    def slot(self) -> str:  # the contract's name for where an item runs
+        return self.tier
 
 
 class Placement(Protocol):
@@ -144,6 +149,7 @@ class ServingCore:
         refresher: Optional[Refresher] = None,
         stale_obs_s: Optional[float] = None,
         ledger: Optional[TaskLedger] = None,
+        max_failures: int = 3,
     ) -> None:
         if not tiers:
             raise ValueError("at least one tier is needed")
@@ -154,6 +160,9 @@ class ServingCore:
         self.refresher = refresher
         self.stale_obs_s = stale_obs_s
         self.ledger = ledger or TaskLedger()
+        if max_failures < 1:
+            raise ValueError(f"max_failures must be >= 1, got {max_failures}")
+        self.max_failures = max_failures
         self._horizon_params = {k: dict(v) for k, v in (horizon_params or {}).items()}
         self._horizons: dict[str, HorizonPolicy] = {}
         self.pending: dict[str, PendingRequest] = {}  # one per task
@@ -165,6 +174,10 @@ class ServingCore:
         self._ids = itertools.count(1)
         self.stats = ServingStats()
         self.refresh_gate = RefreshGate()
+
+    @property
+    def slots(self) -> dict:
+        return {t.name: t.slots for t in self.tiers}
 
     # --- requests in ----------------------------------------------------------------
     def submit(self, req: InferenceRequest) -> PendingRequest:
@@ -310,9 +323,9 @@ class ServingCore:
             s.obs_age_max = max(s.obs_age_max, age)
 
     # --- results back ----------------------------------------------------------------
-    def complete(self, dispatch_id: int, results: Sequence[ChunkResult]) -> list[ChunkReply]:
+    def complete(self, item: Dispatch, result: Sequence[ChunkResult]) -> list[ChunkReply]:
         """Horizon policy + action manager: one trimmed chunk per still-live request."""
-        d = self.inflight[dispatch_id]
+        d, results, dispatch_id = item, result, item.id
         if len(results) != len(d.requests):
             self.requeue(dispatch_id)  # an engine fault must not cost the robots their requests
             raise ValueError(
@@ -360,15 +373,18 @@ class ServingCore:
         self.stats.requeued += back
         return back
 
-    def fail(self, dispatch_id: int, max_failures: int) -> list[PendingRequest]:
+    def fail(self, item: Dispatch, reason: str = "engine_failure", max_failures: Optional[int] = None
+             ) -> list[PendingRequest]:
         """A batch failed: its requests wait again, except those already in `max_failures`
-        failed batches (a request that breaks the engine, or a tier that refuses it, must not
-        cycle forever): their round is withdrawn and they are returned, for the caller to
-        answer with an error. The robot may send the same round again."""
-        d = self.inflight[dispatch_id]
+        (default: the core's) failed batches (a request that breaks the engine, or a tier
+        that refuses it, must not cycle forever): their round is withdrawn and they are
+        returned, for the caller to answer with an error. The robot may send the same round
+        again. The caller counts `reason` (it knows whether the item was still in flight)."""
+        d = item
+        max_failures = self.max_failures if max_failures is None else max_failures
         for p in d.requests:
             p.failures += 1
-        self.requeue(dispatch_id)
+        self.requeue(d.id)
         gave_up = []
         for p in d.requests:
             if p.failures >= max_failures and self._live(p) and self.pending.get(p.task_id) is p:
@@ -397,12 +413,18 @@ class ServingCore:
         g = rec.gens[-1] if rec is not None and rec.gens else None
         return g is not None and g.end is None
 
-    def drop_task(self, task_id: str) -> bool:
+    def cancel(self, request_id: str, reason: str = "cancelled") -> bool:
         """Forget a task (robot gone): its queued request goes, replies in flight are dropped."""
-        self.pending.pop(task_id, None)
-        self.last_reply.pop(task_id, None)
-        self._kinds.pop(task_id, None)
-        return self.ledger.remove(task_id) is not None
+        self.pending.pop(request_id, None)
+        self.last_reply.pop(request_id, None)
+        self._kinds.pop(request_id, None)
+        return self.ledger.remove(request_id) is not None
+
+    drop_task = cancel  # the name the nodes and transports call (their branches own them)
+
+    def snapshot(self) -> dict:
+        return {"pending": len(self.pending), "inflight": len(self.inflight), "epoch": self.epoch,
+                **plain(self.stats)}
 
     # --- helpers -----------------------------------------------------------------------
     def _live(self, p: PendingRequest) -> bool:

@@ -456,7 +456,7 @@ class InferenceServerNode(Node):
             now = self.clock.now()
             wr = {t: self.core.ledger.wait_ratio(t, now) for t in self.core.ledger.tasks}
             r = self.runner
-            r._account()  # the backlog integrals up to now
+            r.account()  # the backlog integrals up to now
             load = {
                 "engine_busy_s": r.busy_s["edge"],
                 "backlog_threshold": r.backlog_threshold,

@@ -2,15 +2,14 @@
 
 It drives the real serving loop (core.ServingCore through core.Runner's steps: ledger,
 scheduler, placement over tiers, batching, horizon policy, action manager, requeue of a
-failed batch) on a VirtualClock; only the robots and the engines' timing are simulated.
+failed batch) on sim/loop.py's one virtual-clock loop; only the robots and the engines'
+timing (the engine model) are simulated.
 A batch on a tier takes its engine profile's latency, plus the link's round trip and
 transfer for a cloud tier (seed 000 §3.2.3). Online mode: Poisson task arrivals; fleet
 mode: N robots run the workload's tasks back to back (seed 000 §5.3).
 """
 from __future__ import annotations
 
-import heapq
-import itertools
 import re
 from collections import Counter
 from dataclasses import dataclass, field
@@ -19,7 +18,7 @@ from typing import Optional
 import numpy as np
 
 from ..core.clock import VirtualClock
-from ..core.ledger import wait_ratio
+from ..core.ledger import Span, wait_ratio
 from ..core.placement import LinkEstimate, ShortestDelay, payload_bytes
 from ..core.profile import EngineProfile
 from ..core.runner import Runner
@@ -28,9 +27,9 @@ from ..core.serving import ServingCore, Tier
 from ..core.types import ExecInfo, HorizonChoice, InferenceRequest
 from ..engines.simulated import SimulatedEngine
 from ..core.robot_timing import alone_latency, exec_start, request_after, trigger_actions
+from .loop import VirtualLoop
 from .workload import HORIZON_MODES, TaskSpec, Workload
 
-_ARRIVE, _REQUEST, _DONE_GEN, _DONE_TASK, _COOLED = range(5)
 _VARIANT = re.compile(r"[-#]\d+$")
 
 
@@ -88,8 +87,7 @@ class TaskOutcome:
     task_id: str
     spec_id: str
     robot: int
-    arrival: float
-    end: float
+    span: Span  # arrival -> end of the task's last execution
     rounds: int
     idle_s: float
     wait_ratio: float
@@ -97,7 +95,7 @@ class TaskOutcome:
 
     @property
     def latency(self) -> float:
-        return self.end - self.arrival
+        return self.span.length
 
 
 @dataclass
@@ -208,7 +206,7 @@ class Simulator:
         run = self._start("online", rate)
         for i, (t, j) in enumerate(zip(times, picks)):
             spec = self.workload.tasks[int(j)]
-            run.push(float(t), _ARRIVE, (f"{spec.id}#{i}", spec, i))
+            run.arrive_at(float(t), f"{spec.id}#{i}", spec, i)
         return run.finish()
 
     def run_fleet(self, robots: int) -> SimResult:
@@ -220,7 +218,7 @@ class Simulator:
         run.backlog = [self.workload.tasks[int(j)] for j in order][::-1]
         for r in range(min(robots, len(run.backlog))):
             spec = run.backlog.pop()
-            run.push(0.0, _ARRIVE, (f"{spec.id}@r{r}", spec, r))
+            run.arrive_at(0.0, f"{spec.id}@r{r}", spec, r)
         return run.finish()
 
     def _start(self, mode: str, load: float) -> "_Run":
@@ -246,35 +244,19 @@ class _Run:
         self.runner = Runner(self.core, engines, lambda replies, d, res: self._replies.extend(replies),
                              on_given_up=lambda ps, e: self._given_up.extend(ps), retry_pause_s=sim.retry_pause_s)
         self.result = SimResult(sim.workload.name, sim.scheduler_name, sim.horizon, mode, load, sim.seed)
-        self.events: list = []
-        self._seq = itertools.count()
+        self.loop = VirtualLoop(self.clock, self._dispatch, self._engine, self._generated)
         self.robots: dict[str, _Robot] = {}
         self.backlog: list = []
         self._alone: dict[str, float] = {}
         self.served_by_tier: Counter = Counter()
 
-    def push(self, t: float, kind: int, data) -> None:
-        heapq.heappush(self.events, (t, next(self._seq), kind, data))
+    def arrive_at(self, t: float, tid: str, spec: TaskSpec, robot: int) -> None:
+        self.loop.at(t, self._arrive, tid, spec, robot)
 
     def finish(self) -> SimResult:
-        ev = self.events
-        while ev:
-            t, _, kind, data = heapq.heappop(ev)
-            self.clock.advance_to(t)
-            if kind == _ARRIVE:
-                self._arrive(*data)
-            elif kind == _REQUEST:
-                self._request(*data)
-            elif kind == _DONE_GEN:
-                self._generated(*data)
-            elif kind == _COOLED:
-                self.runner.end_cooldown(data)
-            else:
-                self._task_done(data)
-            if self.core.pending and any(t.free for t in self.core.tiers):
-                self._dispatch()
+        self.loop.run()
         r = self.result
-        r.makespan_s = max(o.end for o in r.outcomes) - min(o.arrival for o in r.outcomes)
+        r.makespan_s = max(o.span.end for o in r.outcomes) - min(o.span.start for o in r.outcomes)
         r.batches, r.dispatched = self.core.stats.batches, self.core.stats.dispatched
         slots = sum(t.slots for t in self.core.tiers)
         r.engine_busy_s = sum(self.runner.busy_s.values()) / slots  # busy share of all slots
@@ -310,19 +292,19 @@ class _Run:
         if rb.k < len(rb.rounds):
             trig = trigger_actions(self.sim.l1 * self.sim.trigger_slack, hz)
             t_req = start + request_after(n, trig, hz)
-            self.push(t_req, _REQUEST, (rb.tid, ExecInfo(start, min(n, trig), hz)))
+            self.loop.at(t_req, self._request, rb.tid, ExecInfo(start, min(n, trig), hz))
         else:
-            self.push(end, _DONE_TASK, (rb.tid, start))
+            self.loop.at(end, self._task_done, rb.tid, start)
 
-    def _task_done(self, data) -> None:
-        tid, start = data
+    def _task_done(self, tid: str, start: float) -> None:
         now = self.clock.now()
         rb = self.robots.pop(tid)
         rec = self.core.finish_task(tid, ExecInfo(start, 0, rb.spec.control_hz))
         wr = wait_ratio(rec, now)
         self.core.drop_task(tid)
         self.result.outcomes.append(
-            TaskOutcome(tid, rb.spec.id, rb.robot, rb.arrival, now, len(rb.rounds), rb.idle, wr, self._lower_bound(rb))
+            TaskOutcome(tid, rb.spec.id, rb.robot, Span(rb.arrival, now), len(rb.rounds), rb.idle, wr,
+                        self._lower_bound(rb))
         )
         if self.backlog:  # fleet mode: the robot takes the next task
             spec = self.backlog.pop()
@@ -335,27 +317,33 @@ class _Run:
         return v
 
     # --- engine side: core.Runner's steps, on the virtual clock -------------------------
-    def _dispatch(self) -> None:
-        for d in self.runner.dispatch():
-            started = self.runner.begin(d)
-            now = self.clock.now()
-            fault = next((f for f in self.sim.faults if f.tier == d.tier and f.start_s <= now < f.end_s), None)
-            if fault is not None:
-                self.push(now + fault.after_s, _DONE_GEN, (d, started, True))
-                continue
-            dur = self.core.tier(d.tier).profile.latency_s(len(d.requests))
-            link = self.links.get(d.tier)
-            if link is not None:
-                dur += link.rtt_s + link.transfer_s(sum(payload_bytes(p.request) for p in d.requests))
-            self.push(now + dur, _DONE_GEN, (d, started, False))
+    def _dispatch(self) -> list:
+        if self.core.pending and any(t.free for t in self.core.tiers):
+            return self.runner.dispatch()
+        return []
 
-    def _generated(self, d, started: float, failed: bool) -> None:
+    def _engine(self, d) -> tuple:
+        """The engine model: the tier's engine profile (+ the link to a cloud tier), or a
+        failure after the fault's delay while a fault is on: (seconds, (started, failed))."""
+        started = self.runner.begin(d)
+        now = self.clock.now()
+        fault = next((f for f in self.sim.faults if f.tier == d.tier and f.start_s <= now < f.end_s), None)
+        if fault is not None:
+            return fault.after_s, (started, True)
+        dur = self.core.tier(d.tier).profile.latency_s(len(d.requests))
+        link = self.links.get(d.tier)
+        if link is not None:
+            dur += link.rtt_s + link.transfer_s(sum(payload_bytes(p.request) for p in d.requests))
+        return dur, (started, False)
+
+    def _generated(self, d, outcome: tuple) -> None:
+        started, failed = outcome
         if failed:
             self.runner.fail(d, _Failed(f"tier {d.tier} is down"), started)
             link = self.links.get(d.tier)
             if link is not None:
                 link.mark_down(self.clock.now())  # as RemoteEngine does on a failed call
-            self.push(self.clock.now() + self.sim.retry_pause_s, _COOLED, d.tier)
+            self.loop.at(self.clock.now() + self.sim.retry_pause_s, self.runner.end_cooldown, d.tier)
             gave_up, self._given_up = self._given_up, []
             for p in gave_up:  # answered with an error: the robot asks for the same round again
                 self.runner.submit(p.request)

@@ -1,7 +1,8 @@
 """Virtual-clock simulator of disaggregated prefill/decode serving (seed 004 §4 at scale).
 
-It drives `core/slo`'s SLOServingCore through the same calls the live workers make
-(submit, dispatch, prefill_done, decode_done); each engine call takes the time the measured
+It drives `core/slo`'s SLOServingCore on sim/loop.py's one virtual-clock loop, through the
+same calls the live workers make (submit, dispatch, complete); the engine model: each
+engine call takes the time the measured
 profile gives (prefill: P(end) - P(start) per chunk; decode: LUT[batch, longest context];
 KV handover: the measured per-token cost; the batch-KV regather the engine does when the
 running set changes, where the profile measured it), times a seeded log-normal noise so the
@@ -9,15 +10,14 @@ schedulers' runtime corrections have something to follow. Same seed, same number
 """
 from __future__ import annotations
 
-import heapq
-import itertools
 import math
 from typing import Iterable, Optional
 
 import numpy as np
 
 from ..core.clock import VirtualClock
-from ..core.slo import DECODE, PREFILL, DecodeLUT, LLMProfile, SLODefaults, make_slo_core
+from ..core.slo import PREFILL, DecodeLUT, LLMProfile, SLODefaults, SLORequest, make_slo_core
+from ..sim.loop import VirtualLoop
 from .workload import Req
 
 
@@ -69,37 +69,24 @@ def simulate(profile: LLMProfile, scheduler: str, requests: list[Req], *, ttft_s
     def jitter() -> float:
         return float(math.exp(rng.normal(0.0, noise) - noise * noise / 2)) if noise > 0 else 1.0
 
-    seq = itertools.count()
-    ev: list = [(r.arrival_s, 0, next(seq), "arrive", r) for r in requests]
-    heapq.heapify(ev)
-    wake_at = None
-    while ev:
-        t, _, _, kind, x = heapq.heappop(ev)
-        clock.advance_to(t)
-        if kind == "arrive":
-            core.submit(x.req_id, x.prompt_len, x.out_len, 0.0, 0.0)
-        elif kind == PREFILL:
-            core.prefill_done(x)
-        elif kind == DECODE:
-            core.decode_done(x)
-        elif kind == "wake":
-            wake_at = None
-        if ev and ev[0][0] <= t:  # finish every event of this instant before deciding
-            continue
-        for slot, item in core.dispatch():
-            if slot == PREFILL:
-                dt = sum(truth.prefill.chunk_s(a, b, corrected=False) for _, a, b in item.chunks)
-            else:
-                dt = truth.decode.raw(len(item.batch), item.ctx)
-                ids = frozenset(r.req_id for r in item.batch)
-                if regather is not None and ids != last_set:
-                    dt += regather.raw(len(item.batch), item.ctx)
-                last_set = ids
-            heapq.heappush(ev, (t + dt * jitter(), 1, next(seq), slot, item))
-        nk = core.next_kv_ready()
-        if nk is not None and nk > t and not core.decode_busy and (wake_at is None or nk < wake_at):
-            wake_at = nk
-            heapq.heappush(ev, (nk, 2, next(seq), "wake", None))
+    def engine_s(item) -> float:  # the engine model
+        nonlocal last_set
+        if item.slot == PREFILL:
+            dt = sum(truth.prefill.chunk_s(a, b, corrected=False) for _, a, b in item.chunks)
+        else:
+            dt = truth.decode.raw(len(item.batch), item.ctx)
+            ids = frozenset(r.req_id for r in item.batch)
+            if regather is not None and ids != last_set:
+                dt += regather.raw(len(item.batch), item.ctx)
+            last_set = ids
+        return dt * jitter()
+
+    # A handed-over request becomes admissible with no event of its own: the loop wakes then.
+    loop = VirtualLoop.for_core(core, engine_s, settle_instant=True, done_prio=1,
+                                wake=lambda: None if core.decode_busy else core.next_kv_ready())
+    for r in requests:
+        loop.at(r.arrival_s, core.submit, SLORequest(r.req_id, r.prompt_len, r.out_len))
+    loop.run()
     out = metrics(core.requests.values())
     snap = core.snapshot()
     out.update({"mean_decode_batch": snap["mean_decode_batch"], "decode_steps": snap["decode_steps"],

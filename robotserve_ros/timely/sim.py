@@ -1,6 +1,6 @@
 """Virtual-clock replay of a TimelyLLM trace (seed 002 §6-7) through the segment serving core.
 
-The engine is the measured profile (core/timely/profile.py): a prefill takes the profile's
+The engine is the measured profile (core/llm_profile.py): a prefill takes the profile's
 time for the prompt's tokens, a decode step its time at the running batch and mean context
 (+ rebuilding the batch KV when the running set changed). Each plan's segments have the
 token counts of its rendered plan (trace.py), so segment ends fall where the live stop
@@ -8,28 +8,19 @@ checker puts them. Robots: a segment handed over at t starts at max(t, the previ
 segment's end) + the network latency and runs for its recorded duration (exe_time_detail);
 the robot reports each start to the core (PlanProgress).
 
-The core's `dispatch` / `complete` are the live path's steps; only the clock and the
-engine's times differ.
+The core's `dispatch` / `complete` are the live path's steps, on sim/loop.py's one
+virtual-clock loop; only the clock and the engine's times differ.
 """
 from __future__ import annotations
 
-import heapq
 import time
-from dataclasses import dataclass, field
 from typing import Optional
 
 from ..core.clock import VirtualClock
 from ..core.timely import SEGMENT_SCHEDULERS, LLMProfile, Plan, SegmentOutcome, SkillTimeModel, TimelyCore, TUF
+from ..sim.loop import VirtualLoop
 from .metrics import PlanResult
 from .trace import PlanSpec
-
-
-@dataclass(order=True)
-class _Ev:
-    t: float
-    seq: int
-    kind: str = field(compare=False)
-    data: object = field(compare=False, default=None)
 
 
 def simulate(specs: list[PlanSpec], scheduler: str, profile: LLMProfile, skill_time: SkillTimeModel, *,
@@ -39,61 +30,47 @@ def simulate(specs: list[PlanSpec], scheduler: str, profile: LLMProfile, skill_t
     core = TimelyCore(SEGMENT_SCHEDULERS.create(scheduler, **(scheduler_params or {})), profile, skill_time, clock,
                       max_batch=max_batch, seg_tokens_est=seg_tokens_est, seg_tokens_max=seg_tokens_max,
                       timer=time.perf_counter)
-    heap: list[_Ev] = []
-    seq = 0
-
-    def push(t, kind, data=None):
-        nonlocal seq
-        seq += 1
-        heapq.heappush(heap, _Ev(t, seq, kind, data))
-
     by_id = {s.job_id: s for s in specs}
     # a cached system prefix (the server-side skill set) is not prefilled per request
     prefill_tokens = {s.job_id: len(s.prompt_ids) - (s.prefix_len if prefix_cache else 0) for s in specs}
     results = {s.job_id: PlanResult.start(s) for s in specs}
     robot_free = {s.job_id: 0.0 for s in specs}
+    def arrive(s: PlanSpec) -> None:
+        core.submit(Plan(s.job_id, s.agent_id, s.kind, clock.now(), TUF.from_list(s.tuf), len(s.prompt_ids),
+                         urgent=s.urgent, max_segments=len(s.skills), prefill_tokens=prefill_tokens[s.job_id]))
+
+    def engine(item) -> tuple:  # the engine model: the measured profile
+        if item.kind == "prefill":
+            dur = profile.prefill_s(prefill_tokens[item.plan_ids[0]])
+        else:
+            ctx = sum(core.plans[i].context for i in item.plan_ids) / len(item.plan_ids)
+            dur = profile.step_s(len(item.plan_ids), ctx)
+            if item.batch_changed and len(item.plan_ids) > 1:
+                dur += profile.regather_s(len(item.plan_ids), ctx)
+        return dur, dur
+
+    def engine_done(item, engine_s: float) -> None:
+        # each plan's segments end where its rendered plan's token counts put them
+        now, outcomes = clock.now(), {}
+        for pid in item.plan_ids:
+            p = core.plans.get(pid)
+            if p is None:
+                continue
+            segs = by_id[pid].seg_tokens
+            done_seg = p.seg_tokens + 1 >= segs[p.k]
+            outcomes[pid] = SegmentOutcome(1, by_id[pid].skills[p.k][0] if done_seg else None,
+                                           plan_done=done_seg and p.k == len(segs) - 1)
+        for e in core.complete(item, outcomes, engine_s):
+            if e.kind == "segment":
+                r, s = results[e.plan_id], by_id[e.plan_id]
+                start = max(now + network_s, robot_free[e.plan_id])
+                r.segment(e.k, now, start, s.skills[e.k][1])
+                robot_free[e.plan_id] = start + s.skills[e.k][1]
+                # the robot gives no estimate: the skill model's
+                loop.at(start, core.segment_started, e.plan_id, e.k, start)
+
+    loop = VirtualLoop(clock, core.dispatch, engine, engine_done)
     for s in specs:
-        push(s.trigger, "arrive", s)
-    engine_item = None
-    while heap:
-        ev = heapq.heappop(heap)
-        clock.advance_to(ev.t)
-        if ev.kind == "arrive":
-            s = ev.data
-            core.submit(Plan(s.job_id, s.agent_id, s.kind, ev.t, TUF.from_list(s.tuf), len(s.prompt_ids),
-                             urgent=s.urgent, max_segments=len(s.skills), prefill_tokens=prefill_tokens[s.job_id]))
-        elif ev.kind == "engine_done":
-            item, engine_s = ev.data
-            engine_item = None
-            outcomes = {}
-            for pid in item.plan_ids:
-                p = core.plans.get(pid)
-                if p is None:
-                    continue
-                segs = by_id[pid].seg_tokens
-                done_seg = p.seg_tokens + 1 >= segs[p.k]
-                outcomes[pid] = SegmentOutcome(1, by_id[pid].skills[p.k][0] if done_seg else None,
-                                               plan_done=done_seg and p.k == len(segs) - 1)
-            for e in core.complete(item, outcomes, engine_s):
-                if e.kind == "segment":
-                    r, s = results[e.plan_id], by_id[e.plan_id]
-                    start = max(ev.t + network_s, robot_free[e.plan_id])
-                    r.segment(e.k, ev.t, start, s.skills[e.k][1])
-                    robot_free[e.plan_id] = start + s.skills[e.k][1]
-                    push(start, "started", (e.plan_id, e.k))
-        elif ev.kind == "started":
-            pid, k = ev.data
-            core.segment_started(pid, k, ev.t)  # the robot gives no estimate: the skill model's
-        if engine_item is None:
-            item = core.dispatch()
-            if item is not None:
-                engine_item = item
-                if item.kind == "prefill":
-                    dur = profile.prefill_s(prefill_tokens[item.plan_ids[0]])
-                else:
-                    ctx = sum(core.plans[i].context for i in item.plan_ids) / len(item.plan_ids)
-                    dur = profile.step_s(len(item.plan_ids), ctx)
-                    if item.batch_changed and len(item.plan_ids) > 1:
-                        dur += profile.regather_s(len(item.plan_ids), ctx)
-                push(ev.t + dur, "engine_done", (item, dur))
+        loop.at(s.trigger, arrive, s)
+    loop.run()
     return [results[s.job_id] for s in specs], core

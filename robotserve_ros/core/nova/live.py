@@ -9,22 +9,20 @@ from __future__ import annotations
 import threading
 from typing import Callable, Optional
 
-from ..clock import Clock, WallClock
 from ..loop import LiveDriver
 from .serving import Op, VLMCore, VLMRequest
 
 
 class NovaServer:
-    def __init__(self, core: VLMCore, execute: Callable[[Op], None], clock: Optional[Clock] = None,
+    def __init__(self, core: VLMCore, execute: Callable[[Op], None],
                  on_done: Optional[Callable[[VLMRequest], None]] = None) -> None:
-        self.core, self.execute, self.clock = core, execute, clock or WallClock()
+        self.core, self.execute = core, execute
         self._events: dict = {}  # rid -> (request, event) until answered
         self._user_done = on_done
         self._lock = threading.Lock()
         self.errors = 0
         core.on_done = self._done
-        self.driver = LiveDriver(core.slots, dispatch=lambda: core.dispatch(self.clock.now()), run=self._run,
-                                 on_crash=self._crash, poll_s=0.02, name="nova")
+        self.driver = LiveDriver.for_core(core, self._run, on_crash=self._crash, poll_s=0.02, name="nova")
 
     def start(self) -> "NovaServer":
         self.driver.start()
@@ -36,24 +34,27 @@ class NovaServer:
             if req.rid in self._events:
                 raise ValueError(f"request id {req.rid!r} is already in progress")
             self._events[req.rid] = (req, ev)
-        req.arrival = self.clock.now()
-        self.core.submit(req, req.arrival)
+        req.arrival = None  # arrives now, on the core's clock
+        try:
+            self.core.submit(req)
+        except Exception:
+            with self._lock:
+                self._events.pop(req.rid, None)
+            raise
         self.driver.kick()
         return ev
 
     def cancel(self, req: VLMRequest, reason: str) -> None:
-        self.core.cancel(req, reason, self.clock.now())
+        self.core.cancel(req.rid, reason)
         self.driver.kick()
 
     def _run(self, slot, op: Op) -> None:
         self.execute(op)
-        self.core.complete(op, self.clock.now())
+        self.core.complete(op)
 
     def _crash(self, slot, op: Op, exc: Exception) -> None:
         self.errors += 1
-        for r in ([op.front] if op.front is not None else []) + list(op.batch):
-            r.error = f"{type(exc).__name__}: {exc}"
-        self.core.complete(op, self.clock.now())
+        self.core.fail(op, f"{type(exc).__name__}: {exc}")
 
     def _done(self, req: VLMRequest) -> None:
         with self._lock:

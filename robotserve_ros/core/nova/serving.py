@@ -1,10 +1,10 @@
 """The VLM serving core: requests moving through vision encode -> LLM prefill -> LLM decode,
 and the schedulers that pick the next forward passes (seed 003, §III-D, §V-A7).
 
-`VLMCore.dispatch(now)` returns (slot, Op) pairs for idle worker slots; `complete(op, now)`
-moves the op's requests on. The live path drives these two through `core/loop.py`'s
-LiveDriver (`live.py`), the simulator on a virtual clock with stage times from a measured
-profile (`sim.py`): the same steps either way.
+`VLMCore.dispatch()` returns Ops for idle worker slots (`op.slot`); `complete(op)` moves the
+op's requests on (core/contract.py's calls; the time is the core's injected clock). The live
+path drives these through `core/loop.py`'s LiveDriver (`live.py`), the simulator on a virtual
+clock with stage times from a measured profile (`sim.py`): the same steps either way.
 
 Schedulers (registry `VLM_SCHEDULERS`):
 - `nova`: decode worker beside a front worker (vision or prefill, never both, prefill
@@ -25,6 +25,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+from ..clock import Clock, WallClock
 from ..registry import Registry
 from .partition import PartitionPlan, StageProfile
 
@@ -86,9 +87,11 @@ def op_time(profile: StageProfile, op: Op) -> float:
 class VLMCore:
     """Queues and request state; a scheduler object decides what runs. Thread-safe."""
 
-    def __init__(self, scheduler: "VLMScheduler", total_units: int,
+    def __init__(self, scheduler: "VLMScheduler", total_units: int, clock: Optional[Clock] = None,
                  on_done: Optional[Callable[[VLMRequest], None]] = None) -> None:
         self.sched, self.total, self.on_done = scheduler, int(total_units), on_done
+        self.clock = clock or WallClock()
+        self.serving: dict = {}  # rid -> request, until it is done
         self.vision_q: deque = deque()
         self.prefill_q: deque = deque()
         self.decode_ready: list = []
@@ -102,13 +105,18 @@ class VLMCore:
     def slots(self) -> dict:
         return {s: 1 for s in self.sched.slots}
 
-    def submit(self, req: VLMRequest, now: float) -> None:
+    def submit(self, req: VLMRequest) -> VLMRequest:
         with self.lock:
+            if req.rid in self.serving:
+                raise ValueError(f"request id {req.rid!r} is already in progress")
+            now = self.clock.now()
+            self.serving[req.rid] = req
             req.arrival = now if req.arrival is None else req.arrival
             (self.vision_q if req.tiles > 0 else self.prefill_q).append(req)
             if req.tiles <= 0:
                 req.t_vision = (now, now)
                 req.stage = "prefill"
+            return req
 
     def pending_front(self) -> int:
         """The paper's load signal: requests in vision encode or LLM prefill (§III-C2)."""
@@ -120,8 +128,9 @@ class VLMCore:
         d = self.running.get("decode")
         return len(self.decode_ready) + (len(d.batch) if d else 0)
 
-    def dispatch(self, now: float) -> list:
+    def dispatch(self) -> list:
         with self.lock:
+            now = self.clock.now()
             ops = [op for op in self.sched.pick(self, now) if op is not None]
             for op in ops:
                 if op.slot in self.running:
@@ -138,12 +147,15 @@ class VLMCore:
                 if op.batch:
                     self.decode_batches.append(len(op.batch))
                 self.ops += 1
-            return [(op.slot, op) for op in ops]
+            return ops
 
-    def complete(self, op: Op, now: float) -> list:
-        """The op ended at `now`: move its requests on. Returns requests that finished."""
+    def complete(self, op: Op, result=None) -> list:
+        """The op ended (now, on the core's clock): move its requests on; the engine wrote
+        its outputs into the requests' payloads, so `result` is unused. Returns requests
+        that finished."""
         finished = []
         with self.lock:
+            now = self.clock.now()
             self.running.pop(op.slot, None)
             f = op.front
             if f is not None and f.error is None:
@@ -169,18 +181,27 @@ class VLMCore:
                 self._finish(f, now, finished)
         return finished
 
-    def cancel(self, req: VLMRequest, reason: str, now: float) -> None:
-        """Stop serving `req` (its sender gave up): a queued request ends now, one inside a
-        running op ends when that op completes."""
+    def fail(self, op: Op, reason: str) -> list:
+        """The op's engine call raised: its requests end with `reason`, others go on."""
         with self.lock:
-            if req.stage == "done":
-                return
+            for r in ([op.front] if op.front is not None else []) + list(op.batch):
+                r.error = r.error or reason
+            return self.complete(op)
+
+    def cancel(self, request_id: str, reason: str = "cancelled") -> bool:
+        """Stop serving a request (its sender gave up): a queued request ends now, one inside
+        a running op ends when that op completes. True if it was still being served."""
+        with self.lock:
+            req = self.serving.get(request_id)
+            if req is None or req.stage == "done":
+                return False
             req.error = req.error or reason
             for q in (self.vision_q, self.prefill_q, self.decode_ready):
                 if req in q:
                     q.remove(req)
-                    self._finish(req, now, [])
-                    return
+                    self._finish(req, self.clock.now(), [])
+                    break
+            return True
 
     def _to_decode(self, r: VLMRequest, now: float, finished: list) -> None:
         if r.error is not None or r.eos or r.tokens_out >= r.max_tokens:
@@ -190,6 +211,7 @@ class VLMCore:
 
     def _finish(self, r: VLMRequest, now: float, finished: list) -> None:
         r.t_done, r.stage = now, "done"
+        self.serving.pop(r.rid, None)
         self.done.append(r)
         finished.append(r)
         if self.on_done is not None:
@@ -198,6 +220,14 @@ class VLMCore:
     def idle(self) -> bool:
         with self.lock:
             return not (self.vision_q or self.prefill_q or self.decode_ready or self.running)
+
+    def snapshot(self) -> dict:
+        with self.lock:
+            b = self.decode_batches
+            return {"scheduler": self.sched.name, "vision_q": len(self.vision_q), "prefill_q": len(self.prefill_q),
+                    "decode_ready": len(self.decode_ready), "running": sorted(self.running), "ops": self.ops,
+                    "done": len(self.done), "failed": sum(1 for r in self.done if r.error is not None),
+                    "mean_decode_batch": sum(b) / len(b) if b else 0.0}
 
 
 class VLMScheduler:
@@ -280,13 +310,21 @@ class StaticPartitionScheduler(PipelineScheduler):
         return {"scheduler": self.name, "n_v": self.n_v, "n_p": self.n_p}
 
 
-class FcfsScheduler(VLMScheduler):
+class OneWorkerScheduler(VLMScheduler):
+    """The sequential baselines: one worker with the whole device, one op at a time."""
+
+    def pick(self, core: VLMCore, now: float) -> list:
+        return [] if "worker" in core.running else self.pick_idle(core)
+
+    def pick_idle(self, core: VLMCore) -> list:
+        raise NotImplementedError
+
+
+class FcfsScheduler(OneWorkerScheduler):
     """Sequential, one stage at a time, the oldest request's next stage first."""
     name = "fcfs"
 
-    def pick(self, core: VLMCore, now: float) -> list:
-        if "worker" in core.running:
-            return []
+    def pick_idle(self, core: VLMCore) -> list:
         cands = []
         if core.decode_ready:
             cands.append((min(r.arrival for r in core.decode_ready), 0))
@@ -305,32 +343,28 @@ class FcfsScheduler(VLMScheduler):
         return [Op("vision", "worker", core.total, front=core.vision_q.popleft())]
 
 
-class PrefillFirstScheduler(VLMScheduler):
+class PrefillFirstScheduler(OneWorkerScheduler):
     """PF-Limit (§V-A7): vision/prefill first; decode once `limit` requests wait for it."""
     name = "prefill_first"
 
     def __init__(self, limit: int = 5) -> None:
         self.limit = int(limit)
 
-    def pick(self, core: VLMCore, now: float) -> list:
-        if "worker" in core.running:
-            return []
+    def pick_idle(self, core: VLMCore) -> list:
         if core.decode_ready and (len(core.decode_ready) >= self.limit or not (core.prefill_q or core.vision_q)):
             return [Op("decode", "worker", core.total, batch=list(core.decode_ready))]
         op = _front_op(core, "worker", core.total, False)
         return [op] if op else []
 
 
-class ChunkedPrefillScheduler(VLMScheduler):
+class ChunkedPrefillScheduler(OneWorkerScheduler):
     """Sarathi-style hybrid batches: every running decode plus a prefill chunk, under a token budget."""
     name = "chunked_prefill"
 
     def __init__(self, budget: int = 128) -> None:
         self.budget = int(budget)
 
-    def pick(self, core: VLMCore, now: float) -> list:
-        if "worker" in core.running:
-            return []
+    def pick_idle(self, core: VLMCore) -> list:
         batch = list(core.decode_ready)
         if core.prefill_q:
             r = core.prefill_q.popleft()

@@ -9,8 +9,8 @@ from ..registry import Registry
 from ..llm_profile import DecodeLUT, LLMProfile, PrefillProfile
 from .decode import ContinuousBatching, DecodePolicy, SlackGuided, tpot_slack
 from .prefill import FcfsPrefill, PrefillPolicy, UrgencyPrefill, select_chunks
-from .request import BadPrompt, BadSLO, LLMRequest, Overloaded, SLODefaults, resolve_slo
-from .serving import DECODE, PREFILL, DecodeItem, PrefillItem, SLOServingCore
+from .request import BadPrompt, BadSLO, LLMRequest, Overloaded, SLODefaults, SLORequest, resolve_slo
+from .serving import DECODE, PREFILL, DecodeItem, PrefillItem, SLOServingCore, StepResult
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,7 @@ def make_slo_core(scheduler: str, profile: LLMProfile, clock, scheduler_params: 
 
 
 __all__ = ["SLO_SCHEDULERS", "SLOScheduler", "make_slo_core", "SLOServingCore", "PrefillItem", "DecodeItem",
-           "PREFILL", "DECODE", "LLMProfile", "PrefillProfile", "DecodeLUT", "LLMRequest", "SLODefaults",
+           "PREFILL", "DECODE", "LLMProfile", "PrefillProfile", "DecodeLUT", "LLMRequest", "SLODefaults", "SLORequest",
+           "StepResult",
            "resolve_slo", "BadSLO", "BadPrompt", "Overloaded", "FcfsPrefill", "UrgencyPrefill", "ContinuousBatching",
            "SlackGuided", "PrefillPolicy", "DecodePolicy", "select_chunks", "tpot_slack"]

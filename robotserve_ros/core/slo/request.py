@@ -42,6 +42,18 @@ def resolve_slo(ttft_slo_s: float, tpot_slo_s: float, defaults: SLODefaults) -> 
     return out[0], out[1]
 
 
+@dataclass(frozen=True)
+class SLORequest:
+    """What a sender asks the SLO core for: a prompt and its SLOs (0 = the server's default)."""
+
+    req_id: str
+    prompt_len: int
+    max_tokens: int = 0
+    ttft_slo_s: float = 0.0
+    tpot_slo_s: float = 0.0
+    prompt_tokens: Optional[list] = None  # live path: the token ids the engine prefills
+
+
 @dataclass(eq=False)
 class LLMRequest:
     req_id: str

@@ -3,9 +3,10 @@
 Two worker slots: "prefill" (one prefill engine) and "decode" (one decode engine). The core
 keeps the prefill queue, the requests whose KV is being handed over, the decode worker's
 active set, and asks its prefill policy (§3.1) and decode policy (§3.2) what each worker
-does next. `dispatch()` hands out (slot, item) pairs; the worker reports back with
-`prefill_done` / `decode_done` (or `*_failed`). `core/loop.py`'s LiveDriver drives it live;
-the simulator calls the same methods on its virtual clock with times from the profile.
+does next. `dispatch()` hands out items for the two slots; the worker reports back with
+`complete(item, StepResult)` (or `fail`): core/contract.py's calls. `core/loop.py`'s
+LiveDriver drives it live; the simulator calls the same methods on its virtual clock with
+times from the profile.
 """
 from __future__ import annotations
 
@@ -18,13 +19,25 @@ from ..clock import Clock
 from ..llm_profile import LLMProfile
 from .decode import DecodePolicy
 from .prefill import PrefillPolicy, select_chunks
-from .request import BadPrompt, LLMRequest, Overloaded, SLODefaults, resolve_slo
+from .request import BadPrompt, LLMRequest, Overloaded, SLODefaults, SLORequest, resolve_slo
 
 PREFILL, DECODE = "prefill", "decode"
 
 
 @dataclass
+class StepResult:
+    """What a worker's engine call gave back: per request id the new token(s) (prefill: one
+    id, decode: a list), the ids that hit end of sequence, and the measured engine time
+    (None: the time since dispatch on the core's clock)."""
+
+    tokens: Optional[dict] = None
+    eos: frozenset = frozenset()
+    actual_s: Optional[float] = None
+
+
+@dataclass
 class PrefillItem:
+    slot = PREFILL
     chunks: list            # (request, start, end)
     predicted_raw_s: float  # the profile's time before runtime correction
     dispatched_s: float
@@ -36,6 +49,7 @@ class PrefillItem:
 
 @dataclass
 class DecodeItem:
+    slot = DECODE
     batch: list
     admitted: list          # requests joining the decode worker in this step (their KV to import)
     ctx: int                # the longest context in the batch: the LUT column
@@ -81,20 +95,22 @@ class SLOServingCore:
         self.stats = CoreStats()
         self._seq = itertools.count()
 
+    slots = {PREFILL: 1, DECODE: 1}
+
     # --- admission ------------------------------------------------------------------------
-    def submit(self, req_id: str, prompt_len: int, max_tokens: int = 0, ttft_slo_s: float = 0.0,
-               tpot_slo_s: float = 0.0, prompt_tokens: Optional[list] = None) -> LLMRequest:
+    def submit(self, request: SLORequest) -> LLMRequest:
         """Queue one request; a RequestError (bad SLO, bad prompt, overloaded) refuses it alone."""
         with self.lock:
             try:
-                return self._submit(req_id, prompt_len, max_tokens, ttft_slo_s, tpot_slo_s, prompt_tokens)
+                return self._submit(request)
             except Exception as e:
                 code = getattr(e, "code", "bad_request")
                 self.stats.refused[code] = self.stats.refused.get(code, 0) + 1
                 raise
 
-    def _submit(self, req_id, prompt_len, max_tokens, ttft_slo_s, tpot_slo_s, prompt_tokens):
-        ttft, tpot = resolve_slo(ttft_slo_s, tpot_slo_s, self.defaults)
+    def _submit(self, q: SLORequest) -> LLMRequest:
+        req_id, prompt_len, max_tokens = q.req_id, q.prompt_len, q.max_tokens
+        ttft, tpot = resolve_slo(q.ttft_slo_s, q.tpot_slo_s, self.defaults)
         if not req_id or req_id in self.requests:
             raise BadPrompt(f"request id {req_id!r} is empty or already being served")
         if not isinstance(prompt_len, int) or prompt_len < 1:
@@ -107,14 +123,14 @@ class SLOServingCore:
                             f"limit of {self.context_limit}")
         if len(self.prefill_queue) >= self.max_queue:
             raise Overloaded(f"{len(self.prefill_queue)} requests already wait for prefill (max_queue)")
-        r = LLMRequest(req_id, prompt_len, max_tokens, ttft, tpot, self.clock.now(), prompt_tokens, seq=next(self._seq))
+        r = LLMRequest(req_id, prompt_len, max_tokens, ttft, tpot, self.clock.now(), q.prompt_tokens, seq=next(self._seq))
         self.requests[req_id] = r
         self.prefill_queue.append(r)
         self.stats.submitted += 1
         return r
 
     # --- the two workers' next items ---------------------------------------------------------
-    def dispatch(self) -> list[tuple]:
+    def dispatch(self) -> list:
         with self.lock:
             now, out = self.clock.now(), []
             if not self.prefill_busy and self.prefill_queue:
@@ -125,7 +141,7 @@ class SLOServingCore:
                     for r, _, _ in chunks:
                         self.prefill_queue.remove(r)
                     self.prefill_busy = True
-                    out.append((PREFILL, PrefillItem(chunks, raw, now)))
+                    out.append(PrefillItem(chunks, raw, now))
             if not self.decode_busy:
                 admitted = []
                 for r in list(self.decode_wait):
@@ -140,8 +156,7 @@ class SLOServingCore:
                     batch = self.decode_policy.select(self.active, now, self.profile.decode, self.max_decode_batch)
                     ctx = max(r.seq_len for r in batch)
                     self.decode_busy = True
-                    out.append((DECODE, DecodeItem(batch, admitted, ctx, self.profile.decode.step_s(len(batch), ctx),
-                                                   now)))
+                    out.append(DecodeItem(batch, admitted, ctx, self.profile.decode.step_s(len(batch), ctx), now))
             return out
 
     def next_kv_ready(self) -> Optional[float]:
@@ -151,8 +166,43 @@ class SLOServingCore:
             return min(ts) if ts else None
 
     # --- completions --------------------------------------------------------------------------
-    def prefill_done(self, item: PrefillItem, first_tokens: Optional[dict] = None, eos: frozenset = frozenset(),
-                     actual_s: Optional[float] = None) -> None:
+    def complete(self, item, result: Optional[StepResult] = None) -> None:
+        """A worker's step ended; `result` None: no tokens kept, timed on the core's clock."""
+        result = result or StepResult()
+        if isinstance(item, PrefillItem):
+            self._prefill_done(item, result.tokens, result.eos, result.actual_s)
+        else:
+            self._decode_done(item, result.tokens, result.eos, result.actual_s)
+
+    def fail(self, item, reason: str) -> None:
+        """A worker's step raised: its requests fail (their senders get `reason`), others go on."""
+        with self.lock:
+            if isinstance(item, PrefillItem):
+                self.prefill_busy = False
+                failed = item.requests
+            else:
+                self.decode_busy = False
+                failed = item.batch
+                for r in failed:
+                    if r in self.active:
+                        self.active.remove(r)
+            for r in failed:
+                self._fail(r, reason)
+
+    def cancel(self, request_id: str, reason: str = "cancelled") -> bool:
+        """Its sender is gone: a queued request ends now; one inside a step ends with `reason`
+        and its step's result is ignored for it. True if it was still being served."""
+        with self.lock:
+            r = self.requests.get(request_id)
+            if r is None or r.finished or r.failed is not None:
+                return False
+            if r in self.active:
+                self.active.remove(r)
+            self._fail(r, reason)
+            return True
+
+    def _prefill_done(self, item: PrefillItem, first_tokens: Optional[dict], eos: frozenset,
+                      actual_s: Optional[float]) -> None:
         with self.lock:
             now = self.clock.now()
             actual = now - item.dispatched_s if actual_s is None else actual_s
@@ -161,6 +211,8 @@ class SLOServingCore:
             self.stats.prefill_busy_s += actual
             self.prefill_busy = False
             for r, _, end in item.chunks:
+                if r.failed is not None:
+                    continue  # cancelled while its step ran
                 r.prefilled = end
                 if r.prefilled < r.prompt_len:
                     self.prefill_queue.append(r)
@@ -177,8 +229,8 @@ class SLOServingCore:
                 r.kv_ready_s = now + (self.profile.kv_handover_s(r.prompt_len) if self.kv_handover_in_core else 0.0)
                 self.decode_wait.append(r)
 
-    def decode_done(self, item: DecodeItem, tokens: Optional[dict] = None, eos: frozenset = frozenset(),
-                    actual_s: Optional[float] = None) -> None:
+    def _decode_done(self, item: DecodeItem, tokens: Optional[dict], eos: frozenset,
+                     actual_s: Optional[float]) -> None:
         with self.lock:
             now = self.clock.now()
             actual = now - item.dispatched_s if actual_s is None else actual_s
@@ -188,7 +240,7 @@ class SLOServingCore:
             self.stats.decode_busy_s += actual
             self.decode_busy = False
             for r in item.batch:
-                if r.finished:
+                if r.finished or r.failed is not None:
                     continue
                 r.n_gen += 1
                 if tokens is not None and r.req_id in tokens:
@@ -197,20 +249,6 @@ class SLOServingCore:
                     r.eos = r.req_id in eos
                     self.active.remove(r)
                     self._finish(r, now)
-
-    def prefill_failed(self, item: PrefillItem, reason: str) -> None:
-        with self.lock:
-            self.prefill_busy = False
-            for r in item.requests:
-                self._fail(r, reason)
-
-    def decode_failed(self, item: DecodeItem, reason: str) -> None:
-        with self.lock:
-            self.decode_busy = False
-            for r in item.batch:
-                if r in self.active:
-                    self.active.remove(r)
-                self._fail(r, reason)
 
     def close(self, reason: str = "shutting_down") -> list[LLMRequest]:
         """Fail everything not finished (the server answers them SHUTTING_DOWN)."""

@@ -1,14 +1,15 @@
 """The segment serving core of the LLM planner (seed 002 §3-4): plans in, segments out.
 
-One engine slot runs one work item at a time: a prefill of one newly admitted plan, or one
-batched decode step of the running set. Before each, `dispatch()` updates every waiting
+One engine slot ("llm") runs one work item at a time: a prefill of one newly admitted plan, or
+one batched decode step of the running set. Before each, `dispatch()` updates every waiting
 segment's priority (§4.3), lets the scheduler admit waiting segments into the running batch
 (§4.4), and picks the item. `complete()` takes what the engine produced (per plan: the
 tokens of this call, and the segment the stop checker ended, if any) and returns the
-events: segments to hand to robots, plans finished (their KV to free).
+events: segments to hand to robots, plans finished (their KV to free). The calls are
+core/contract.py's.
 
 Live, `core/loop.py`'s LiveDriver calls `dispatch` / the engine / `complete` (see
-timely/live.py); the simulator calls the same two steps on its virtual clock with engine
+core/timely/live.py); the simulator calls the same two steps on its virtual clock with engine
 times from the measured profile (timely/sim.py). The clock is injected; `timer` (a
 perf_counter) only measures the decision overhead.
 """
@@ -30,8 +31,12 @@ class DuplicatePlan(RequestError):
     code = "duplicate_request"
 
 
+SLOT = "llm"  # the one engine slot
+
+
 @dataclass
 class WorkItem:
+    slot = SLOT
     kind: str                 # "prefill" | "decode"
     plan_ids: list
     steps: int = 1
@@ -80,6 +85,8 @@ class TimelyCore:
         self.stats = TimelyStats()
         self._last_decode: tuple = ()
 
+    slots = {SLOT: 1}
+
     # ---- requests ----
     def submit(self, plan: Plan) -> None:
         with self.lock:
@@ -111,11 +118,11 @@ class TimelyCore:
             p.exec_end_est = t + e
 
     # ---- the two serving steps ----
-    def dispatch(self) -> Optional[WorkItem]:
-        """The engine is idle: the next item (None: nothing to run)."""
+    def dispatch(self) -> list[WorkItem]:
+        """The engine is idle: the next item, in a list (empty: nothing to run)."""
         with self.lock:
             if self.busy:
-                return None
+                return []
             t0 = self.timer() if self.timer else 0.0
             now = self.clock.now()
             waiting = [p for p in self.plans.values() if p.state == WAITING]
@@ -135,14 +142,16 @@ class TimelyCore:
                 self._last_decode = key
             if self.timer:
                 self.stats.decisions_ms.append((len(self.plans), (self.timer() - t0) * 1000))
-            if item is not None:
-                self.busy = True
-                self.stats.items += 1
-            return item
+            if item is None:
+                return []
+            self.busy = True
+            self.stats.items += 1
+            return [item]
 
-    def complete(self, item: WorkItem, outcomes: dict, engine_s: float = 0.0) -> list[Event]:
-        """The engine ran `item`; `outcomes[plan_id]` is a SegmentOutcome (a plan missing from
-        it, e.g. cancelled meanwhile, is skipped)."""
+    def complete(self, item: WorkItem, result: dict, engine_s: float = 0.0) -> list[Event]:
+        """The engine ran `item`; `result[plan_id]` is a SegmentOutcome (a plan missing from
+        it, e.g. cancelled meanwhile, is skipped); `engine_s` its time, shared by its plans."""
+        outcomes = result
         with self.lock:
             self.busy = False
             now = self.clock.now()
@@ -162,7 +171,7 @@ class TimelyCore:
                     events += self._segment_done(p, out.segment_text, out.plan_done, now)
             return events
 
-    def fail(self, item: WorkItem, why: str) -> list[Event]:
+    def fail(self, item: WorkItem, reason: str) -> list[Event]:
         """The engine call raised: its plans end (their senders get an error), others go on."""
         with self.lock:
             self.busy = False
@@ -170,9 +179,16 @@ class TimelyCore:
             for pid in item.plan_ids:
                 p = self.plans.get(pid)
                 if p is not None and p.state != DONE:
-                    self._finish(p, self.clock.now(), why)
-                    events.append(Event("done", pid, self.clock.now(), p.k, why, True))
+                    self._finish(p, self.clock.now(), reason)
+                    events.append(Event("done", pid, self.clock.now(), p.k, reason, True))
             return events
+
+    def snapshot(self) -> dict:
+        with self.lock:
+            s = self.stats
+            return {"plans": len(self.plans), "running": len(self.running), "busy": self.busy,
+                    "items": s.items, "segments": s.segments, "plans_done": s.plans_done,
+                    "decision_ms_median": self.decision_ms_median()}
 
     # ---- internals ----
     def _segment_done(self, p: Plan, text: str, plan_done: bool, now: float) -> list[Event]:

@@ -1,6 +1,6 @@
 """srv/Generate on the inference server: text requests with TTFT/TPOT SLOs served by the
 SLO-aware disaggregated core (seed 004): urgency-ordered prefill on one engine instance,
-slack-guided decode batching on another, the KV handed between them (slo/workers.py).
+slack-guided decode batching on another, the KV handed between them (core/slo/workers.py).
 
 Parameters (services_params: {"generate": {...}}):
 - service: the srv/Generate name (default /robotserve/generate);
@@ -27,8 +27,8 @@ from pathlib import Path
 
 from ...core.clock import WallClock
 from ...core.errors import RequestError
-from ...core.slo import SLO_SCHEDULERS, BadPrompt, BadSLO, LLMProfile, SLODefaults, make_slo_core
-from ...slo.workers import DisaggregatedWorkers
+from ...core.slo import SLO_SCHEDULERS, BadPrompt, BadSLO, LLMProfile, SLODefaults, SLORequest, make_slo_core
+from ...core.slo.workers import DisaggregatedWorkers
 from ..convert import fill_status
 
 from ...profiles import PROFILES_DIR as PROFILES
@@ -139,7 +139,7 @@ class GenerateService:
                 raise BadPrompt(f"request {m.request_id!r} of task {m.task_id!r} is already being served")
             self._waiters[rid] = ev
         try:
-            self.core.submit(rid, len(ids), int(m.max_tokens), float(m.ttft_slo_s), float(m.tpot_slo_s), prompt_tokens=ids)
+            self.core.submit(SLORequest(rid, len(ids), int(m.max_tokens), float(m.ttft_slo_s), float(m.tpot_slo_s), ids))
         except Exception:
             with self._lock:
                 self._waiters.pop(rid, None)

@@ -4,7 +4,7 @@ server (services: [planner]).
 Action `plan_task` (action/PlanTask): a goal is one plan request; each generated segment (one
 skill) goes back as feedback as soon as the schedule hands it out, the result once the plan
 is complete. Robots publish PlanProgress when they start executing a segment: the next
-segment's deadline runs from there (§4.3). The serving is timely/live.py: the segment
+segment's deadline runs from there (§4.3). The serving is core/timely/live.py: the segment
 serving core on core/loop.py's LiveDriver with the LLM engine (engines/llm).
 
 Bad input is answered to its sender only (the goal is aborted with a Status; nobody else is
@@ -30,7 +30,8 @@ from ...core.errors import RequestError, UnknownAgent
 from ...core.timely import NORMAL, SEGMENT_SCHEDULERS, TUF, URGENT, Plan, TimelyCore
 from ...core.timely.serving import DuplicatePlan
 from ...profiles import load_llm_profile as load_profile
-from ...timely.live import BadPrompt, LiveTimely
+from ...core.timely.live import BadPrompt, LiveTimely
+from ...engines.llm.stop import StopChecker
 from ...timely.skills import default_skill_time
 from ...timely.trace import SYSTEM
 
@@ -67,7 +68,8 @@ class PlannerService:
         self.clock = WallClock()
         self.core = TimelyCore(SEGMENT_SCHEDULERS.create(scheduler), prof, self.skill_time, self.clock,
                                max_batch=max_batch, seg_tokens_max=max_segment_tokens, timer=time.perf_counter)
-        self.live = LiveTimely(self.engine, self.core, self._on_event, max_segment_tokens=max_segment_tokens,
+        self.live = LiveTimely(self.engine, self.core, self._on_event, stop_checker=StopChecker,
+                               max_segment_tokens=max_segment_tokens,
                                max_prompt_tokens=max_prompt_tokens).start()
         self._goals: dict = {}      # task id -> queue of core events
         self._lock = threading.Lock()

@@ -28,7 +28,7 @@ from rclpy.qos import QoSProfile, ReliabilityPolicy
 
 from ...core.clock import WallClock
 from ...core.errors import RequestError
-from ...core.language_frames import SLOT, LanguageFrameCore
+from ...core.language_frames import LanguageFrameCore, LanguageRequest
 from ...core.loop import LiveDriver
 from ...core.observation import BadObservation
 from ...msg import LanguageOutput
@@ -83,10 +83,13 @@ class VlaLanguageService:
         self.errors: dict = {}
         self.served = {"infer_language": 0, "generate": 0, "tokens": 0}
         self.core = LanguageFrameCore(WallClock(), has_work=self._has_work, decode_round=self._round,
-                                      publish=self._publish, idle_frame_s=idle_frame_s)
-        self.driver = LiveDriver({SLOT: 1}, self.core.dispatch, self.core.run, poll_s=min(0.05, idle_frame_s / 2),
-                                 name="vla_language", on_crash=self._crashed)
-        self.core._kick = self.driver.kick
+                                      publish=self._publish, idle_frame_s=idle_frame_s,
+                                      admit=lambda q: eng.start_language(q.task_id, q.prompt, q.max_tokens,
+                                                                         observation=q.observation),
+                                      drop=lambda rid, reason: eng.cancel_language(rid))
+        self.driver = LiveDriver.for_core(self.core, self.core.run, poll_s=min(0.05, idle_frame_s / 2),
+                                          name="vla_language", on_crash=self._crashed)
+        self.core.set_kick(self.driver.kick)
         eng.action_listeners.append(self._on_action)
         group = ReentrantCallbackGroup()
         self.pub = node.create_publisher(LanguageOutput, output_topic,
@@ -124,20 +127,16 @@ class VlaLanguageService:
             obs = None
             if len(request.observation.images):
                 obs = observation_from_msg(request.observation, self.spec)
-            st = self.engine.start_language(request.task_id, request.prompt, int(request.max_tokens),
-                                            observation=obs)
+            st = self.core.submit(LanguageRequest(request.task_id, request.prompt, int(request.max_tokens), obs),
+                                  then=lambda st: self._wait_for(st.rid, w))
         except (RequestError, BadObservation) as e:
             code = getattr(e, "code", "bad_observation")
             self._count(code)
             fill_status(response.status, code, getattr(e, "message", str(e)))
             return response
-        with self.lock:
-            self.waiters[st.rid] = w
-            self.served["generate"] += 1
-        self.core.frame()
         limit = float(request.deadline_s) if request.deadline_s > 0 else self.answer_timeout_s
         if not w.event.wait(limit):
-            self.engine.cancel_language(st.rid)
+            self.core.cancel(st.rid, "deadline")
             with self.lock:
                 self.waiters.pop(st.rid, None)
             self._count("deadline")
@@ -155,6 +154,11 @@ class VlaLanguageService:
         response.tpot_s = ((w.last - w.first) / (len(st.tokens) - 1)) if len(st.tokens) > 1 else 0.0
         response.latency_s = w.last - w.arrival
         return response
+
+    def _wait_for(self, rid: str, w) -> None:
+        with self.lock:
+            self.waiters[rid] = w
+            self.served["generate"] += 1
 
     # --- decoding (the LiveDriver's decode slot) ------------------------------------------
     def _has_work(self) -> bool:

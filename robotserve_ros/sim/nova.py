@@ -1,20 +1,20 @@
 """Virtual-clock replay of a VLM workload on a measured stage profile (seed 003, §V).
 
-The core's own `dispatch`/`complete` steps run on a VirtualClock; each op lasts what the
-profile says for its stage, units, tiles, tokens and batch. Workloads: Poisson arrivals
-(§V-A4) with request shapes drawn from a seeded generator.
+The Nova core's own steps run on sim/loop.py's one virtual-clock loop (the simulator sets
+the core's clock: it owns the time); the engine model is the profile: each op lasts what it
+says for its stage, units, tiles, tokens and batch. Workloads: Poisson arrivals (§V-A4)
+with request shapes drawn from a seeded generator.
 """
 from __future__ import annotations
 
-import heapq
 import math
 import random
 from dataclasses import dataclass
-from typing import Callable
 
-from ..clock import VirtualClock
-from .partition import StageProfile
-from .serving import VLMCore, VLMRequest, op_time
+from ..core.clock import VirtualClock
+from ..core.nova.partition import StageProfile
+from ..core.nova.serving import VLMCore, VLMRequest, op_time
+from .loop import VirtualLoop
 
 
 @dataclass(frozen=True)
@@ -42,26 +42,11 @@ class Workload:
 
 def simulate(core: VLMCore, profile: StageProfile, requests: list, *, horizon_s: float = math.inf) -> VLMCore:
     """Run every request through `core` on a virtual clock; returns the core (done list filled)."""
-    clock = VirtualClock()
-    events: list = []
-    seq = 0
+    core.clock = VirtualClock()
+    loop = VirtualLoop.for_core(core, lambda op: op_time(profile, op), settle_instant=True, until=horizon_s)
     for r in requests:
-        heapq.heappush(events, (r.arrival, seq, "arrive", r))
-        seq += 1
-    while events:
-        t, _, kind, x = heapq.heappop(events)
-        if t > horizon_s:
-            break
-        clock.advance_to(t)
-        if kind == "arrive":
-            core.submit(x, t)
-        else:
-            core.complete(x, t)
-        if events and events[0][0] == t:
-            continue  # take every event of this instant before dispatching
-        for _slot, op in core.dispatch(clock.now()):
-            heapq.heappush(events, (clock.now() + op_time(profile, op), seq, "done", op))
-            seq += 1
+        loop.at(r.arrival, core.submit, r)
+    loop.run()
     return core
 
 
@@ -88,7 +73,3 @@ def summarize(done: list, *, scheduler: str, workload: str, rate: float, extra: 
     row.update(extra or {})
     return row
 
-
-def run_policy(make_core: Callable[[], VLMCore], profile: StageProfile, workload: Workload, rate: float, n: int,
-               seed: int) -> VLMCore:
-    return simulate(make_core(), profile, workload.requests(rate, n, seed))

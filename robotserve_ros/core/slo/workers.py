@@ -5,7 +5,9 @@ of `core/loop.py`'s LiveDriver (one thread each; with torch at one intra-op thre
 the two workers run on separate CPU cores, the GIL released inside torch's kernels). A
 prefilled request's KV cache is exported by the prefill engine and imported by the decode
 engine when the request first decodes: in-process tensors, the transfer timed both sides.
-The SLOServingCore decides what each worker does next; the workers only execute.
+The SLOServingCore decides what each worker does next; the workers only execute. Pure
+Python beside the core (the engines are passed in, their times read on the core's clock),
+like every live adapter: core/runner.py, core/nova/live.py, core/timely/live.py.
 
 Engine interface (robotserve_ros/engines/llm's LLMEngine): prefill([(req_id, token_ids)]) ->
 {req_id: first_token}; decode(req_ids, steps=1) -> {req_id: [tokens]}; export_kv(req_id),
@@ -15,11 +17,10 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from typing import Callable, Optional
 
-from ..core.loop import LiveDriver
-from ..core.slo import DECODE, PREFILL, DecodeItem, PrefillItem, SLOServingCore
+from ..loop import LiveDriver
+from .serving import PREFILL, DecodeItem, PrefillItem, SLOServingCore, StepResult
 
 log = logging.getLogger("robotserve.slo")
 
@@ -39,8 +40,7 @@ class DisaggregatedWorkers:
         self._lock = threading.Lock()
         self.kv = {"handovers": 0, "bytes": 0, "export_s": 0.0, "import_s": 0.0}
         self.on_event = on_event
-        self.driver = LiveDriver({PREFILL: 1, DECODE: 1}, core.dispatch, self.run, on_crash=self.on_crash,
-                                 name="slo-dispatcher")
+        self.driver = LiveDriver.for_core(core, self.run, on_crash=self.on_crash, name="slo-dispatcher")
 
     def start(self) -> "DisaggregatedWorkers":
         self.driver.start()
@@ -64,9 +64,9 @@ class DisaggregatedWorkers:
         for r, a, b in item.chunks:
             if a != 0 or b != r.prompt_len:
                 raise ValueError(f"request {r.req_id}: the engine prefills whole prompts, got tokens [{a}, {b})")
-        t0 = time.monotonic()
+        t0 = self.core.clock.now()
         first = self.pe.prefill([(r.req_id, list(r.prompt_tokens)) for r in reqs])
-        t1 = time.monotonic()
+        t1 = self.core.clock.now()
         eos = frozenset(rid for rid, tok in first.items() if tok in self.eos)
         for r in reqs:
             if r.max_tokens > 1 and r.req_id not in eos:
@@ -76,15 +76,15 @@ class DisaggregatedWorkers:
                     self._handover[r.req_id] = kv
                     self.kv["bytes"] += int(nbytes)
             self.pe.free(r.req_id)
-        t2 = time.monotonic()
+        t2 = self.core.clock.now()
         with self._lock:
             self.kv["export_s"] += t2 - t1
-        self.core.prefill_done(item, first, eos, actual_s=t1 - t0)
+        self.core.complete(item, StepResult(first, eos, t1 - t0))
         if self.on_event:
             self.on_event("prefill", item, t1 - t0)
 
     def _decode(self, item: DecodeItem) -> None:
-        t0 = time.monotonic()
+        t0 = self.core.clock.now()
         for r in item.batch:
             if r.req_id not in self._imported:
                 with self._lock:
@@ -92,12 +92,12 @@ class DisaggregatedWorkers:
                 self.de.import_kv(r.req_id, kv)
                 self._imported.add(r.req_id)
                 self.kv["handovers"] += 1
-        t1 = time.monotonic()
+        t1 = self.core.clock.now()
         self.kv["import_s"] += t1 - t0
         out = self.de.decode([r.req_id for r in item.batch], steps=1)
-        t2 = time.monotonic()
+        t2 = self.core.clock.now()
         eos = frozenset(rid for rid, toks in out.items() if any(t in self.eos for t in toks))
-        self.core.decode_done(item, out, eos, actual_s=t2 - t1)
+        self.core.complete(item, StepResult(out, eos, t2 - t1))
         for r in item.batch:
             if r.finished:
                 self._release(r.req_id)
@@ -124,9 +124,9 @@ class DisaggregatedWorkers:
                     pass
                 with self._lock:
                     self._handover.pop(r.req_id, None)
-            self.core.prefill_failed(item, reason)
+            self.core.fail(item, reason)
         else:
-            self.core.decode_failed(item, reason)
+            self.core.fail(item, reason)
             for r in item.batch:
                 self._release(r.req_id)
 

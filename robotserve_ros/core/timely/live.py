@@ -1,5 +1,8 @@
-"""The LLM planner's live serving loop: the segment serving core (core/timely) and the LLM
-engine (engines/llm) on core/loop.py's LiveDriver, one engine slot.
+"""The LLM planner's live serving loop: the segment serving core (core/timely) and an LLM
+engine (engines/llm's, passed in) on core/loop.py's LiveDriver, one engine slot. Pure
+Python beside the core, like every live adapter (core/runner.py, core/nova/live.py,
+core/slo/workers.py): the engine and its stop checker class are passed in, times are read
+on the core's clock.
 
 `dispatch()` asks the core for the next item (a prefill of one admitted plan, or one batched
 decode step); `run()` calls the engine, feeds each new token to the plan's stop checker and
@@ -12,21 +15,22 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from typing import Callable, Hashable, Optional, Sequence
 
-from ..core.errors import BadPrompt, RequestError
-from ..core.loop import LiveDriver
-from ..core.timely import Event, Plan, SegmentOutcome, TimelyCore, WorkItem
-from ..engines.llm.stop import StopChecker
+from ..errors import BadPrompt
+from ..loop import LiveDriver
+from .plan import Plan
+from .serving import Event, SegmentOutcome, TimelyCore, WorkItem
 
 log = logging.getLogger("robotserve.timely")
 
 
 class LiveTimely:
-    def __init__(self, engine, core: TimelyCore, on_event: Callable[[Event], None], *,
+    def __init__(self, engine, core: TimelyCore, on_event: Callable[[Event], None], *, stop_checker: Callable,
                  delimiter: str = "\n", max_segment_tokens: int = 32, max_prompt_tokens: Optional[int] = None) -> None:
-        self.engine, self.core, self.on_event = engine, core, on_event
+        """stop_checker(decode_text, eos_ids, delimiter=, max_tokens=): one per plan
+        (engines/llm/stop.py's StopChecker), seed 002 §4.1's segmentation."""
+        self.engine, self.core, self.on_event, self.stop_checker = engine, core, on_event, stop_checker
         self.delimiter, self.max_segment_tokens = delimiter, int(max_segment_tokens)
         self.max_prompt_tokens = int(max_prompt_tokens or engine.max_context // 2)
         self._stops: dict[Hashable, StopChecker] = {}
@@ -36,7 +40,7 @@ class LiveTimely:
         self.failures = 0
         self._to_free: set = set()
         self._lock = threading.Lock()
-        self.driver = LiveDriver({"llm": 1}, self._dispatch, self._run, on_crash=self._crash, name="planner")
+        self.driver = LiveDriver(core.slots, self._dispatch, self._run, on_crash=self._crash, name="planner")
 
     def start(self) -> "LiveTimely":
         self.driver.start()
@@ -57,8 +61,8 @@ class LiveTimely:
         with self._lock:
             self.core.submit(plan)
             self._pending[plan.id] = (ids, constraint)
-            self._stops[plan.id] = StopChecker(self.engine.decode_text, self.engine.eos_ids,
-                                               delimiter=self.delimiter, max_tokens=self.max_segment_tokens)
+            self._stops[plan.id] = self.stop_checker(self.engine.decode_text, self.engine.eos_ids,
+                                                     delimiter=self.delimiter, max_tokens=self.max_segment_tokens)
         self.driver.kick()
 
     def progress(self, plan_id: Hashable, k: int, t: float, expected_exec_s: float = 0.0) -> None:
@@ -77,13 +81,12 @@ class LiveTimely:
                 self.engine.free(plan_id)
 
     # ---- LiveDriver ----
-    def _dispatch(self):
-        with self._lock:
-            item = self.core.dispatch()
-        return [("llm", item)] if item is not None else []
+    def _dispatch(self) -> list:
+        with self._lock:  # a plan's prompt is registered with it (submit): never one without the other
+            return self.core.dispatch()
 
     def _run(self, slot, item: WorkItem) -> None:
-        t0 = time.perf_counter()
+        t0 = self.core.clock.now()
         if item.kind == "prefill":
             pid = item.plan_ids[0]
             ids, constraint = self._pending.pop(pid)
@@ -91,8 +94,8 @@ class LiveTimely:
             toks = {pid: [toks[pid]]}
         else:
             toks = self.engine.decode(item.plan_ids, item.steps)
-        engine_s = time.perf_counter() - t0
-        t1 = time.perf_counter()
+        engine_s = self.core.clock.now() - t0
+        t1 = self.core.clock.now()
         outcomes = {}
         with self._lock:
             for pid, new in toks.items():
@@ -106,7 +109,7 @@ class LiveTimely:
                         _, text, reason = stop.take()
                         break
                 outcomes[pid] = SegmentOutcome(len(new), text, plan_done=reason == "eos")
-            self.stop_check_s += time.perf_counter() - t1
+            self.stop_check_s += self.core.clock.now() - t1
             self.engine_s += engine_s
             events = self.core.complete(item, outcomes, engine_s)
             self._cleanup(events, item)
