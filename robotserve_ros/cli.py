@@ -29,12 +29,15 @@ def _params(items) -> dict:
 
 
 def cmd_sim(a) -> int:
+    from .core.errors import ConfigError
     from .sim.simulator import Simulator
 
     wl = _load_workload(a.workload)
     try:
         sim = Simulator(wl, a.scheduler, a.horizon, a.seed, _params(a.scheduler_param))
-    except (TypeError, ValueError) as e:  # a scheduler knob it does not take, or a bad value
+    except ConfigError:  # the registry's line names the knob and the ones allowed
+        raise
+    except (TypeError, ValueError) as e:  # a knob's value the scheduler refuses (buckets=0)
         raise UsageError(f"--scheduler-param for '{a.scheduler}': {e}") from None
     res = sim.run_online(a.rate, a.tasks) if a.rate is not None else sim.run_fleet(a.robots)
     summary = res.summary()
