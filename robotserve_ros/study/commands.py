@@ -1,6 +1,7 @@
 """`robotserve study collect | train | horizon`: the PushGust task and the horizon study."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 
@@ -54,7 +55,7 @@ def cmd_merge(a) -> int:
     files = [into] + [Path(f) for f in a.add]
     for f in files:
         if not f.is_file() or not f.with_suffix(".meta.json").is_file():
-            print(f"robotserve study merge: {str(f)!r} needs the run's JSON and its .meta.json beside it")
+            print(f"robotserve study merge: {str(f)!r} needs the run's JSON and its .meta.json beside it", file=sys.stderr)
             return 2
     rows, meta = json.loads(into.read_text()), json.loads(into.with_suffix(".meta.json").read_text())
     for f in files[1:]:
@@ -108,7 +109,7 @@ def cmd_workload(a) -> int:
     run = Path(a.run)
     meta_path = run.with_suffix(".meta.json")
     if not run.is_file() or not meta_path.is_file():
-        print(f"robotserve study workload: --run {a.run!r} needs the run's JSON and its .meta.json beside it")
+        print(f"robotserve study workload: --run {a.run!r} needs the run's JSON and its .meta.json beside it", file=sys.stderr)
         return 2
     rows, meta = json.loads(run.read_text()), json.loads(meta_path.read_text())
     if a.profile:
