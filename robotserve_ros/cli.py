@@ -142,9 +142,23 @@ def cmd_up(a) -> int:
     return code
 
 
+def demo_scratch_dir() -> Path:
+    """Where `robotserve demo` writes unless --out says otherwise: a scratch folder that exists
+    wherever the command runs (a checkout or an installed package) and never dirties a git tree;
+    the run of record is made on purpose with --out reports/live."""
+    import tempfile
+
+    return Path(tempfile.gettempdir()) / "robotserve-demo"
+
+
 def cmd_demo(a) -> int:
     from .live.demo import run_demo
+    from .sim.workloads import builtin_workload
 
+    if a.config and not Path(a.config).is_file():
+        raise UsageError(f"--config {a.config!r}: no such file (a ROS params file, e.g. config/fleet.yaml)")
+    builtin_workload(a.workload)  # an unknown name is refused here, listing the known ones, before any process starts
+    a.out = a.out or str(demo_scratch_dir())
     try:
         res = run_demo(Path(a.out), robots=a.robots, tasks=a.tasks, workload=a.workload, seed=a.seed, config=a.config,
                        ablation=a.ablation)
@@ -334,7 +348,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--workload", default="metaworld-mixed-edge", help="a built-in workload (robotserve workload list)")
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--config", help="ROS params file (default config/fleet.yaml)")
-    d.add_argument("--out", default="reports/live")
+    d.add_argument("--out", help="report folder (default: a scratch folder, $TMPDIR/robotserve-demo; "
+                   "the run of record: --out reports/live)")
     d.add_argument("--ablation", action="store_true", help="also run FIFO with the dynamic horizon")
     d.set_defaults(func=cmd_demo)
 
@@ -377,6 +392,16 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _given_paths(args) -> set:
+    """Every string value on the command line, as given and resolved: the paths the user named."""
+    out = set()
+    for v in vars(args).values():
+        for x in v if isinstance(v, (list, tuple)) else (v,):
+            if isinstance(x, (str, Path)) and x:
+                out |= {str(x), str(Path(x).resolve())}
+    return out
+
+
 def main(argv=None) -> int:
     from .core.errors import ConfigError, WorkloadError
 
@@ -385,6 +410,13 @@ def main(argv=None) -> int:
         return args.func(args)
     except (WorkloadError, ConfigError, UsageError) as e:
         print(f"robotserve: {e}", file=sys.stderr)
+        return 2
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as e:
+        # A file the user named that is not there (--config, --demos, --out's folder) is a wrong
+        # value, said in one line; any other missing file is a fault of ours: keep its traceback.
+        if e.filename is None or str(e.filename) not in _given_paths(args):
+            raise
+        print(f"robotserve: {str(e.filename)!r}: {e.strerror.lower()}", file=sys.stderr)
         return 2
 
 
