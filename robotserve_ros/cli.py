@@ -177,18 +177,24 @@ class UsageError(Exception):
     """A wrong name or value on the command line: one line to stderr, exit 2."""
 
 
-def positive(kind=float):
-    """argparse type: a finite number > 0 (a whole one for kind=int)."""
+def positive(kind=float, zero_ok: bool = False):
+    """argparse type: a finite number > 0 (>= 0 with zero_ok; a whole one for kind=int)."""
     def parse(v: str):
         try:
             x = kind(v)
         except ValueError:
             x = None
-        if x is None or not math.isfinite(x) or x <= 0:
-            raise argparse.ArgumentTypeError(f"must be a {'whole ' if kind is int else ''}number > 0, got {v!r}")
+        if x is None or not math.isfinite(x) or x < 0 or (x == 0 and not zero_ok):
+            raise argparse.ArgumentTypeError(
+                f"must be a {'whole ' if kind is int else ''}number {'>= 0' if zero_ok else '> 0'}, got {v!r}")
         return x
 
     return parse
+
+
+def seed(v: str) -> int:
+    """argparse type of every --seed/--seeds: a whole number >= 0, what numpy's generators take."""
+    return positive(int, zero_ok=True)(v)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -250,24 +256,24 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument("--rate", type=positive(), help="online mode: Poisson task arrivals per second")
     load.add_argument("--robots", type=positive(int), help="fleet mode: robots running the tasks back to back")
     s.add_argument("--tasks", type=positive(int), default=400, help="online mode: tasks to draw")
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--seed", type=seed, default=0)
     s.add_argument("--out", help="write the result JSON here")
     s.set_defaults(func=cmd_sim)
 
     b = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench", required=True)
     f = b.add_parser("fleet", help="schedulers x horizons on every built-in workload; Markdown + PNG report")
     f.add_argument("--out", default="reports/fleet")
-    f.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    f.add_argument("--seeds", type=seed, nargs="+", default=[0, 1, 2])
     f.add_argument("--tasks", type=positive(int), default=400)
     f.add_argument("--workloads", nargs="+")
-    f.add_argument("--workers", type=int)
+    f.add_argument("--workers", type=positive(int))
     f.add_argument("--quick", action="store_true", help="one seed, 150 tasks: a smoke run")
     f.set_defaults(func=cmd_bench_fleet)
     rg = b.add_parser("regime", help="where execution-aware ordering pays: sweep + heat map (reports/fleet/regime.md)")
     rg.add_argument("--out", default="reports/fleet")
-    rg.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
-    rg.add_argument("--tasks", type=int, default=300)
-    rg.add_argument("--workers", type=int)
+    rg.add_argument("--seeds", type=seed, nargs="+", default=[0, 1])
+    rg.add_argument("--tasks", type=positive(int), default=300)
+    rg.add_argument("--workers", type=positive(int))
     rg.add_argument("--quick", action="store_true", help="one seed, 120 tasks: a smoke run")
     rg.set_defaults(func=cmd_bench_regime)
     sc = b.add_parser("scheduler", help="scheduling decision time at 10/100/1000 pending requests")
@@ -279,7 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
     tr = b.add_parser("transport", help="latency the inference server adds over a bare rclpy service round trip")
     tr.add_argument("--out", required=True, help="result JSON")
     tr.add_argument("--rounds", type=positive(int), default=200, help="measured round trips per service (after warm-up)")
-    tr.add_argument("--warmup", type=int, default=30)
+    tr.add_argument("--warmup", type=positive(int, zero_ok=True), default=30)
     tr.add_argument("--image", type=positive(int), default=224, help="side of the square rgb8 image sent each round")
     tr.add_argument("--profile", action="store_true", help="also time each stage of the served path")
     tr.set_defaults(func=cmd_bench_transport)
@@ -346,7 +352,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--robots", type=positive(int), default=12)
     d.add_argument("--tasks", type=positive(int), default=2, help="tasks per robot")
     d.add_argument("--workload", default="metaworld-mixed-edge", help="a built-in workload (robotserve workload list)")
-    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--seed", type=seed, default=0)
     d.add_argument("--config", help="ROS params file (default config/fleet.yaml)")
     d.add_argument("--out", help="report folder (default: a scratch folder, $TMPDIR/robotserve-demo; "
                    "the run of record: --out reports/live)")
@@ -387,7 +393,7 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("action", choices=("list", "gen", "check"))
     w.add_argument("name", nargs="?", help="built-in name (gen) or file (check)")
     w.add_argument("--out")
-    w.add_argument("--seed", type=int, default=0)
+    w.add_argument("--seed", type=seed, default=0)
     w.set_defaults(func=cmd_workload)
     return p
 

@@ -387,6 +387,8 @@ def cli(a) -> int:
 
 def add_arguments(p) -> None:
     """The `robotserve profile` subcommand's arguments (cli.py calls this)."""
+    from ..cli import seed
+
     p.add_argument("--engine", required=True, help="registered engine name, e.g. lerobot or simulated")
     p.add_argument("--engine-params", default="{}", help='JSON object of engine parameters, e.g. {"policy_dir": "..."}')
     p.add_argument("--engine-profile-ms", help='profile handed to the engine at construction, e.g. {"1": 20} '
@@ -394,7 +396,7 @@ def add_arguments(p) -> None:
     p.add_argument("--batch-sizes", default="1,2,4,8,16", help="comma-separated batch sizes; must include 1")
     p.add_argument("--warmup", type=int, default=3, help="warm-up rounds over all batch sizes")
     p.add_argument("--repeats", type=int, default=10, help="timed calls per batch size")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed, default=0)
     p.add_argument("--out", required=True, help="result JSON; the Markdown report goes beside it (.md)")
     p.add_argument("--title", help="report title (default: the file name)")
     p.add_argument("--variants", help=f"also time these beside eager fp32, e.g. fp32,bf16,compile,graphs "

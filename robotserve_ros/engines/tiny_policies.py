@@ -225,6 +225,8 @@ def make_policy_dir(kind: str, path: Path, *, n_obs_steps: int = 1, cameras: int
 def add_arguments(p, *, positional: bool = False) -> None:
     """The policy-building arguments, shared by `robotserve make-policy` (flags) and
     `python -m robotserve_ros.engines.tiny_policies KIND OUT` (positional)."""
+    from ..cli import seed
+
     if positional:
         p.add_argument("kind", choices=tuple(REAL))
         p.add_argument("out")
@@ -238,7 +240,7 @@ def add_arguments(p, *, positional: bool = False) -> None:
     p.add_argument("--image", type=int, help="side of the square camera image")
     p.add_argument("--steps", type=int, help="denoising steps (diffusion, smolvla)")
     p.add_argument("--scheduler", help="DDIM or DDPM (diffusion)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed, default=0)
     p.add_argument("--set", action="append", default=[], metavar="KEY=JSON", help="policy config field")
     p.set_defaults(func=cli)
 

@@ -15,7 +15,16 @@ def cmd_collect(a) -> int:
     return 0
 
 
+def _check_demos(path: str) -> None:
+    """A missing --demos is refused before torch is imported to train on it."""
+    from ..core.errors import ConfigError
+
+    if not Path(path).is_file():
+        raise ConfigError(f"--demos {path!r}: no such file (demos that `robotserve study collect` wrote)")
+
+
 def cmd_train(a) -> int:
+    _check_demos(a.demos)
     from .train import TrainConfig, train
 
     cfg = TrainConfig(steps=a.steps, batch_size=a.batch_size, lr=a.lr, seed=a.seed, threads=a.threads)
@@ -26,6 +35,7 @@ def cmd_train(a) -> int:
 
 
 def cmd_train_flow(a) -> int:
+    _check_demos(a.demos)
     from .train_flow import FlowTrainConfig, train_flow
 
     cfg = FlowTrainConfig(steps=a.steps, batch_size=a.batch_size, lr=a.lr, seed=a.seed, threads=a.threads,
@@ -125,12 +135,12 @@ def cmd_workload(a) -> int:
 
 def add_parser(sub) -> None:
     """The `study` command group, added to the `robotserve` parser."""
-    from ..cli import positive
+    from ..cli import positive, seed
     st = sub.add_parser("study", help="PushGust (pymunk) task: demos, DiffusionPolicy training, horizon study")
     g = st.add_subparsers(dest="study", required=True)
     c = g.add_parser("collect", help="scripted-expert demonstrations into an npz")
-    c.add_argument("--episodes", type=int, default=500, help="successful demos to keep")
-    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--episodes", type=positive(int), default=500, help="successful demos to keep")
+    c.add_argument("--seed", type=seed, default=0)
     c.add_argument("--out", required=True, help="npz path (keep it out of git)")
     c.set_defaults(func=cmd_collect)
     t = g.add_parser("train", help="train a small state-only DiffusionPolicy on the CPU; save_pretrained into --out")
@@ -139,7 +149,7 @@ def add_parser(sub) -> None:
     t.add_argument("--steps", type=int, default=7000)
     t.add_argument("--batch-size", type=int, default=128)
     t.add_argument("--lr", type=float, default=1e-3)
-    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--seed", type=seed, default=0)
     t.add_argument("--threads", type=int, default=1, help="torch threads (1 is kind to a shared CPU)")
     t.set_defaults(func=cmd_train)
     f = g.add_parser("train-flow", help="train a small flow-matching action head (Euler sampling) on the CPU")
@@ -150,7 +160,7 @@ def add_parser(sub) -> None:
     f.add_argument("--blocks", type=positive(int), default=3, help="residual blocks of the velocity MLP")
     f.add_argument("--batch-size", type=positive(int), default=256)
     f.add_argument("--lr", type=float, default=1e-3)
-    f.add_argument("--seed", type=int, default=0)
+    f.add_argument("--seed", type=seed, default=0)
     f.add_argument("--threads", type=positive(int), default=1, help="torch threads (1 is kind to a shared CPU)")
     f.set_defaults(func=cmd_train_flow)
     h = g.add_parser("horizon", help="success vs mean execution horizon: static H and confidence t (seed 000 Fig. 11)")
@@ -179,7 +189,7 @@ def add_parser(sub) -> None:
     h.add_argument("--label-episodes", type=positive(int), default=30, help="episodes labelled by the §2.2 procedure")
     h.add_argument("--learned-out", default=None, help="where the learned model goes (default <policy>/horizon_model.npz)")
     h.add_argument("--h-min", type=positive(int), default=None, help="H_min of the dynamic policies (default: the smallest static H)")
-    h.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    h.add_argument("--seeds", type=seed, nargs="+", default=[0, 1, 2])
     h.add_argument("--episodes", type=positive(int), default=34, help="episodes per seed and configuration")
     h.add_argument("--max-steps", type=positive(int), default=None, help="episode step limit (default: the task's)")
     h.add_argument("--threads", type=positive(int), default=1)
