@@ -293,3 +293,28 @@ def test_demo_refuses_a_wrong_workload_before_starting_anything(monkeypatch, cap
     monkeypatch.setattr(demo, "run_demo", lambda *a, **kw: pytest.fail("the demo started"))
     assert cli.main(["demo", "--workload", "no-such-workload"]) == 2
     assert "'no-such-workload'" in capsys.readouterr().err
+
+
+def test_a_wrong_horizon_knob_fails_when_the_core_is_built(make_core):
+    with pytest.raises(ConfigError, match=r"horizon policy 'static' has no knob 'hh'; its knobs: h"):
+        make_core(horizon_params={"static": {"hh": 25}})
+    core, _ = make_core(horizon_params={"static": {"h": 25}})  # the knobs it takes still build
+    assert core is not None
+
+
+@pytest.mark.parametrize("param,wrong,knobs", [
+    ("scheduler_params:='{\"nosuch\": 3}'", "nosuch", "buckets"),
+    ("horizon_params:='{\"static\": {\"hh\": 25}}'", "hh", "its knobs: h"),
+], ids=["scheduler_params", "horizon_params"])
+def test_the_inference_server_names_a_wrong_knob_at_start(param, wrong, knobs):
+    pytest.importorskip("rclpy")
+    from rosutil import start_node
+
+    proc = start_node(["robotserve_ros.nodes.inference_server", "--ros-args", "-p", param])
+    try:
+        code = proc.wait(timeout=60)
+    finally:
+        proc.stop()
+    lines = [ln for ln in proc.stderr().splitlines() if ln.strip()]
+    assert code == 2 and len(lines) == 1, proc.output()
+    assert f"'{wrong}'" in lines[0] and knobs in lines[0] and "Traceback" not in proc.output(), proc.output()
