@@ -211,8 +211,9 @@ def test_an_unknown_scheduler_knob_names_the_knobs_there_are(argv):
     (["study", "merge", "--into", MISSING, "--add", MISSING], MISSING),
     (["demo", "--workload", "no-such-workload"], "no-such-workload"),
     (["bench", "soak", "--config", MISSING, "--out", "{tmp}/s.json"], MISSING),
+    (["make-policy", "--kind", "act", "--out", "{tmp}/p", "--set", "no-equals-sign"], "no-equals-sign"),
 ], ids=["sim-seed", "fleet-workers", "transport-warmup", "collect-episodes", "merge-into", "demo-workload",
-        "soak-config"])
+        "soak-config", "make-policy-set"])
 def test_values_that_tracebacked_are_refused(argv, wrong, tmp_path):
     check_refused([x.format(tmp=tmp_path) for x in argv], wrong, timeout=20.0)
 
