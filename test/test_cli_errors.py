@@ -32,6 +32,9 @@ INPUT_PATHS = ("--config", "--policy-dir", "--demos", "--trace", "--run", "--tok
 # Options that only make sense together: the partner gets a file that exists, so the refusal is
 # about the missing one, not about the pair being incomplete.
 PARTNERS = {"--tls-cert": "--tls-key", "--tls-key": "--tls-cert"}
+# A command that wrongly starts serving listens on 127.0.0.1 and a free port, never a fixed one.
+FREE = "127.0.0.1:0"
+LISTEN = {"--port": "0", "--address": FREE, "--host": "127.0.0.1"}
 
 
 def leaves(parser: argparse.ArgumentParser, path=()):
@@ -93,9 +96,12 @@ def path_cases():
 
 
 def argv_with(words, parser, option, value, tmp: Path) -> list:
-    """The subcommand with `option` set to `value` and every other required argument filled."""
+    """The subcommand with `option` set to `value`, every other required argument filled, and
+    any listening address on 127.0.0.1 with a free port."""
     argv, tail = list(words), []
     for a in parser._actions:
+        if a.option_strings and a.option_strings[-1] in LISTEN and a.option_strings[-1] != option:
+            argv += [a.option_strings[-1], LISTEN[a.option_strings[-1]]]
         key = a.option_strings[-1] if a.option_strings else a.dest
         if key == option or (a.required and not isinstance(a, argparse._SubParsersAction)):
             v = value if key == option else _filler(a, tmp)
@@ -165,11 +171,11 @@ def test_every_input_path_option_refuses_a_missing_file(words, option, tmp_path)
 # --- paths that tracebacked or started serving (issue 21) --------------------------------------
 
 @pytest.mark.parametrize("argv,wrong", [
-    (["gpu-server", "--token-file", MISSING], MISSING),
+    (["gpu-server", "--address", FREE, "--token-file", MISSING], MISSING),
     (["gpu-server", "--address", "bad"], "bad"),
-    (["gpu-server", "--engine-params", "notjson"], "notjson"),
-    (["gpu-server", "--tls-cert", MISSING, "--tls-key", MISSING], MISSING),
-    (["gpu-server", "--tls-cert", str(ROOT / "Makefile"), "--tls-key", MISSING], MISSING),
+    (["gpu-server", "--address", FREE, "--engine-params", "notjson"], "notjson"),
+    (["gpu-server", "--address", FREE, "--tls-cert", MISSING, "--tls-key", MISSING], MISSING),
+    (["gpu-server", "--address", FREE, "--tls-cert", str(ROOT / "Makefile"), "--tls-key", MISSING], MISSING),
     (["lerobot-server", "--policy-dir", MISSING, "--port", "0"], MISSING),
 ], ids=["token-file", "address", "engine-params", "tls-cert", "tls-key", "lerobot-policy-dir"])
 def test_servers_refuse_before_serving(argv, wrong):
