@@ -112,8 +112,10 @@ ml: $(ML_STAMP)
 
 llm: $(LLM_STAMP)
 
+# A scratch run: the report goes to $TMPDIR/robotserve-demo (printed), not over the tracked
+# reports/live/; the run of record is made on purpose with `robotserve demo --out reports/live`.
 demo: $(STAMP) $(ML_STAMP) $(LLM_STAMP) $(GRPC_STUBS)
-	$(BIN)/robotserve demo --out reports/live
+	$(BIN)/robotserve demo
 
 test: $(STAMP) $(ML_STAMP) $(LLM_STAMP) $(GRPC_STUBS)
 	$(BIN)/python -m pytest -q test

@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-from .cli_types import Parser as _Parser, UsageError, positive
+from .cli_types import Parser as _Parser, UsageError, positive, seed
 from .params import parse_key_values
 
 
@@ -29,12 +29,15 @@ def _params(items) -> dict:
 
 
 def cmd_sim(a) -> int:
+    from .core.errors import ConfigError
     from .sim.simulator import Simulator
 
     wl = _load_workload(a.workload)
     try:
         sim = Simulator(wl, a.scheduler, a.horizon, a.seed, _params(a.scheduler_param))
-    except (TypeError, ValueError) as e:  # a scheduler knob it does not take, or a bad value
+    except ConfigError:  # the registry's line names the knob and the ones allowed
+        raise
+    except (TypeError, ValueError) as e:  # a knob's value the scheduler refuses (buckets=0)
         raise UsageError(f"--scheduler-param for '{a.scheduler}': {e}") from None
     res = sim.run_online(a.rate, a.tasks) if a.rate is not None else sim.run_fleet(a.robots)
     summary = res.summary()
@@ -139,9 +142,23 @@ def cmd_up(a) -> int:
     return code
 
 
+def demo_scratch_dir() -> Path:
+    """Where `robotserve demo` writes unless --out says otherwise: a scratch folder that exists
+    wherever the command runs (a checkout or an installed package) and never dirties a git tree;
+    the run of record is made on purpose with --out reports/live."""
+    import tempfile
+
+    return Path(tempfile.gettempdir()) / "robotserve-demo"
+
+
 def cmd_demo(a) -> int:
     from .live.demo import run_demo
+    from .sim.workloads import builtin_workload
 
+    if a.config and not Path(a.config).is_file():
+        raise UsageError(f"--config {a.config!r}: no such file (a ROS params file, e.g. config/fleet.yaml)")
+    builtin_workload(a.workload)  # an unknown name is refused here, listing the known ones, before any process starts
+    a.out = a.out or str(demo_scratch_dir())
     try:
         res = run_demo(Path(a.out), robots=a.robots, tasks=a.tasks, workload=a.workload, seed=a.seed, config=a.config,
                        ablation=a.ablation)
@@ -209,24 +226,24 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument("--rate", type=positive(), help="online mode: Poisson task arrivals per second")
     load.add_argument("--robots", type=positive(int), help="fleet mode: robots running the tasks back to back")
     s.add_argument("--tasks", type=positive(int), default=400, help="online mode: tasks to draw")
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--seed", type=seed, default=0)
     s.add_argument("--out", help="write the result JSON here")
     s.set_defaults(func=cmd_sim)
 
     b = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench", required=True)
     f = b.add_parser("fleet", help="schedulers x horizons on every built-in workload; Markdown + PNG report")
     f.add_argument("--out", default="reports/fleet")
-    f.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    f.add_argument("--seeds", type=seed, nargs="+", default=[0, 1, 2])
     f.add_argument("--tasks", type=positive(int), default=400)
     f.add_argument("--workloads", nargs="+")
-    f.add_argument("--workers", type=int)
+    f.add_argument("--workers", type=positive(int))
     f.add_argument("--quick", action="store_true", help="one seed, 150 tasks: a smoke run")
     f.set_defaults(func=cmd_bench_fleet)
     rg = b.add_parser("regime", help="where execution-aware ordering pays: sweep + heat map (reports/fleet/regime.md)")
     rg.add_argument("--out", default="reports/fleet")
-    rg.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
-    rg.add_argument("--tasks", type=int, default=300)
-    rg.add_argument("--workers", type=int)
+    rg.add_argument("--seeds", type=seed, nargs="+", default=[0, 1])
+    rg.add_argument("--tasks", type=positive(int), default=300)
+    rg.add_argument("--workers", type=positive(int))
     rg.add_argument("--quick", action="store_true", help="one seed, 120 tasks: a smoke run")
     rg.set_defaults(func=cmd_bench_regime)
     sc = b.add_parser("scheduler", help="scheduling decision time at 10/100/1000 pending requests")
@@ -238,7 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
     tr = b.add_parser("transport", help="latency the inference server adds over a bare rclpy service round trip")
     tr.add_argument("--out", required=True, help="result JSON")
     tr.add_argument("--rounds", type=positive(int), default=200, help="measured round trips per service (after warm-up)")
-    tr.add_argument("--warmup", type=int, default=30)
+    tr.add_argument("--warmup", type=positive(int, zero_ok=True), default=30)
     tr.add_argument("--image", type=positive(int), default=224, help="side of the square rgb8 image sent each round")
     tr.add_argument("--profile", action="store_true", help="also time each stage of the served path")
     tr.set_defaults(func=cmd_bench_transport)
@@ -305,9 +322,10 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--robots", type=positive(int), default=12)
     d.add_argument("--tasks", type=positive(int), default=2, help="tasks per robot")
     d.add_argument("--workload", default="metaworld-mixed-edge", help="a built-in workload (robotserve workload list)")
-    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--seed", type=seed, default=0)
     d.add_argument("--config", help="ROS params file (default config/fleet.yaml)")
-    d.add_argument("--out", default="reports/live")
+    d.add_argument("--out", help="report folder (default: a scratch folder, $TMPDIR/robotserve-demo; "
+                   "the run of record: --out reports/live)")
     d.add_argument("--ablation", action="store_true", help="also run FIFO with the dynamic horizon")
     d.set_defaults(func=cmd_demo)
 
@@ -345,9 +363,19 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("action", choices=("list", "gen", "check"))
     w.add_argument("name", nargs="?", help="built-in name (gen) or file (check)")
     w.add_argument("--out")
-    w.add_argument("--seed", type=int, default=0)
+    w.add_argument("--seed", type=seed, default=0)
     w.set_defaults(func=cmd_workload)
     return p
+
+
+def _given_paths(args) -> set:
+    """Every string value on the command line, as given and resolved: the paths the user named."""
+    out = set()
+    for v in vars(args).values():
+        for x in v if isinstance(v, (list, tuple)) else (v,):
+            if isinstance(x, (str, Path)) and x:
+                out |= {str(x), str(Path(x).resolve())}
+    return out
 
 
 def main(argv=None) -> int:
@@ -358,6 +386,13 @@ def main(argv=None) -> int:
         return args.func(args)
     except (WorkloadError, ConfigError, UsageError) as e:
         print(f"robotserve: {e}", file=sys.stderr)
+        return 2
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as e:
+        # A file the user named that is not there (--config, --demos, --out's folder) is a wrong
+        # value, said in one line; any other missing file is a fault of ours: keep its traceback.
+        if e.filename is None or str(e.filename) not in _given_paths(args):
+            raise
+        print(f"robotserve: {str(e.filename)!r}: {e.strerror.lower()}", file=sys.stderr)
         return 2
 
 

@@ -11,18 +11,24 @@ class UsageError(Exception):
     """A wrong name or value on the command line: one line to stderr, exit 2."""
 
 
-def positive(kind=float):
-    """argparse type: a finite number > 0 (a whole one for kind=int)."""
+def positive(kind=float, zero_ok: bool = False):
+    """argparse type: a finite number > 0 (>= 0 with zero_ok; a whole one for kind=int)."""
     def parse(v: str):
         try:
             x = kind(v)
         except ValueError:
             x = None
-        if x is None or not math.isfinite(x) or x <= 0:
-            raise argparse.ArgumentTypeError(f"must be a {'whole ' if kind is int else ''}number > 0, got {v!r}")
+        if x is None or not math.isfinite(x) or x < 0 or (x == 0 and not zero_ok):
+            raise argparse.ArgumentTypeError(
+                f"must be a {'whole ' if kind is int else ''}number {'>= 0' if zero_ok else '> 0'}, got {v!r}")
         return x
 
     return parse
+
+
+def seed(v: str) -> int:
+    """argparse type of every --seed/--seeds: a whole number >= 0, what numpy's generators take."""
+    return positive(int, zero_ok=True)(v)
 
 
 class Parser(argparse.ArgumentParser):
@@ -30,4 +36,4 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: {message}\n")
 
 
-__all__ = ["Parser", "UsageError", "positive"]
+__all__ = ["Parser", "UsageError", "positive", "seed"]

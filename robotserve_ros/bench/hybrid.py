@@ -51,13 +51,15 @@ CLOUD_SPEEDUP = 1.75
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from ..cli_types import seed
+
     p.add_argument("--out", required=True, help="result JSON (a Markdown summary is written beside it)")
     p.add_argument("--rates", type=float, nargs="+", default=[2.0, 4.0, 6.0], help="task arrivals per second")
     p.add_argument("--duration", type=float, default=20.0, help="seconds of Poisson arrivals per run (tasks run whole)")
     p.add_argument("--wan-rtt-ms", type=float, default=100.0)
     p.add_argument("--rate-mbit", type=float, default=1000.0)
     p.add_argument("--image", type=int, default=96, help="side of each request's rgb8 observation")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed, default=0)
 
 
 # --------------------------------------------------------------------------------------

@@ -239,6 +239,8 @@ def _rates(v: str) -> list:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from ..cli_types import seed
+
     p.add_argument("--out", required=True, help="directory for oxygen.json")
     p.add_argument("--report-dir", default="reports/oxygen", help="Markdown + PNG report directory")
     p.add_argument("--policy", help="a SmolVLA policy directory (default: build one with random weights)")
@@ -258,7 +260,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="Poisson arrival rates (observations per frame), oxygen vs sequential")
     p.add_argument("--poisson-tokens", type=_positive_ints, default=[20])
     p.add_argument("--threads", type=_positive_ints, default=[1], help="torch threads per process")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed, default=0)
 
 
 def cli(a) -> int:

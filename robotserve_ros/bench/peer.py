@@ -391,6 +391,8 @@ def cli(a) -> int:
 
 
 def add_arguments(p) -> None:
+    from ..cli_types import seed
+
     p.add_argument("--policy-dir", required=True, help="LeRobot checkpoint directory (make-policy writes one)")
     p.add_argument("--out", required=True, help="report JSON; .meta.json and .md go beside it")
     p.add_argument("--device", default="cpu")
@@ -400,7 +402,7 @@ def add_arguments(p) -> None:
     p.add_argument("--fps", type=float, help="control rate in Hz (default: by policy type, "
                    + ", ".join(f"{k} {v:g}" for k, v in CONTROL_HZ.items()) + ")")
     p.add_argument("--time-cap", type=float, default=480.0, help="seconds; the sweep and the rounds stop early to fit")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed, default=0)
     p.add_argument("--batch", type=int, help="compare at this many robots instead of the swept saturation batch "
                    "(the report then says the batch was given)")
     p.set_defaults(func=cli)

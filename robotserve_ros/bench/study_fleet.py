@@ -90,11 +90,11 @@ def cmd_fleet(a) -> int:
 
 
 def add_arguments(p) -> None:
-    from ..cli_types import positive
+    from ..cli_types import positive, seed
 
     p.add_argument("--workloads", nargs="+", default=["pushgust-diffusion", "pushgust-flow-matching"])
     p.add_argument("--out", default="reports/horizon")
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--seeds", type=seed, nargs="+", default=[0, 1, 2])
     p.add_argument("--tasks", type=positive(int), default=400, help="tasks per run at peak load")
     p.add_argument("--robots", type=positive(int), default=100)
     p.add_argument("--workers", type=positive(int), default=1)

@@ -164,6 +164,9 @@ class ServingCore:
             raise ValueError(f"max_failures must be >= 1, got {max_failures}")
         self.max_failures = max_failures
         self._horizon_params = {k: dict(v) for k, v in (horizon_params or {}).items()}
+        for name, knobs in self._horizon_params.items():  # a wrong knob fails at start, not at a robot's round
+            if name in HORIZON_POLICIES:  # (a policy registered later is checked when first asked for)
+                HORIZON_POLICIES.check(name, knobs)
         self._horizons: dict[str, HorizonPolicy] = {}
         self.pending: dict[str, PendingRequest] = {}  # one per task
         self._kinds: dict[str, Optional[str]] = {}  # task -> its type, told to the scheduler at finish

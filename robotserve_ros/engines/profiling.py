@@ -28,6 +28,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from ..core.errors import ConfigError
 from ..core.profile import EngineProfile
 from ..core.types import InferenceRequest
 from ..machine import machine_info
@@ -245,7 +246,12 @@ def _measure_engine(engine_name: str, engine_params: dict, batch_sizes, *, warmu
     """(samples, extra info incl. peak MiB per batch on CUDA, comparison-batch actions) for one build."""
     from . import make_engine
 
-    engine = make_engine(engine_name, EngineProfile(profile_ms) if profile_ms else None, **engine_params)
+    try:
+        engine = make_engine(engine_name, EngineProfile(profile_ms) if profile_ms else None, **engine_params)
+    except ConfigError:
+        raise
+    except (TypeError, ValueError, OSError) as e:  # a knob it does not take, a missing policy dir or model
+        raise ConfigError(f"engine '{engine_name}' with {json.dumps(engine_params)}: {e}") from e
     try:
         probe = DeviceProbe(engine)
         samples = measure(engine, batch_sizes, warmup=warmup, repeats=repeats, seed=seed, probe=probe)
@@ -330,19 +336,26 @@ def run_variants(engine_name, engine_params, batch_sizes, base: dict, base_actio
     return res
 
 
-def cli(a) -> int:
+def _json_arg(flag: str, text: str, example: str):
     try:
-        params = json.loads(a.engine_params)
-        profile_ms = json.loads(a.engine_profile_ms) if a.engine_profile_ms else None
-        sizes = [int(x) for x in a.batch_sizes.split(",") if x.strip()]
-    except (json.JSONDecodeError, ValueError) as e:
-        raise SystemExit(f"robotserve profile: bad argument: {e}")
+        return json.loads(text)
+    except json.JSONDecodeError:
+        raise ConfigError(f"{flag} {text!r} is not JSON; give an object, e.g. {example}") from None
+
+
+def cli(a) -> int:
+    params = _json_arg("--engine-params", a.engine_params, '{"policy_dir": "DIR"}')
     if not isinstance(params, dict):
-        raise SystemExit("robotserve profile: --engine-params must be a JSON object")
+        raise ConfigError(f"--engine-params {a.engine_params!r} is not a JSON object, e.g. {{\"policy_dir\": \"DIR\"}}")
+    profile_ms = _json_arg("--engine-profile-ms", a.engine_profile_ms, '{"1": 20}') if a.engine_profile_ms else None
+    try:
+        sizes = [int(x) for x in a.batch_sizes.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(f"--batch-sizes {a.batch_sizes!r}: comma-separated whole numbers, e.g. 1,2,4,8") from None
     variants = [v.strip() for v in (a.variants or "").split(",") if v.strip()]
     bad = [v for v in variants if v not in VARIANTS]
     if bad:
-        raise SystemExit(f"robotserve profile: --variants {bad}: choose from {', '.join(VARIANTS)}")
+        raise ConfigError(f"--variants {','.join(bad)}: choose from {', '.join(VARIANTS)}")
     rep = run_profile(a.engine, params, sizes, Path(a.out), warmup=a.warmup, repeats=a.repeats, seed=a.seed,
                       profile_ms=profile_ms, title=a.title, variants=variants)
     s = rep["summary"]
@@ -354,6 +367,8 @@ def cli(a) -> int:
 
 def add_arguments(p) -> None:
     """The `robotserve profile` subcommand's arguments (cli.py calls this)."""
+    from ..cli_types import seed
+
     p.add_argument("--engine", required=True, help="registered engine name, e.g. lerobot or simulated")
     p.add_argument("--engine-params", default="{}", help='JSON object of engine parameters, e.g. {"policy_dir": "..."}')
     p.add_argument("--engine-profile-ms", help='profile handed to the engine at construction, e.g. {"1": 20} '
@@ -361,7 +376,7 @@ def add_arguments(p) -> None:
     p.add_argument("--batch-sizes", default="1,2,4,8,16", help="comma-separated batch sizes; must include 1")
     p.add_argument("--warmup", type=int, default=3, help="warm-up rounds over all batch sizes")
     p.add_argument("--repeats", type=int, default=10, help="timed calls per batch size")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed, default=0)
     p.add_argument("--out", required=True, help="result JSON; the Markdown report goes beside it (.md)")
     p.add_argument("--title", help="report title (default: the file name)")
     p.add_argument("--variants", help=f"also time these beside eager fp32, e.g. fp32,bf16,compile,graphs "

@@ -20,6 +20,7 @@ tokenizer trained on a handful of sentences, so nothing is downloaded.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 STATE_DIM = 6
@@ -225,6 +226,8 @@ def make_policy_dir(kind: str, path: Path, *, n_obs_steps: int = 1, cameras: int
 def add_arguments(p, *, positional: bool = False) -> None:
     """The policy-building arguments, shared by `robotserve make-policy` (flags) and
     `python -m robotserve_ros.engines.tiny_policies KIND OUT` (positional)."""
+    from ..cli_types import seed
+
     if positional:
         p.add_argument("kind", choices=tuple(REAL))
         p.add_argument("out")
@@ -238,7 +241,7 @@ def add_arguments(p, *, positional: bool = False) -> None:
     p.add_argument("--image", type=int, help="side of the square camera image")
     p.add_argument("--steps", type=int, help="denoising steps (diffusion, smolvla)")
     p.add_argument("--scheduler", help="DDIM or DDPM (diffusion)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed, default=0)
     p.add_argument("--set", action="append", default=[], metavar="KEY=JSON", help="policy config field")
     p.set_defaults(func=cli)
 
@@ -252,12 +255,17 @@ def cli(a) -> int:
                 raise ValueError("not KEY=JSON")
             val = json.loads(v)
         except ValueError as e:
-            raise SystemExit(f"make-policy: --set {it!r}: {e}")
+            print(f"robotserve make-policy: --set {it!r}: {e}", file=sys.stderr)
+            return 2
         over[k] = tuple(val) if isinstance(val, list) else val
     named = {"n_obs_steps": a.n_obs_steps, "cameras": a.cameras, "steps": a.steps, "scheduler": a.scheduler,
              "image_hw": (a.image, a.image) if a.image else None}
     over.update({k: v for k, v in named.items() if v is not None})
-    d = make_sized_policy_dir(a.kind, Path(a.out), a.size, seed=a.seed, **over)
+    try:
+        d = make_sized_policy_dir(a.kind, Path(a.out), a.size, seed=a.seed, **over)
+    except (TypeError, ValueError) as e:  # a --set key or value the policy config refuses (LeRobot names it)
+        print(f"robotserve make-policy: {e}", file=sys.stderr)
+        return 2
     cfg = json.loads((Path(d) / "config.json").read_text())
     meta = json.loads((Path(d) / META_FILE).read_text())
     print(f"{d}: {a.kind} ({a.size}), {meta['parameters'] / 1e6:.1f}M parameters, random weights, "

@@ -217,10 +217,13 @@ class InferenceServerNode(Node):
             for eng in self.engines.values():
                 eng.close()
             raise ParamError(f"parameter '{failing}': cannot build it: {e}") from e
-        self.core = ServingCore(
-            scheduler, tiers, self.clock, horizon_params=c.parsed("horizon_params"),
-            placement=placement, refresher=self._refresh, stale_obs_s=c.stale_obs_s,
-        )
+        try:
+            self.core = ServingCore(
+                scheduler, tiers, self.clock, horizon_params=c.parsed("horizon_params"),
+                placement=placement, refresher=self._refresh, stale_obs_s=c.stale_obs_s,
+            )
+        except (TypeError, ValueError) as e:  # a horizon knob the policy does not take: say which
+            raise ParamError(f"parameter 'horizon_params': {e}") from e
         self.lock = threading.Lock()  # guards core (through the runner), waiters, last_seen
         self.waiters: dict = {}
         self.last_seen: dict = {}

@@ -1,6 +1,7 @@
 """`robotserve study collect | train | horizon`: the PushGust task and the horizon study."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 
@@ -14,7 +15,16 @@ def cmd_collect(a) -> int:
     return 0
 
 
+def _check_demos(path: str) -> None:
+    """A missing --demos is refused before torch is imported to train on it."""
+    from ..core.errors import ConfigError
+
+    if not Path(path).is_file():
+        raise ConfigError(f"--demos {path!r}: no such file (demos that `robotserve study collect` wrote)")
+
+
 def cmd_train(a) -> int:
+    _check_demos(a.demos)
     from .train import TrainConfig, train
 
     cfg = TrainConfig(steps=a.steps, batch_size=a.batch_size, lr=a.lr, seed=a.seed, threads=a.threads)
@@ -25,6 +35,7 @@ def cmd_train(a) -> int:
 
 
 def cmd_train_flow(a) -> int:
+    _check_demos(a.demos)
     from .train_flow import FlowTrainConfig, train_flow
 
     cfg = FlowTrainConfig(steps=a.steps, batch_size=a.batch_size, lr=a.lr, seed=a.seed, threads=a.threads,
@@ -54,7 +65,7 @@ def cmd_merge(a) -> int:
     files = [into] + [Path(f) for f in a.add]
     for f in files:
         if not f.is_file() or not f.with_suffix(".meta.json").is_file():
-            print(f"robotserve study merge: {str(f)!r} needs the run's JSON and its .meta.json beside it")
+            print(f"robotserve study merge: {str(f)!r} needs the run's JSON and its .meta.json beside it", file=sys.stderr)
             return 2
     rows, meta = json.loads(into.read_text()), json.loads(into.with_suffix(".meta.json").read_text())
     for f in files[1:]:
@@ -108,7 +119,7 @@ def cmd_workload(a) -> int:
     run = Path(a.run)
     meta_path = run.with_suffix(".meta.json")
     if not run.is_file() or not meta_path.is_file():
-        print(f"robotserve study workload: --run {a.run!r} needs the run's JSON and its .meta.json beside it")
+        print(f"robotserve study workload: --run {a.run!r} needs the run's JSON and its .meta.json beside it", file=sys.stderr)
         return 2
     rows, meta = json.loads(run.read_text()), json.loads(meta_path.read_text())
     if a.profile:
@@ -124,12 +135,12 @@ def cmd_workload(a) -> int:
 
 def add_parser(sub):
     """The `study` command group, added to the `robotserve` parser; returns its subcommands."""
-    from ..cli_types import positive
+    from ..cli_types import positive, seed
     st = sub.add_parser("study", help="PushGust (pymunk) task: demos, DiffusionPolicy training, horizon study")
     g = st.add_subparsers(dest="study", required=True)
     c = g.add_parser("collect", help="scripted-expert demonstrations into an npz")
-    c.add_argument("--episodes", type=int, default=500, help="successful demos to keep")
-    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--episodes", type=positive(int), default=500, help="successful demos to keep")
+    c.add_argument("--seed", type=seed, default=0)
     c.add_argument("--out", required=True, help="npz path (keep it out of git)")
     c.set_defaults(func=cmd_collect)
     t = g.add_parser("train", help="train a small state-only DiffusionPolicy on the CPU; save_pretrained into --out")
@@ -138,7 +149,7 @@ def add_parser(sub):
     t.add_argument("--steps", type=int, default=7000)
     t.add_argument("--batch-size", type=int, default=128)
     t.add_argument("--lr", type=float, default=1e-3)
-    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--seed", type=seed, default=0)
     t.add_argument("--threads", type=int, default=1, help="torch threads (1 is kind to a shared CPU)")
     t.set_defaults(func=cmd_train)
     f = g.add_parser("train-flow", help="train a small flow-matching action head (Euler sampling) on the CPU")
@@ -149,7 +160,7 @@ def add_parser(sub):
     f.add_argument("--blocks", type=positive(int), default=3, help="residual blocks of the velocity MLP")
     f.add_argument("--batch-size", type=positive(int), default=256)
     f.add_argument("--lr", type=float, default=1e-3)
-    f.add_argument("--seed", type=int, default=0)
+    f.add_argument("--seed", type=seed, default=0)
     f.add_argument("--threads", type=positive(int), default=1, help="torch threads (1 is kind to a shared CPU)")
     f.set_defaults(func=cmd_train_flow)
     h = g.add_parser("horizon", help="success vs mean execution horizon: static H and confidence t (seed 000 Fig. 11)")
@@ -178,7 +189,7 @@ def add_parser(sub):
     h.add_argument("--label-episodes", type=positive(int), default=30, help="episodes labelled by the §2.2 procedure")
     h.add_argument("--learned-out", default=None, help="where the learned model goes (default <policy>/horizon_model.npz)")
     h.add_argument("--h-min", type=positive(int), default=None, help="H_min of the dynamic policies (default: the smallest static H)")
-    h.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    h.add_argument("--seeds", type=seed, nargs="+", default=[0, 1, 2])
     h.add_argument("--episodes", type=positive(int), default=34, help="episodes per seed and configuration")
     h.add_argument("--max-steps", type=positive(int), default=None, help="episode step limit (default: the task's)")
     h.add_argument("--threads", type=positive(int), default=1)

@@ -33,7 +33,7 @@ class LiveTimely:
         self.engine, self.core, self.on_event, self.stop_checker = engine, core, on_event, stop_checker
         self.delimiter, self.max_segment_tokens = delimiter, int(max_segment_tokens)
         self.max_prompt_tokens = int(max_prompt_tokens or engine.max_context // 2)
-        self._stops: dict[Hashable, StopChecker] = {}
+        self._stops: dict[Hashable, object] = {}   # plan id -> its stop checker
         self._pending: dict[Hashable, tuple] = {}   # plan id -> (prompt ids, constraint) until prefilled
         self.stop_check_s = 0.0
         self.engine_s = 0.0
