@@ -1,6 +1,6 @@
 """`robotserve bench slo --out DIR`: SLO-aware disaggregated LLM serving (seed 004 §4) side by
 side: fcfs_cb (DistServe / vLLM: FCFS prefill + continuous batching), urgency_only,
-slack_only and kairos_slo, at rising request rates of a long-tail mix (slo/workload.py).
+slack_only and urgency_slack, at rising request rates of a long-tail mix (slo/workload.py).
 
 - mode "sim": the virtual-clock simulator (slo/sim.py) driving the same core with the
   measured profile, at the paper's scale (1000 requests per rate, chunked prefill, §4.1);
@@ -35,12 +35,12 @@ from ..machine import machine_info
 from .sim import metrics, simulate
 from .workload import LengthMix, poisson_requests, summary
 
-SCHEDULERS = ("fcfs_cb", "urgency_only", "slack_only", "kairos_slo")
+SCHEDULERS = ("fcfs_cb", "urgency_only", "slack_only", "urgency_slack")
 NOTES = (
     "decode tok/s is the paper's per-request decode speed (§4.5): tokens after the first over the time they took, "
     "median over requests; system decode tok/s is every token after the first over the span of decoding.",
-    "kairos_slo_alg3 (dotted) is Algorithm 3 exactly as printed: with no slack left it decodes everyone, nobody is "
-    "deprioritised; kairos_slo decodes the most urgent with whoever raises the step's tokens/s and deprioritises "
+    "urgency_slack_alg3 (dotted) is Algorithm 3 exactly as printed: with no slack left it decodes everyone, nobody is "
+    "deprioritised; urgency_slack decodes the most urgent with whoever raises the step's tokens/s and deprioritises "
     "requests that can no longer meet their TPOT (core/slo/decode.py).",
     "The sim setting (answers of median 8 tokens, TPOT SLO 4.5x the typical batch-1 step) was chosen after a first one "
     "(sim_decode_bound: answers of median 32, TPOT SLO 1.25x the step at the longest context) in which the decode "
@@ -344,7 +344,7 @@ def run_live(profile: LLMProfile, a, log=print) -> dict:
 # --------------------------------------------------------------------------------------------
 def evaluate(rows: list[dict]) -> dict:
     """Issue 13's targets on one mode's rows: at the highest rate where fcfs_cb attains >= 50 %
-    end to end, kairos_slo >= 25 % higher with decode tokens/s not lower; each ablation's
+    end to end, urgency_slack >= 25 % higher with decode tokens/s not lower; each ablation's
     share of the gain."""
     by = {(r["scheduler"], r["rate"]): r for r in rows}
     rates = sorted({r["rate"] for r in rows})
@@ -352,9 +352,9 @@ def evaluate(rows: list[dict]) -> dict:
     if not ok:
         return {"rate": None, "note": "fcfs_cb never attains 50 % end to end"}
     x = max(ok)
-    f, k = by[("fcfs_cb", x)], by[("kairos_slo", x)]
+    f, k = by[("fcfs_cb", x)], by[("urgency_slack", x)]
     gain = k["e2e_attainment"] - f["e2e_attainment"]
-    out = {"rate": x, "fcfs_cb_e2e": f["e2e_attainment"], "kairos_slo_e2e": k["e2e_attainment"],
+    out = {"rate": x, "fcfs_cb_e2e": f["e2e_attainment"], "urgency_slack_e2e": k["e2e_attainment"],
            "e2e_gain_points": 100 * gain, "e2e_gain_relative_pct": 100 * gain / f["e2e_attainment"],
            "decode_tps_ratio": k["decode_tokens_per_s"] / f["decode_tokens_per_s"] if f["decode_tokens_per_s"] else None}
     out["met_e2e_relative_25pct"] = out["e2e_gain_relative_pct"] >= 25.0
@@ -439,14 +439,14 @@ def write_markdown(res: dict, path: Path) -> None:
             L.append(f"- {ev['note']}")
         else:
             L += [f"- highest rate where fcfs_cb attains >= 50 % e2e: {ev['rate']:.3f} req/s "
-                  f"(fcfs_cb {ev['fcfs_cb_e2e']:.3f}, kairos_slo {ev['kairos_slo_e2e']:.3f})",
+                  f"(fcfs_cb {ev['fcfs_cb_e2e']:.3f}, urgency_slack {ev['urgency_slack_e2e']:.3f})",
                   f"- e2e gain: {ev['e2e_gain_points']:+.1f} points, {ev['e2e_gain_relative_pct']:+.1f} % relative "
                   f"(target >= 25 %: {'met' if ev['met_e2e_relative_25pct'] else 'MISSED'} relative, "
                   f"{'met' if ev['met_e2e_points_25'] else 'missed'} in points)",
-                  f"- decode tok/s kairos_slo / fcfs_cb: {ev['decode_tps_ratio']:.3f} "
+                  f"- decode tok/s urgency_slack / fcfs_cb: {ev['decode_tps_ratio']:.3f} "
                   f"({'met' if ev['met_decode_not_lower'] else 'MISSED'}: not lower)",
                   f"- ablation: urgency_only {ev['urgency_only_gain_points']:+.1f} points, slack_only "
-                  f"{ev['slack_only_gain_points']:+.1f} points of kairos_slo's {ev['e2e_gain_points']:+.1f}"]
+                  f"{ev['slack_only_gain_points']:+.1f} points of urgency_slack's {ev['e2e_gain_points']:+.1f}"]
         L.append("")
     L += ["![SLO attainment and decode speed vs rate](slo.png)", ""]
     path.write_text("\n".join(L) + "\n")
@@ -468,7 +468,7 @@ def cli(a) -> int:
     t0 = time.monotonic()
     res = {"machine": machine_info(), "loadavg_start": [round(x, 2) for x in os.getloadavg()],
            "profile_file": os.path.relpath(pf), "profile_meta": profile.meta, "args": {k: v for k, v in vars(a).items() if not callable(v)}}
-    res["sim"] = run_sim(profile, a, schedulers=SCHEDULERS + ("kairos_slo_alg3",))
+    res["sim"] = run_sim(profile, a, schedulers=SCHEDULERS + ("urgency_slack_alg3",))
     res["sim"]["targets"] = evaluate(res["sim"]["rows"])
     if a.sensitivity:
         res["sim_decode_bound"] = run_sim(profile, a, setting="sim_decode_bound", seeds=a.sim_seeds[:1],
