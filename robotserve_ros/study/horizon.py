@@ -348,12 +348,6 @@ def matched(rows: list, policy: str, bs: dict) -> Optional[dict]:
     return max(ok, key=lambda r: r["mean_horizon"]) if ok else None
 
 
-def matched_confidence(rows: list, target: float) -> Optional[dict]:
-    """The confidence setting with the longest mean horizon whose success matches `target`."""
-    ok = [r for r in rows if r["policy"] == "confidence" and r["success"] >= target]
-    return max(ok, key=lambda r: r["mean_horizon"]) if ok else None
-
-
 DYNAMIC = ("confidence", "schedule", "self_consistency", "learned", "agreement")
 
 
