@@ -12,7 +12,6 @@ action still moves more than the schedule predicts at the last step.
 """
 from __future__ import annotations
 
-import math
 
 import numpy as np
 
@@ -30,29 +29,17 @@ def schedule_normalised_ratio(updates: np.ndarray) -> np.ndarray:
 
 class ScheduleNormalisedHorizon(HorizonPolicy):
     name = "schedule"
+    knob, knob_above = "schedule-normalised threshold t", -1.0
 
     def __init__(self, t: float = 0.5, h_min: int = 1, fallback_h: int | None = None) -> None:
-        if not (math.isfinite(t) and t > -1):
-            raise ValueError("schedule-normalised threshold t must be a finite number > -1")
-        if int(h_min) < 1:
-            raise ValueError("h_min must be >= 1")
-        self.t, self.h_min = float(t), int(h_min)
-        self.fallback_h = int(fallback_h) if fallback_h is not None else self.h_min
-
-    def check_param(self, param):
-        if param is None:
-            return None
-        if not math.isfinite(param) or param <= -1:
-            return f"schedule-normalised threshold t must be a finite number > -1, got {param}"
-        return None
+        self.t = self._set_bounds(t, h_min, fallback_h)
 
     def choose(self, result, param=None):
         n = len(result.actions)
         t = self.t if param is None else float(param)
         u = checked_updates(result)
         if u is None:
-            h = min(self.fallback_h, n)
-            return HorizonDecision(h, f"no per-step updates for this chunk: static fallback H={h}")
+            return self.fallback(n, "no per-step updates for this chunk")
         over = schedule_normalised_ratio(u) > 1.0 + t
         if not over.any():
             return HorizonDecision(n, f"all {n} actions within the schedule at t={t:g}")
