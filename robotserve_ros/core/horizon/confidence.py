@@ -38,9 +38,19 @@ class ConfidenceHorizon(HorizonPolicy):
     def choose(self, result, param=None):
         n = len(result.actions)
         t = self.t if param is None else float(param)
-        u = result.updates
-        if u is None or u.ndim != 3 or u.shape[0] < 2 or u.shape[1] != n:
+        u = self.updates(result)
+        if u is None:
             return self.fallback(n, "no per-step updates for this chunk")
+        return self.decide(u, t, n)
+
+    def updates(self, result):
+        """The chunk's updates [steps >= 2, chunk, dim], None when there are none to judge."""
+        u = result.updates
+        if u is None or u.ndim != 3 or u.shape[0] < 2 or u.shape[1] != len(result.actions):
+            return None
+        return u
+
+    def decide(self, u, t: float, n: int) -> HorizonDecision:
         h_thresh, first = confidence_horizon(u, t)
         h = self.clamp(h_thresh, n)
         if first < 0:
