@@ -296,7 +296,7 @@ def build_parser() -> argparse.ArgumentParser:
     hy = b.add_parser("hybrid", help="edge-only vs cloud-only vs hybrid placement over a shaped link (netns, root)")
     bench_hybrid.add_arguments(hy)
     hy.set_defaults(func=bench_hybrid.cli)
-    sl = b.add_parser("slo", help="SLO-aware disaggregated LLM serving (seed 004): kairos_slo vs fcfs_cb + ablations")
+    sl = b.add_parser("slo", help="SLO-aware disaggregated LLM serving (seed 004): urgency_slack vs fcfs_cb + ablations")
     bench_slo.add_arguments(sl)
     sl.set_defaults(func=bench_slo.cli)
 

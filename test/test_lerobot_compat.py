@@ -354,7 +354,7 @@ def test_client_id_metadata_separates_clients_on_one_connection(sim_server):
 @pytest.mark.parametrize("field,value,says", [
     ("fps", -1, "fps must be a number > 0, got -1"),
     ("scheduler", "nosuch", "unknown scheduler 'nosuch'; known: autellix, edf, fifo, kairos"),
-    ("scheduler_params", {"nosuch": 1}, "scheduler_params for kairos"),
+    ("scheduler_params", {"nosuch": 1}, "scheduler_params for remaining"),
     ("engine", "nosuch", f"unknown engine 'nosuch'; known: {', '.join(ENGINES.names())}"),
     ("profile_ms", {0: 5.0}, "profile_ms: batch size"),
     ("port", 70000, "port must be an integer in 0..65535"),

@@ -31,7 +31,7 @@ def test_one_record_feeds_both_schedulers(record):
     assert prof.prefill_s(32) == pytest.approx(prof.prefill.predict(32))
     assert prof.step_s(2, 48) == pytest.approx(prof.decode.raw(2, 48))
     assert prof.kv_handover_s(100) == pytest.approx(block["kv_handover_fixed_s"] + 100 * block["kv_handover_s_per_token"])
-    make_slo_core("kairos_slo", prof.fresh(), VirtualClock())  # the SLO core takes it as measured
+    make_slo_core("urgency_slack", prof.fresh(), VirtualClock())  # the SLO core takes it as measured
 
 
 def test_a_record_without_the_block_is_refused_by_name():

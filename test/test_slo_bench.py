@@ -14,12 +14,12 @@ def test_bench_slo_writes_the_schema_and_the_report(tmp_path, capsys):
     assert main(["bench", "slo", "--out", str(out), "--live-requests", "0", "--sim-requests", "40", "--sim-seeds", "0",
                  "--sim-loads", "0.5", "1.5", "--no-sensitivity"]) == 0
     doc = json.loads((out / "slo.json").read_text())
-    assert {r["scheduler"] for r in doc["rows"]} == {"kairos_slo", "fcfs_cb", "urgency_only", "slack_only"}
+    assert {r["scheduler"] for r in doc["rows"]} == {"urgency_slack", "fcfs_cb", "urgency_only", "slack_only"}
     assert all(set(r) == ROW and r["mode"] == "sim" for r in doc["rows"])
     assert all(0 <= r[k] <= 1 for r in doc["rows"] for k in ("ttft_attainment", "tpot_attainment", "e2e_attainment"))
     assert len({r["rate"] for r in doc["rows"]}) == 2
     assert (out / "slo.md").read_text().startswith("# SLO-aware") and (out / "slo.png").stat().st_size > 0
-    assert "kairos_slo_alg3" in {d["scheduler"] for d in doc["details"]}
+    assert "urgency_slack_alg3" in {d["scheduler"] for d in doc["details"]}
 
 
 def test_bench_slo_bad_flags_exit_2_with_one_line(tmp_path, capsys):

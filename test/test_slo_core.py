@@ -41,7 +41,7 @@ def test_slo_defaults_and_refusals():
 
 
 def test_core_refuses_bad_requests_and_counts_them():
-    core = make_slo_core("kairos_slo", profile(), VirtualClock(), context_limit=100)
+    core = make_slo_core("urgency_slack", profile(), VirtualClock(), context_limit=100)
     with pytest.raises(BadPrompt, match="context limit"):
         core.submit(SLORequest("a", 90, 20))
     with pytest.raises(BadPrompt, match=">= 1 token"):
@@ -154,7 +154,7 @@ def test_lut_follows_observed_steps():
 def test_request_lifecycle_through_the_core():
     clock = VirtualClock()
     done = []
-    core = make_slo_core("kairos_slo", profile(kv=0.001), clock, defaults=SLODefaults(1.0, 0.1, 3),
+    core = make_slo_core("urgency_slack", profile(kv=0.001), clock, defaults=SLODefaults(1.0, 0.1, 3),
                          on_done=done.append)
     r = core.submit(SLORequest("q", 20))
     assert r.max_tokens == 3
@@ -188,8 +188,9 @@ def test_failed_items_fail_only_their_requests():
 
 
 def test_registry_has_the_four_schedulers_and_algorithm_3_as_printed():
-    assert SLO_SCHEDULERS.names() == ["fcfs_cb", "kairos_slo", "kairos_slo_alg3", "slack_only", "urgency_only"]
-    assert SLO_SCHEDULERS.create("kairos_slo_alg3").decode.literal
+    assert SLO_SCHEDULERS.names() == ["fcfs_cb", "slack_only", "urgency_only", "urgency_slack", "urgency_slack_alg3"]
+    assert "kairos_slo" not in SLO_SCHEDULERS  # one name per thing: kairos is the seed-000 action scheduler
+    assert SLO_SCHEDULERS.create("urgency_slack_alg3").decode.literal
     s = SLO_SCHEDULERS.create("slack_only")
     assert isinstance(s.prefill, FcfsPrefill) and isinstance(s.decode, SlackGuided)
     with pytest.raises(KeyError, match="known: fcfs_cb"):
@@ -202,11 +203,11 @@ def test_simulator_is_deterministic_and_urgency_beats_fcfs_on_head_of_line_block
     reqs = [Req("L", 0.0, 3500, 5)] + [Req(f"s{i}", 0.01 * (i + 1), 60, 5) for i in range(8)]
     kw = dict(ttft_slo_s=1.0, tpot_slo_s=0.2, noise=0.0, chunk_tokens=256)  # chunked prefill (§3.1)
     f = simulate(p, "fcfs_cb", reqs, **kw)
-    k = simulate(p, "kairos_slo", reqs, **kw)
+    k = simulate(p, "urgency_slack", reqs, **kw)
     assert f["finished"] == k["finished"] == 9
     assert f["ttft_attainment"] == 0.0  # every short one waits behind 3.5 s of prefill
     assert k["ttft_attainment"] == pytest.approx(8 / 9)
     mix_reqs = poisson_requests(LengthMix(), 2.0, 60, seed=3)
-    a = simulate(p, "kairos_slo", mix_reqs, ttft_slo_s=1.0, tpot_slo_s=0.1, seed=1)
-    b = simulate(p, "kairos_slo", mix_reqs, ttft_slo_s=1.0, tpot_slo_s=0.1, seed=1)
+    a = simulate(p, "urgency_slack", mix_reqs, ttft_slo_s=1.0, tpot_slo_s=0.1, seed=1)
+    b = simulate(p, "urgency_slack", mix_reqs, ttft_slo_s=1.0, tpot_slo_s=0.1, seed=1)
     assert a == b and a["finished"] == 60

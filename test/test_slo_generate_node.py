@@ -80,6 +80,6 @@ def test_generate_serves_concurrent_requests_and_refuses_bad_ones(ros_ctx, tmp_p
 
     assert ros_ctx.wait_for(lambda: svc_stats().get("services/generate/answered") == "4", 20), svc_stats()
     st = svc_stats()
-    assert st["services/generate/scheduler"] == "kairos_slo"
+    assert st["services/generate/scheduler"] == "urgency_slack"
     assert "'bad_deadline': 2" in st["services/generate/errors"] and "'bad_prompt': 3" in st["services/generate/errors"]
     assert srv.stop() == 0, srv.output()

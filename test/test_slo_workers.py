@@ -51,7 +51,7 @@ def reference(prompt, n):
 
 def test_handover_keeps_every_requests_tokens():
     prompts = [[5 + i] * (3 + 7 * i) for i in range(6)]
-    for sched in ("fcfs_cb", "kairos_slo"):
+    for sched in ("fcfs_cb", "urgency_slack"):
         out, pe, de, w = serve(sched, prompts, 6)
         for i, p in enumerate(prompts):
             r = out[f"q{i}"]
@@ -64,7 +64,7 @@ def test_handover_keeps_every_requests_tokens():
 
 def test_a_failing_prefill_fails_only_its_request():
     prompts = [[7] * 5, [8] * 6, [9] * 7]
-    out, pe, de, w = serve("kairos_slo", prompts, 3, fail_on="q1")
+    out, pe, de, w = serve("urgency_slack", prompts, 3, fail_on="q1")
     assert out["q1"].failed and "fake failure" in out["q1"].failed
     assert out["q0"].failed is None and out["q2"].failed is None
     assert out["q2"].tokens == reference(prompts[2], 3)
@@ -88,7 +88,7 @@ def test_the_real_engine_gives_the_same_tokens_through_the_handover():
         if len(done) == len(prompts):
             ev.set()
 
-    core = make_slo_core("kairos_slo", profile(), WallClock(), defaults=SLODefaults(5.0, 1.0, 5),
+    core = make_slo_core("urgency_slack", profile(), WallClock(), defaults=SLODefaults(5.0, 1.0, 5),
                          kv_handover_in_core=False, on_done=on_done)
     pe, de = (LLMEngine(model, ByteTokenizer(), max_context=1024) for _ in range(2))
     w = DisaggregatedWorkers(core, pe, de, stop_at_eos=False).start()

@@ -84,7 +84,8 @@ def tiny_policy(tmp_path_factory):
 
 def test_horizon_study_writes_the_schema_with_consistent_numbers(tiny_policy, tmp_path):
     from robotserve_ros.sim.workload import load_workload
-    from robotserve_ros.study.horizon import StudyConfig, run_study, write_reports
+    from robotserve_ros.study.horizon import StudyConfig, run_study
+    from robotserve_ros.study.horizon_report import write_reports
 
     cfg = StudyConfig(static_h=(3,), thresholds=(0.5,), seeds=(0,), episodes=2, max_steps=10, profile_batches=(1, 2))
     rows, meta = run_study(tiny_policy, cfg, log=lambda *_: None)
@@ -133,7 +134,8 @@ def test_study_runs_every_horizon_policy_and_writes_the_issue_schema(tmp_path):
     flow-matching head; study.json has exactly the issue's keys; extra samples are counted."""
     pytest.importorskip("torch")
     from robotserve_ros.engines.flow_policy import build_net, save_flow_policy
-    from robotserve_ros.study.horizon import SCHEMA, StudyConfig, merge_study, run_study, write_reports
+    from robotserve_ros.study.horizon import StudyConfig, run_study
+    from robotserve_ros.study.horizon_report import SCHEMA, merge_study, write_reports
 
     cfg_net = {"state_dim": STATE_DIM, "action_dim": ACTION_DIM, "chunk": 6, "hidden": 16, "blocks": 1,
                "num_steps": 3, "state_min": [0.0] * STATE_DIM, "state_max": [512.0] * STATE_DIM,

@@ -1,6 +1,6 @@
 """`robotserve bench slo --out DIR`: SLO-aware disaggregated LLM serving (seed 004 §4) side by
 side: fcfs_cb (DistServe / vLLM: FCFS prefill + continuous batching), urgency_only,
-slack_only and kairos_slo, at rising request rates of a long-tail mix (slo/workload.py).
+slack_only and urgency_slack, at rising request rates of a long-tail mix (slo/workload.py).
 
 - mode "sim": the virtual-clock simulator (slo/sim.py) driving the same core with the
   measured profile, at the paper's scale (1000 requests per rate, chunked prefill, §4.1);
@@ -40,8 +40,8 @@ from .slo_report import SCHEDULERS, evaluate, plot, write_markdown
 NOTES = (
     "decode tok/s is the paper's per-request decode speed (§4.5): tokens after the first over the time they took, "
     "median over requests; system decode tok/s is every token after the first over the span of decoding.",
-    "kairos_slo_alg3 (dotted) is Algorithm 3 exactly as printed: with no slack left it decodes everyone, nobody is "
-    "deprioritised; kairos_slo decodes the most urgent with whoever raises the step's tokens/s and deprioritises "
+    "urgency_slack_alg3 (dotted) is Algorithm 3 exactly as printed: with no slack left it decodes everyone, nobody is "
+    "deprioritised; urgency_slack decodes the most urgent with whoever raises the step's tokens/s and deprioritises "
     "requests that can no longer meet their TPOT (core/slo/decode.py).",
     "The sim setting (answers of median 8 tokens, TPOT SLO 4.5x the typical batch-1 step) was chosen after a first one "
     "(sim_decode_bound: answers of median 32, TPOT SLO 1.25x the step at the longest context) in which the decode "
@@ -345,7 +345,7 @@ def cli(a) -> int:
     t0 = time.monotonic()
     res = {"machine": machine_info(), "loadavg_start": [round(x, 2) for x in os.getloadavg()],
            "profile_file": os.path.relpath(pf), "profile_meta": profile.meta, "args": {k: v for k, v in vars(a).items() if not callable(v)}}
-    res["sim"] = run_sim(profile, a, schedulers=SCHEDULERS + ("kairos_slo_alg3",))
+    res["sim"] = run_sim(profile, a, schedulers=SCHEDULERS + ("urgency_slack_alg3",))
     res["sim"]["targets"] = evaluate(res["sim"]["rows"])
     if a.sensitivity:
         res["sim_decode_bound"] = run_sim(profile, a, setting="sim_decode_bound", seeds=a.sim_seeds[:1],

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 
-SCHEDULERS = ("fcfs_cb", "urgency_only", "slack_only", "kairos_slo")
+SCHEDULERS = ("fcfs_cb", "urgency_only", "slack_only", "urgency_slack")
 
 
 # --------------------------------------------------------------------------------------------
@@ -14,7 +14,7 @@ SCHEDULERS = ("fcfs_cb", "urgency_only", "slack_only", "kairos_slo")
 # --------------------------------------------------------------------------------------------
 def evaluate(rows: list[dict]) -> dict:
     """Issue 13's targets on one mode's rows: at the highest rate where fcfs_cb attains >= 50 %
-    end to end, kairos_slo >= 25 % higher with decode tokens/s not lower; each ablation's
+    end to end, urgency_slack >= 25 % higher with decode tokens/s not lower; each ablation's
     share of the gain."""
     by = {(r["scheduler"], r["rate"]): r for r in rows}
     rates = sorted({r["rate"] for r in rows})
@@ -22,9 +22,9 @@ def evaluate(rows: list[dict]) -> dict:
     if not ok:
         return {"rate": None, "note": "fcfs_cb never attains 50 % end to end"}
     x = max(ok)
-    f, k = by[("fcfs_cb", x)], by[("kairos_slo", x)]
+    f, k = by[("fcfs_cb", x)], by[("urgency_slack", x)]
     gain = k["e2e_attainment"] - f["e2e_attainment"]
-    out = {"rate": x, "fcfs_cb_e2e": f["e2e_attainment"], "kairos_slo_e2e": k["e2e_attainment"],
+    out = {"rate": x, "fcfs_cb_e2e": f["e2e_attainment"], "urgency_slack_e2e": k["e2e_attainment"],
            "e2e_gain_points": 100 * gain, "e2e_gain_relative_pct": 100 * gain / f["e2e_attainment"],
            "decode_tps_ratio": k["decode_tokens_per_s"] / f["decode_tokens_per_s"] if f["decode_tokens_per_s"] else None}
     out["met_e2e_relative_25pct"] = out["e2e_gain_relative_pct"] >= 25.0
@@ -109,14 +109,14 @@ def write_markdown(res: dict, path: Path) -> None:
             L.append(f"- {ev['note']}")
         else:
             L += [f"- highest rate where fcfs_cb attains >= 50 % e2e: {ev['rate']:.3f} req/s "
-                  f"(fcfs_cb {ev['fcfs_cb_e2e']:.3f}, kairos_slo {ev['kairos_slo_e2e']:.3f})",
+                  f"(fcfs_cb {ev['fcfs_cb_e2e']:.3f}, urgency_slack {ev['urgency_slack_e2e']:.3f})",
                   f"- e2e gain: {ev['e2e_gain_points']:+.1f} points, {ev['e2e_gain_relative_pct']:+.1f} % relative "
                   f"(target >= 25 %: {'met' if ev['met_e2e_relative_25pct'] else 'MISSED'} relative, "
                   f"{'met' if ev['met_e2e_points_25'] else 'missed'} in points)",
-                  f"- decode tok/s kairos_slo / fcfs_cb: {ev['decode_tps_ratio']:.3f} "
+                  f"- decode tok/s urgency_slack / fcfs_cb: {ev['decode_tps_ratio']:.3f} "
                   f"({'met' if ev['met_decode_not_lower'] else 'MISSED'}: not lower)",
                   f"- ablation: urgency_only {ev['urgency_only_gain_points']:+.1f} points, slack_only "
-                  f"{ev['slack_only_gain_points']:+.1f} points of kairos_slo's {ev['e2e_gain_points']:+.1f}"]
+                  f"{ev['slack_only_gain_points']:+.1f} points of urgency_slack's {ev['e2e_gain_points']:+.1f}"]
         L.append("")
     L += ["![SLO attainment and decode speed vs rate](slo.png)", ""]
     path.write_text("\n".join(L) + "\n")

@@ -1,11 +1,20 @@
 """Errors a request can earn. Each carries a stable code the server counts and returns."""
 from __future__ import annotations
 
+import re
+
 
 class RequestError(Exception):
     """A request the server refuses; the sender gets `code` and the message, nobody else is affected."""
 
     code = "bad_request"
+
+    def __init_subclass__(cls, **kw) -> None:
+        super().__init_subclass__(**kw)
+        # A direct subclass's code is its name in snake case (UnknownTask -> unknown_task), as
+        # msg/Status names its constants, unless it sets its own; deeper ones inherit theirs.
+        if "code" not in cls.__dict__ and RequestError in cls.__bases__:
+            cls.code = re.sub(r"(?<!^)(?=[A-Z])", "_", cls.__name__).lower()
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -13,54 +22,48 @@ class RequestError(Exception):
 
 
 class UnknownTask(RequestError):
-    code = "unknown_task"
+    """A task not started with round 0, finished, or reaped."""
 
 
 class RoundOutOfOrder(RequestError):
-    code = "round_out_of_order"
+    """A round id that went backwards (or is not an integer >= 0)."""
 
 
 class DuplicateRequest(RequestError):
-    code = "duplicate_request"
+    """A round already received (and its reply gone)."""
 
 
 class RoundInFlight(RequestError):
-    code = "round_in_flight"
+    """The task's previous round is still being generated."""
 
 
 class BadExecInfo(RequestError):
-    code = "bad_exec_info"
+    """Missing, NaN or negative execution info (phase start, actions left, control rate)."""
 
 
 class UnknownPolicy(RequestError):
-    code = "unknown_policy"
+    """A horizon policy not registered."""
 
 
 class BadPolicyParam(RequestError):
-    code = "bad_policy_param"
+    """A client's horizon knob out of the policy's range."""
 
 
 class BadPrompt(RequestError):
     """A language request's prompt: empty, not text, over the model's context limit, or a bad
     output length (LLM plans, SLO serving, VLA language, VLM questions)."""
 
-    code = "bad_prompt"
-
 
 class BadDeadline(RequestError):
     """A time-utility function or SLO that cannot hold (beta <= 0, cutoff <= ERT, SLO <= 0, NaN)."""
-
-    code = "bad_deadline"
 
 
 class Overloaded(RequestError):
     """Refused at admission: the server takes no more of this kind of work now."""
 
-    code = "overloaded"
-
 
 class UnknownAgent(RequestError):
-    code = "unknown_agent"
+    """An agent kind or id the server does not serve."""
 
 
 class WorkloadError(ValueError):

@@ -16,7 +16,7 @@ from ..core.engine import Engine
 from ..core.observation import Observation, ObservationSpec
 from ..core.profile import EngineProfile
 from ..core.types import ChunkResult, InferenceRequest
-from .lerobot_engine import NOMINAL_PROFILE_MS, _row_seed, joint_state
+from .lerobot_engine import _row_seed, engine_profile, joint_state
 
 
 class FlowEngine(Engine):
@@ -27,14 +27,7 @@ class FlowEngine(Engine):
         from .flow_policy import Normaliser, load_flow_policy, read_flow_config
 
         read_flow_config(policy_dir)  # a wrong directory fails before torch loads
-        if profile_file is not None:
-            from ..profiles import load_profile_file
-
-            self.profile, self.profile_source = load_profile_file(profile_file), f"file {profile_file}"
-        elif profile is not None:
-            self.profile, self.profile_source = profile, "given"
-        else:
-            self.profile, self.profile_source = EngineProfile(NOMINAL_PROFILE_MS), "nominal"
+        self.profile, self.profile_source = engine_profile(profile, profile_file)
         from .torch_env import import_torch
 
         self.torch = torch = import_torch()

@@ -33,6 +33,20 @@ DTYPES = ("fp32", "bf16")
 # Used when neither a profile nor a profile file is given: one made-up point (100 ms at
 # batch 1), NOT a measurement. Run `robotserve profile` and pass its JSON as profile_file.
 NOMINAL_PROFILE_MS = {1: 100.0}
+
+
+def engine_profile(profile: Optional[EngineProfile], profile_file: Optional[str]) -> tuple[EngineProfile, str]:
+    """A policy engine's profile and where it came from: a measured file wins over a given
+    profile, and with neither the labelled nominal guess (profile_source "nominal")."""
+    if profile_file is not None:
+        from ..profiles import load_profile_file
+
+        return load_profile_file(profile_file), f"file {profile_file}"
+    if profile is not None:
+        return profile, "given"
+    return EngineProfile(NOMINAL_PROFILE_MS), "nominal"
+
+
 PRE_CONFIG = "policy_preprocessor.json"
 POST_CONFIG = "policy_postprocessor.json"
 WEIGHTS = "model.safetensors"
@@ -132,14 +146,7 @@ class LeRobotEngine(Engine):
         if dtype not in DTYPES:
             raise ValueError(f"dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
         raw_cfg = check_policy_dir(policy_dir)
-        if profile_file is not None:
-            from ..profiles import load_profile_file
-
-            self.profile, self.profile_source = load_profile_file(profile_file), f"file {profile_file}"
-        elif profile is not None:
-            self.profile, self.profile_source = profile, "given"
-        else:
-            self.profile, self.profile_source = EngineProfile(NOMINAL_PROFILE_MS), "nominal"
+        self.profile, self.profile_source = engine_profile(profile, profile_file)
         self.policy_dir, self.policy_type, self.seed = str(policy_dir), raw_cfg["type"], int(seed)
 
         from .torch_env import import_lerobot_policies, import_torch

@@ -37,25 +37,26 @@ from .torch_env import import_torch
 PAD, BOS, EOS, FAKE, IMAGE = 0, 1, 2, 3, 4
 FIRST_WORD = 8
 
+def _vlm_shape(vocab: int, hidden: int, inter: int, layers: int, heads: int, kv_heads: int, head_dim: int,
+               max_pos: int, vision: tuple) -> dict:
+    """A SmolVLM-shaped config: llama text + SigLIP vision (hidden, intermediate, layers, heads,
+    image side) with 16-pixel patches, pixel shuffle by 2."""
+    v_hidden, v_inter, v_layers, v_heads, image = vision
+    return {
+        "text_config": {"model_type": "llama", "vocab_size": vocab, "hidden_size": hidden, "intermediate_size": inter,
+                        "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": kv_heads,
+                        "head_dim": head_dim, "max_position_embeddings": max_pos, "pad_token_id": 0},
+        "vision_config": {"hidden_size": v_hidden, "intermediate_size": v_inter, "num_hidden_layers": v_layers,
+                          "num_attention_heads": v_heads, "image_size": image, "patch_size": 16},
+        "scale_factor": 2,
+    }
+
+
 # Shapes: text (llama) + vision (SigLIP) configs. "tiny" for tests, "small" for live CPU benches,
 # "smolvlm2_500m" is SmolVLM2-500M's published shape (SmolVLA's default backbone).
 SHAPES = {
-    "tiny": {
-        "text_config": {"model_type": "llama", "vocab_size": 256, "hidden_size": 64, "intermediate_size": 128,
-                        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
-                        "max_position_embeddings": 1024, "pad_token_id": 0},
-        "vision_config": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 3,
-                          "num_attention_heads": 2, "image_size": 64, "patch_size": 16},
-        "scale_factor": 2,
-    },
-    "small": {
-        "text_config": {"model_type": "llama", "vocab_size": 4096, "hidden_size": 256, "intermediate_size": 768,
-                        "num_hidden_layers": 6, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 32,
-                        "max_position_embeddings": 4096, "pad_token_id": 0},
-        "vision_config": {"hidden_size": 384, "intermediate_size": 1536, "num_hidden_layers": 8,
-                          "num_attention_heads": 6, "image_size": 224, "patch_size": 16},
-        "scale_factor": 2,
-    },
+    "tiny": _vlm_shape(256, 64, 128, 2, 4, 2, 16, 1024, vision=(32, 64, 3, 2, 64)),
+    "small": _vlm_shape(4096, 256, 768, 6, 8, 4, 32, 4096, vision=(384, 1536, 8, 6, 224)),
     # the published shape SmolVLA's real-size policies use too (tiny_policies); image_seq_len is theirs
     "smolvlm2_500m": {k: v for k, v in SMOLVLM2_500M.items() if k != "image_seq_len"},
 }

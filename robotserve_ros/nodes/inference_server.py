@@ -59,7 +59,7 @@ def _json(name: str, value: str, kind: type):
 class InferenceServerConfig(NodeConfig):
     service: str = param("/robotserve/infer", "the srv/Infer service robots call")
     progress_topic: str = param("/robotserve/progress", "where robots report execution progress")
-    scheduler: str = param("kairos", f"one of {', '.join(SCHEDULERS.names())}")
+    scheduler: str = param("remaining", f"one of {', '.join(SCHEDULERS.names())}")
     scheduler_params: str = param("{}", 'a JSON object of the scheduler\'s keyword parameters, e.g. {"buckets": 10, "aging": 4}')
     engine: str = param("simulated", f"one of {', '.join(ENGINES.names())}")
     engine_params: str = param('{"chunk_size": 50, "action_dim": 6, "steps": 10, "updates": true, "realtime": true}',

@@ -59,7 +59,7 @@ def merge_runs(rows: list, meta: dict, new_rows: list, new_meta: dict) -> tuple:
 def cmd_merge(a) -> int:
     import json
 
-    from .horizon import merge_study, write_reports
+    from .horizon_report import merge_study, write_reports
 
     into = Path(a.into)
     files = [into] + [Path(f) for f in a.add]
@@ -78,7 +78,8 @@ def cmd_merge(a) -> int:
 def cmd_horizon(a) -> int:
     import json
 
-    from .horizon import StudyConfig, merge_study, run_study, write_reports
+    from .horizon import StudyConfig, run_study
+    from .horizon_report import merge_study, write_reports
 
     cfg = StudyConfig(
         static_h=tuple(a.static), thresholds=tuple(a.thresholds), seeds=tuple(a.seeds), episodes=a.episodes,
@@ -114,7 +115,7 @@ def cmd_horizon(a) -> int:
 def cmd_workload(a) -> int:
     import json
 
-    from .horizon import best_dynamic, best_static, profile_ms_of, to_workload
+    from .horizon_report import best_dynamic, best_static, profile_ms_of, to_workload
 
     run = Path(a.run)
     meta_path = run.with_suffix(".meta.json")

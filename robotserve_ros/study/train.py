@@ -23,7 +23,9 @@ from .pushgust import ACTION_DIM, CONTROL_HZ, STATE_DIM
 
 
 @dataclass
-class TrainConfig:
+class OptimConfig:
+    """What both trainers (this one and train_flow) set the same way: steps of a batch of
+    windows, AdamW with warm-up then cosine decay, an EMA of the weights."""
     steps: int = 6000
     batch_size: int = 128
     lr: float = 1e-3
@@ -31,6 +33,10 @@ class TrainConfig:
     ema_decay: float = 0.995
     seed: int = 0
     threads: int = 1
+
+
+@dataclass
+class TrainConfig(OptimConfig):
     # Policy shape: one observation (the state carries the puck's velocity, and the engine
     # keeps history per round, not per control step), 16 actions per chunk.
     n_obs_steps: int = 1
@@ -118,6 +124,37 @@ class Windows:
         return len(self.obs_idx)
 
 
+def fit(torch, model, batch_loss, cfg: OptimConfig, n_windows: int, log, what: str, betas=(0.9, 0.999),
+        weight_decay: float = 1e-5):
+    """The loop both trainers run: batches of windows drawn at random, `batch_loss(rows)` their
+    loss, AdamW with linear warm-up then cosine decay, gradients clipped at 10, an EMA of the
+    weights. Returns (the EMA model, the mean of the last 200 losses, wall s, parameters)."""
+    rng = np.random.default_rng(cfg.seed)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=betas, weight_decay=weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda k: min(1.0, (k + 1) / cfg.warmup) * 0.5 * (1 + math.cos(math.pi * min(k, cfg.steps) / cfg.steps)))
+    ema = torch.optim.swa_utils.AveragedModel(
+        model, multi_avg_fn=torch.optim.swa_utils.get_ema_multi_avg_fn(cfg.ema_decay))
+    n_params = sum(p.numel() for p in model.parameters())
+    log(f"{what}: {n_windows} windows, {n_params / 1e6:.2f}M params, "
+        f"{cfg.steps} steps of batch {cfg.batch_size}, {cfg.threads} thread(s)")
+    t0 = time.time()
+    losses = []
+    for k in range(cfg.steps):
+        loss = batch_loss(torch.from_numpy(rng.integers(0, n_windows, cfg.batch_size)))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 10.0)
+        opt.step()
+        sched.step()
+        ema.update_parameters(model)
+        losses.append(loss.item())
+        if (k + 1) % max(1, cfg.steps // 20) == 0 or k == 0:
+            log(f"  step {k + 1:6d}/{cfg.steps}  loss {np.mean(losses[-200:]):.4f}  {time.time() - t0:6.0f}s")
+    return ema.module, float(np.mean(losses[-200:])), time.time() - t0, int(n_params)
+
+
 def train(demos_path, out_dir, cfg: TrainConfig, log=print) -> dict:
     from ..engines.torch_env import import_torch
 
@@ -126,7 +163,6 @@ def train(demos_path, out_dir, cfg: TrainConfig, log=print) -> dict:
 
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
-    rng = np.random.default_rng(cfg.seed)
     demos = load_demos(demos_path)
     stats = dataset_stats(demos)
     policy, pcfg = make_policy(cfg)
@@ -137,19 +173,7 @@ def train(demos_path, out_dir, cfg: TrainConfig, log=print) -> dict:
     obs_idx, act_idx = torch.from_numpy(win.obs_idx), torch.from_numpy(win.act_idx)
     act_pad = torch.from_numpy(win.act_pad)
 
-    policy.train()
-    opt = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, betas=(0.95, 0.999), weight_decay=1e-6)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda k: min(1.0, (k + 1) / cfg.warmup) * 0.5 * (1 + math.cos(math.pi * min(k, cfg.steps) / cfg.steps)))
-    ema = torch.optim.swa_utils.AveragedModel(
-        policy, multi_avg_fn=torch.optim.swa_utils.get_ema_multi_avg_fn(cfg.ema_decay))
-    n_params = sum(p.numel() for p in policy.parameters())
-    log(f"train: {len(win)} windows from {len(demos['episode_len'])} demos, {n_params / 1e6:.2f}M params, "
-        f"{cfg.steps} steps of batch {cfg.batch_size}, {cfg.threads} thread(s)")
-    t0 = time.time()
-    losses = []
-    for k in range(cfg.steps):
-        rows = torch.from_numpy(rng.integers(0, len(win), cfg.batch_size))
+    def batch_loss(rows):
         batch = {
             "observation.state": state[obs_idx[rows]],
             "action": action[act_idx[rows]],
@@ -159,20 +183,12 @@ def train(demos_path, out_dir, cfg: TrainConfig, log=print) -> dict:
         # compute_loss asserts a camera or environment-state key is present; the model never
         # reads this one (the config has no such feature), so an empty one satisfies it.
         batch["observation.environment_state"] = state.new_zeros(cfg.batch_size, cfg.n_obs_steps, 0)
-        loss, _ = policy.forward(batch)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(policy.parameters(), 10.0)
-        opt.step()
-        sched.step()
-        ema.update_parameters(policy)
-        losses.append(loss.item())
-        if (k + 1) % max(1, cfg.steps // 20) == 0 or k == 0:
-            log(f"  step {k + 1:6d}/{cfg.steps}  loss {np.mean(losses[-200:]):.4f}  {time.time() - t0:6.0f}s")
-    wall = time.time() - t0
+        return policy.forward(batch)[0]
+
+    final, final_loss, wall, n_params = fit(torch, policy, batch_loss, cfg, len(win), log, "train",
+                                            betas=(0.95, 0.999), weight_decay=1e-6)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    final = ema.module
     final.eval()
     final.save_pretrained(out)
     pre.save_pretrained(out)
@@ -183,9 +199,9 @@ def train(demos_path, out_dir, cfg: TrainConfig, log=print) -> dict:
         "demos": str(demos_path),
         "episodes": int(len(demos["episode_len"])),
         "frames": int(len(demos["state"])),
-        "params": int(n_params),
+        "params": n_params,
         "train_wall_s": round(wall, 1),
-        "final_loss": float(np.mean(losses[-200:])),
+        "final_loss": final_loss,
         "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in cfg.__dict__.items()},
     }
     (out / "train_info.json").write_text(json.dumps(info, indent=1) + "\n")

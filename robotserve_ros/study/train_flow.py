@@ -8,8 +8,6 @@ warm-up and cosine decay and an EMA of the weights; the EMA weights are saved.
 from __future__ import annotations
 
 import json
-import math
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,18 +15,15 @@ import numpy as np
 
 from .collect import load_demos
 from .pushgust import ACTION_DIM, CONTROL_HZ, STATE_DIM
-from .train import Windows
+from .train import OptimConfig, Windows, fit
 
 
 @dataclass
-class FlowTrainConfig:
+class FlowTrainConfig(OptimConfig):
     steps: int = 8000
     batch_size: int = 256
-    lr: float = 1e-3
     warmup: int = 300
     ema_decay: float = 0.998
-    seed: int = 0
-    threads: int = 1
     chunk: int = 16
     hidden: int = 256
     blocks: int = 3
@@ -42,7 +37,6 @@ def train_flow(demos_path, out_dir, cfg: FlowTrainConfig, log=print) -> dict:
     torch = import_torch()
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
-    rng = np.random.default_rng(cfg.seed)
     demos = load_demos(demos_path)
     st, ac = demos["state"].astype(np.float32), demos["action"].astype(np.float32)
     net_cfg = {
@@ -57,38 +51,20 @@ def train_flow(demos_path, out_dir, cfg: FlowTrainConfig, log=print) -> dict:
     state = torch.from_numpy(sn.norm(st)[win.obs_idx[:, 0]])
     chunks = torch.from_numpy(an.norm(ac)[win.act_idx])
     net = build_net(net_cfg)
-    opt = torch.optim.AdamW(net.parameters(), lr=cfg.lr, betas=(0.9, 0.999), weight_decay=1e-5)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda k: min(1.0, (k + 1) / cfg.warmup) * 0.5 * (1 + math.cos(math.pi * min(k, cfg.steps) / cfg.steps)))
-    ema = torch.optim.swa_utils.AveragedModel(net, multi_avg_fn=torch.optim.swa_utils.get_ema_multi_avg_fn(cfg.ema_decay))
-    n_params = sum(p.numel() for p in net.parameters())
-    log(f"train-flow: {len(win)} windows from {len(demos['episode_len'])} demos, {n_params / 1e6:.2f}M params, "
-        f"{cfg.steps} steps of batch {cfg.batch_size}, {cfg.threads} thread(s)")
-    t0 = time.time()
-    losses = []
-    net.train()
-    for k in range(cfg.steps):
-        rows = torch.from_numpy(rng.integers(0, len(win), cfg.batch_size))
+
+    def batch_loss(rows):
         x1, s = chunks[rows], state[rows]
         x0 = torch.randn_like(x1)
         t = torch.rand(cfg.batch_size)
         xt = (1 - t[:, None, None]) * x0 + t[:, None, None] * x1
-        loss = torch.nn.functional.mse_loss(net(s, xt, t), x1 - x0)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(net.parameters(), 10.0)
-        opt.step()
-        sched.step()
-        ema.update_parameters(net)
-        losses.append(loss.item())
-        if (k + 1) % max(1, cfg.steps // 20) == 0 or k == 0:
-            log(f"  step {k + 1:6d}/{cfg.steps}  loss {np.mean(losses[-200:]):.4f}  {time.time() - t0:6.0f}s")
-    wall = time.time() - t0
-    out = save_flow_policy(out_dir, ema.module, net_cfg)
+        return torch.nn.functional.mse_loss(net(s, xt, t), x1 - x0)
+
+    final, final_loss, wall, n_params = fit(torch, net, batch_loss, cfg, len(win), log, "train-flow")
+    out = save_flow_policy(out_dir, final, net_cfg)
     info = {
         "task": "pushgust", "family": "flow_matching", "demos": str(demos_path),
-        "episodes": int(len(demos["episode_len"])), "frames": int(len(st)), "params": int(n_params),
-        "train_wall_s": round(wall, 1), "final_loss": float(np.mean(losses[-200:])),
+        "episodes": int(len(demos["episode_len"])), "frames": int(len(st)), "params": n_params,
+        "train_wall_s": round(wall, 1), "final_loss": final_loss,
         "config": dict(cfg.__dict__),
     }
     (Path(out) / "train_info.json").write_text(json.dumps(info, indent=1) + "\n")

@@ -26,28 +26,19 @@ from .base import BadUpdates, HorizonPolicy
 
 class PlanAgreementHorizon(HorizonPolicy):
     name = "agreement"
+    knob, knob_above = "plan-agreement threshold tau", 0.0
 
     def __init__(self, tau: float = 10.0, h_min: int = 1, growth: float = 2.0, scale=None,
                  max_tasks: int = 100_000) -> None:
-        if not (math.isfinite(tau) and tau > 0):
-            raise ValueError("plan-agreement threshold tau must be a finite number > 0")
-        if int(h_min) < 1:
-            raise ValueError("h_min must be >= 1")
+        self.tau = self._set_bounds(tau, h_min)
         if not (math.isfinite(growth) and growth >= 1):
             raise ValueError("growth must be a finite number >= 1")
-        self.tau, self.h_min, self.growth = float(tau), int(h_min), float(growth)
+        self.growth = float(growth)
         self.scale = None if scale is None else np.asarray(scale, np.float64)
         self.max_tasks = int(max_tasks)
         # task_id -> (round_id, actions, H) of its latest round, and of the one before it (a
         # round served again, e.g. after a requeue, compares with the round before it).
         self._last: OrderedDict = OrderedDict()
-
-    def check_param(self, param):
-        if param is None:
-            return None
-        if not math.isfinite(param) or param <= 0:
-            return f"plan-agreement threshold tau must be a finite number > 0, got {param}"
-        return None
 
     def forget(self, task_id: str) -> None:
         self._last.pop(task_id, None)
@@ -85,7 +76,7 @@ class PlanAgreementHorizon(HorizonPolicy):
             # growth cap alone bounds H (it may pass the overlap's end).
             agree = int(np.argmax(off)) if off.any() else n
             cap = max(self.h_min, int(math.floor(self.growth * prev[2])))
-            h = min(max(agree, self.h_min), cap, n)
+            h = min(self.clamp(agree, n), cap)
             why = f"agrees with the previous plan on {min(agree, m)} of {m} actions (tau={tau:g}), growth cap {cap}: H={h}"
         if entry is not None and entry[0][0] == rnd:
             self._last[tid] = ((rnd, a, h), entry[1])

@@ -1,6 +1,7 @@
 """The HorizonPolicy role: map a generated chunk (and its denoising updates) to H."""
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from typing import Optional
 
@@ -29,15 +30,50 @@ def checked_updates(result: ChunkResult) -> Optional[np.ndarray]:
     return u
 
 
+def knob_problem(what: str, above: float, value) -> Optional[str]:
+    """The one rule of a threshold knob, for the constructor and a client's `param` alike."""
+    if not math.isfinite(value) or value <= above:
+        return f"{what} must be a finite number > {above:g}, got {value}"
+    return None
+
+
 class HorizonPolicy(ABC):
     """Seed 000 §3.1: the policy sees the per-step per-action updates U and returns the
     execution horizon for this round. `param` is the client's knob for its request."""
 
     name = "?"
+    # The client's knob, where the policy has one: what it is and the bound it must exceed.
+    knob: Optional[str] = None
+    knob_above = 0.0
+    h_min = 1
+    fallback_h = 1
 
     def check_param(self, param: Optional[float]) -> Optional[str]:
         """A problem with a client's knob, or None when it is acceptable."""
-        return None
+        if param is None or self.knob is None:
+            return None
+        return knob_problem(self.knob, self.knob_above, param)
+
+    def _set_bounds(self, value: float, h_min: int, fallback_h: Optional[int] = None) -> float:
+        """Check the constructor's knob value and h_min; keep h_min and the static fallback H
+        (h_min unless given). Returns the knob's value as a float."""
+        problem = knob_problem(self.knob, self.knob_above, value)
+        if problem:
+            raise ValueError(problem)
+        if int(h_min) < 1:
+            raise ValueError("h_min must be >= 1")
+        self.h_min = int(h_min)
+        self.fallback_h = int(fallback_h) if fallback_h is not None else self.h_min
+        return float(value)
+
+    def clamp(self, h: float, n: int) -> int:
+        """H within [h_min, n], n the chunk's length."""
+        return int(min(max(h, self.h_min), n))
+
+    def fallback(self, n: int, why: str) -> HorizonDecision:
+        """The static fallback H where the chunk carries nothing to judge (e.g. ACT: no updates)."""
+        h = min(self.fallback_h, n)
+        return HorizonDecision(h, f"{why}: static fallback H={h}")
 
     @abstractmethod
     def choose(self, result: ChunkResult, param: Optional[float] = None) -> HorizonDecision: ...

@@ -6,7 +6,6 @@ converged prefix: H = its index (actions before it), H = max(H, H_min).
 """
 from __future__ import annotations
 
-import math
 
 import numpy as np
 
@@ -27,36 +26,33 @@ def confidence_horizon(updates: np.ndarray, t: float) -> tuple[int, int]:
 
 class ConfidenceHorizon(HorizonPolicy):
     name = "confidence"
+    knob, knob_above = "confidence threshold t", -1.0
 
     def __init__(self, t: float = 0.4, h_min: int = 10, fallback_h: int | None = None) -> None:
         # The rule needs (1 + t) > 0 only. With DDIM the final step's update is a small
         # fraction of the earlier ones (~0.16x on models/pushgust_diffusion), so there
         # the useful thresholds are negative (reports/horizon_study.md).
-        if not (math.isfinite(t) and t > -1):
-            raise ValueError("confidence threshold t must be a finite number > -1")
-        if int(h_min) < 1:
-            raise ValueError("h_min must be >= 1")
-        self.t = float(t)
-        self.h_min = int(h_min)
-        # Policies without denoising steps (e.g. ACT) give no updates: serve a static H.
-        self.fallback_h = int(fallback_h) if fallback_h is not None else self.h_min
-
-    def check_param(self, param):
-        if param is None:
-            return None
-        if not math.isfinite(param) or param <= -1:
-            return f"confidence threshold t must be a finite number > -1, got {param}"
-        return None
+        # Policies without denoising steps (e.g. ACT) give no updates: they get fallback_h.
+        self.t = self._set_bounds(t, h_min, fallback_h)
 
     def choose(self, result, param=None):
         n = len(result.actions)
         t = self.t if param is None else float(param)
+        u = self.updates(result)
+        if u is None:
+            return self.fallback(n, "no per-step updates for this chunk")
+        return self.decide(u, t, n)
+
+    def updates(self, result):
+        """The chunk's updates [steps >= 2, chunk, dim], None when there are none to judge."""
         u = result.updates
-        if u is None or u.ndim != 3 or u.shape[0] < 2 or u.shape[1] != n:
-            h = min(self.fallback_h, n)
-            return HorizonDecision(h, f"no per-step updates for this chunk: static fallback H={h}")
+        if u is None or u.ndim != 3 or u.shape[0] < 2 or u.shape[1] != len(result.actions):
+            return None
+        return u
+
+    def decide(self, u, t: float, n: int) -> HorizonDecision:
         h_thresh, first = confidence_horizon(u, t)
-        h = min(max(h_thresh, self.h_min), n)
+        h = self.clamp(h_thresh, n)
         if first < 0:
             return HorizonDecision(h, f"all {n} actions converged at t={t:g}")
         why = f"A{first + 1} final update exceeds (1+{t:g}) x its earlier mean: H_thresh={h_thresh}"

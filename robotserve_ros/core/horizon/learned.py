@@ -127,24 +127,14 @@ class HorizonModel:
 
 class LearnedHorizon(HorizonPolicy):
     name = "learned"
+    knob, knob_above = "learned-horizon scale", 0.0
 
     def __init__(self, model=None, scale: float = 1.0, h_min: int = 1) -> None:
         """model: a HorizonModel or the path of one saved with `HorizonModel.save`."""
         if model is None:
             raise ValueError("the learned horizon needs a model (path of a HorizonModel .npz)")
         self.model = model if isinstance(model, HorizonModel) else HorizonModel.load(model)
-        if not (math.isfinite(scale) and scale > 0):
-            raise ValueError("learned-horizon scale must be a finite number > 0")
-        if int(h_min) < 1:
-            raise ValueError("h_min must be >= 1")
-        self.scale, self.h_min = float(scale), int(h_min)
-
-    def check_param(self, param):
-        if param is None:
-            return None
-        if not math.isfinite(param) or param <= 0:
-            return f"learned-horizon scale must be a finite number > 0, got {param}"
-        return None
+        self.scale = self._set_bounds(scale, h_min)
 
     def predict(self, results: Sequence[ChunkResult]) -> np.ndarray:
         """Predicted round-optimal H for several chunks at once (the study's batches)."""
@@ -154,5 +144,5 @@ class LearnedHorizon(HorizonPolicy):
         n = len(result.actions)
         scale = self.scale if param is None else float(param)
         pred = float(self.predict([result])[0]) if predicted is None else float(predicted)
-        h = int(min(max(math.floor(scale * pred), self.h_min), n))
+        h = self.clamp(math.floor(scale * pred), n)
         return HorizonDecision(h, f"predicted round-optimal H {pred:.1f} x {scale:g}: H={h}")

@@ -12,12 +12,12 @@ action still moves more than the schedule predicts at the last step.
 """
 from __future__ import annotations
 
-import math
 
 import numpy as np
 
 from ..types import HorizonDecision
-from .base import HorizonPolicy, checked_updates
+from .base import checked_updates
+from .confidence import ConfidenceHorizon
 
 
 def schedule_normalised_ratio(updates: np.ndarray) -> np.ndarray:
@@ -28,35 +28,22 @@ def schedule_normalised_ratio(updates: np.ndarray) -> np.ndarray:
     return z[-1] / np.maximum(z[:-1].mean(axis=0), 1e-12)
 
 
-class ScheduleNormalisedHorizon(HorizonPolicy):
+class ScheduleNormalisedHorizon(ConfidenceHorizon):
+    """§3.1's rule on schedule-normalised updates; malformed updates are refused (BadUpdates)."""
     name = "schedule"
+    knob, knob_above = "schedule-normalised threshold t", -1.0
 
     def __init__(self, t: float = 0.5, h_min: int = 1, fallback_h: int | None = None) -> None:
-        if not (math.isfinite(t) and t > -1):
-            raise ValueError("schedule-normalised threshold t must be a finite number > -1")
-        if int(h_min) < 1:
-            raise ValueError("h_min must be >= 1")
-        self.t, self.h_min = float(t), int(h_min)
-        self.fallback_h = int(fallback_h) if fallback_h is not None else self.h_min
+        super().__init__(t, h_min, fallback_h)
 
-    def check_param(self, param):
-        if param is None:
-            return None
-        if not math.isfinite(param) or param <= -1:
-            return f"schedule-normalised threshold t must be a finite number > -1, got {param}"
-        return None
+    def updates(self, result):
+        return checked_updates(result)
 
-    def choose(self, result, param=None):
-        n = len(result.actions)
-        t = self.t if param is None else float(param)
-        u = checked_updates(result)
-        if u is None:
-            h = min(self.fallback_h, n)
-            return HorizonDecision(h, f"no per-step updates for this chunk: static fallback H={h}")
+    def decide(self, u, t: float, n: int) -> HorizonDecision:
         over = schedule_normalised_ratio(u) > 1.0 + t
         if not over.any():
             return HorizonDecision(n, f"all {n} actions within the schedule at t={t:g}")
         first = int(np.argmax(over))
-        h = min(max(first, self.h_min), n)
+        h = self.clamp(first, n)
         return HorizonDecision(h, f"A{first + 1} moves more than the schedule predicts at the last step "
                                   f"(t={t:g}): H={h}")

@@ -12,7 +12,6 @@ Every extra row is counted (`SelfConsistencyEngine.stats`), so benchmarks charge
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Optional, Sequence
 
 import numpy as np
@@ -44,30 +43,18 @@ def sample_spread(actions: np.ndarray, samples: np.ndarray, scale=None) -> np.nd
 
 class SelfConsistencyHorizon(HorizonPolicy):
     name = "self_consistency"
+    knob, knob_above = "self-consistency spread threshold", 0.0
 
     def __init__(self, tau: float = 10.0, h_min: int = 1, fallback_h: int | None = None, scale=None) -> None:
-        if not (math.isfinite(tau) and tau > 0):
-            raise ValueError("self-consistency spread threshold must be a finite number > 0")
-        if int(h_min) < 1:
-            raise ValueError("h_min must be >= 1")
-        self.tau, self.h_min = float(tau), int(h_min)
-        self.fallback_h = int(fallback_h) if fallback_h is not None else self.h_min
+        self.tau = self._set_bounds(tau, h_min, fallback_h)
         self.scale = None if scale is None else np.asarray(scale, np.float64)
-
-    def check_param(self, param):
-        if param is None:
-            return None
-        if not math.isfinite(param) or param <= 0:
-            return f"self-consistency spread threshold must be a finite number > 0, got {param}"
-        return None
 
     def choose(self, result, param=None):
         n = len(result.actions)
         tau = self.tau if param is None else float(param)
         s = result.samples
         if s is None or len(s) == 0:
-            h = min(self.fallback_h, n)
-            return HorizonDecision(h, f"no spare batch slot for extra samples: fallback H={h}")
+            return self.fallback(n, "no spare batch slot for extra samples")
         s = np.asarray(s, np.float64)
         a = np.asarray(result.actions)
         if s.ndim != 3 or s.shape[1:] != a.shape:
@@ -78,7 +65,7 @@ class SelfConsistencyHorizon(HorizonPolicy):
         if not over.any():
             return HorizonDecision(n, f"{len(s) + 1} samples agree on all {n} actions (spread <= {tau:g})")
         first = int(np.argmax(over))
-        h = min(max(first, self.h_min), n)
+        h = self.clamp(first, n)
         return HorizonDecision(h, f"{len(s) + 1} samples disagree from A{first + 1} (spread > {tau:g}): H={h}")
 
 

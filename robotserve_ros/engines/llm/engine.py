@@ -116,10 +116,6 @@ class LLMEngine:
         """Tokens in the request's KV (prompt + generated tokens already fed)."""
         return self._reqs[req_id].length
 
-    def constrain(self, req_id: Hashable, constraint: Optional[Constraint]) -> None:
-        """Restrict the request's next tokens (e.g. a plan template); None lifts it."""
-        self._reqs[req_id].constraint = constraint
-
     def cache_prefix(self, ids: Sequence[int]) -> int:
         """Prefill a prompt prefix once (seed 002 §4.1: the fixed parts of robot requests,
         skill set and guidance, are stored on the server). A later prompt that starts with

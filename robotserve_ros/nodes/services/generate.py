@@ -4,7 +4,7 @@ slack-guided decode batching on another, the KV handed between them (core/slo/wo
 
 Parameters (services_params: {"generate": {...}}):
 - service: the srv/Generate name (default /robotserve/generate);
-- scheduler: kairos_slo | fcfs_cb | urgency_only | slack_only;
+- scheduler: urgency_slack | fcfs_cb | urgency_only | slack_only;
 - engine: "smollm2" (the converted SmolLM2-135M, `model_dir` or the build's folder) or
   "tiny" (a random-weight tiny Llama: tests);
 - profile: the LLM SLO profile of record (robotserve_ros/profiles/NAME.json) the schedulers
@@ -53,7 +53,7 @@ def _engines(engine: str, model_dir: str, dtype: str, threads: int):
 
 
 class GenerateService:
-    def __init__(self, node, *, service: str = "/robotserve/generate", scheduler: str = "kairos_slo",
+    def __init__(self, node, *, service: str = "/robotserve/generate", scheduler: str = "urgency_slack",
                  engine: str = "smollm2", model_dir: str = "", dtype: str = "", profile: str = "smollm2_135m_slo",
                  ttft_slo_s: float = 8.0, tpot_slo_s: float = 0.5, max_tokens: int = 64, max_decode_batch: int = 16,
                  max_queue: int = 256, context_limit: int = 0, chat_template: bool = True, torch_threads: int = 1,

@@ -2,8 +2,9 @@
 inference server (seed 003).
 
 The request's prompt and first image (observation.images[0]) go through vision encode ->
-prefill -> batched decode in core.nova's serving core (scheduler `nova` by default, or any
-of its baselines), driven by the same LiveDriver as every live path. Action chunks keep
+prefill -> batched decode in core.nova's serving core (scheduler `chunked_prefill` by default,
+the measured best here, docs/defaults.md; `nova` or any other baseline by the `scheduler`
+parameter), driven by the same LiveDriver as every live path. Action chunks keep
 their share of the machine: the VLM's stage workers run on `cores` (default: all), with at
 most `threads` intra-op threads each and `nice` added to their scheduling priority, and at
 most `max_pending` questions are admitted (more get OVERLOADED). A bad request (empty or
@@ -43,7 +44,7 @@ def _default_profile(total: int) -> StageProfile:
 
 class VlmService:
     def __init__(self, node, *, service: str = "/robotserve/vlm/generate", shape: str = "tiny",
-                 scheduler: str = "nova", max_tokens: int = 40, max_prompt_words: int = 256, max_pending: int = 16,
+                 scheduler: str = "chunked_prefill", max_tokens: int = 40, max_prompt_words: int = 256, max_pending: int = 16,
                  cores=None, threads: int = 1, nice: int = 5, seed: int = 0, image_max_side: int = 2048) -> None:
         from ...engines.vlm import SHAPES, StagedVLM, StageExecutor
         from ...engines.vlm_partition import CpuCorePartition

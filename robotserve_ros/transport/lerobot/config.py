@@ -10,7 +10,7 @@ class CompatConfig:
     host: str = "127.0.0.1"
     port: int = 8080  # 0: any free port (tests)
     fps: float = 30.0  # the clients' control rate: action timestamps, first rate estimate
-    scheduler: str = "kairos"
+    scheduler: str = "remaining"  # docs/defaults.md; "kairos": seed 000 §3.2.2
     scheduler_params: dict = field(default_factory=dict)
     engine: str = "lerobot"  # or "simulated": a profile-driven stand-in, no model
     engine_params: dict = field(default_factory=dict)  # e.g. device, seed, profile_file
