@@ -15,7 +15,7 @@ of them; `LiveDriver.for_core(core, run)` drives any core through the contract:
 - `kick()` says "look again"; `close()` stops every thread.
 
 The driver holds no lock of its own over the core: `dispatch` and `run` take the core's.
-The simulator does not use it: it calls the same steps on its virtual clock.
+The simulator does not use it: sim/loop.py, the one virtual-clock loop, calls the same steps.
 """
 from __future__ import annotations
 

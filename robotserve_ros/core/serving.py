@@ -378,11 +378,10 @@ class ServingCore:
 
     def fail(self, item: Dispatch, reason: str = "engine_failure", max_failures: Optional[int] = None
              ) -> list[PendingRequest]:
-        """A batch failed: its requests wait again, except those already in `max_failures`
-        (default: the core's) failed batches (a request that breaks the engine, or a tier
-        that refuses it, must not cycle forever): their round is withdrawn and they are
-        returned, for the caller to answer with an error. The robot may send the same round
-        again. The caller counts `reason` (it knows whether the item was still in flight)."""
+        """A batch failed: its requests wait again, except those in `max_failures` (default:
+        the core's) failed batches (one that breaks the engine, or that a tier refuses, must
+        not cycle forever): their round is withdrawn and they are returned, for the caller to
+        answer with an error (the robot may send it again). The caller counts `reason`."""
         d = item
         max_failures = self.max_failures if max_failures is None else max_failures
         for p in d.requests:

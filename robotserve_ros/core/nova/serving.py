@@ -3,8 +3,8 @@ and the schedulers that pick the next forward passes (seed 003, §III-D, §V-A7)
 
 `VLMCore.dispatch()` returns Ops for idle worker slots (`op.slot`); `complete(op)` moves the
 op's requests on (core/contract.py's calls; the time is the core's injected clock). The live
-path drives these through `core/loop.py`'s LiveDriver (`live.py`), the simulator on a virtual
-clock with stage times from a measured profile (`sim.py`): the same steps either way.
+path drives these through `core/loop.py`'s LiveDriver (`live.py`), the simulator on the
+virtual-clock loop with stage times from a measured profile (sim/nova.py): the same steps.
 
 Schedulers (registry `VLM_SCHEDULERS`):
 - `nova`: decode worker beside a front worker (vision or prefill, never both, prefill
