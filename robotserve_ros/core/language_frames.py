@@ -39,6 +39,10 @@ class LanguageFrameCore:
         self._last_round = clock.now()
         self.counts = {"frames": 0, "rounds": 0, "idle_rounds": 0, "deferred_for_actions": 0}
 
+    def set_kick(self, kick: Optional[Callable[[], None]]) -> None:
+        """What wakes the loop driving this core (its driver is made after the core)."""
+        self._kick = kick
+
     def _poke(self) -> None:
         if self._kick is not None:
             self._kick()

@@ -133,6 +133,10 @@ class Runner:
                 self.busy_backlogged_s[tier] += n * dt
         self._acct_at = now
 
+    def account(self) -> None:
+        """Under the lock: bring the backlog integrals up to now, for a reading of them."""
+        self._account()
+
     def backlogged(self) -> bool:
         return len(self.core.pending) > self.backlog_threshold
 

@@ -61,10 +61,11 @@ def _params_file(base: str, stats_pattern: str, out: Path, stage_trace_file: str
 
 def engine_profile_ms(srv_cfg: dict) -> dict:
     """batch -> ms of the server's engine as the node reads its parameters (its config
-    dataclass: the explicit engine_batch_sizes/engine_latency_ms, else engine_profile)."""
-    from ..nodes.inference_server import InferenceServerConfig
+    dataclass: the explicit engine.batch_sizes/engine.latency_ms, else engine.profile)."""
+    from ..config import from_tree
+    from ..nodes.server_config import InferenceServerConfig
 
-    prof = InferenceServerConfig(**srv_cfg).profile()
+    prof = from_tree(InferenceServerConfig, srv_cfg).engine.engine_profile()
     return {int(b): float(ms) for b, ms in prof.to_dict().items()}
 
 

@@ -41,8 +41,8 @@ from ..core.robot_timing import OpenRound, trigger_actions
 from ..sim.simulator import task_type_of
 from ..msg import ExecutionProgress
 from ..srv import FetchObservation, Infer
-from .common import (NodeClock, NodeConfig, check, check_one_of, declare_config, lean_node_kwargs, param, run_nodes,
-                     service_qos, to_time)
+from .common import (NodeClock, NodeConfig, check, check_one_of, declare_config, lean_node_kwargs, node_options, param,
+                     run_nodes, service_qos, to_time)
 from .convert import chunk_to_array
 
 @dataclass(frozen=True)
@@ -195,7 +195,7 @@ class ClientAccount:
 
 class RobotClientNode(Node):
     def __init__(self, name: str = "robot_client", namespace: str = "", **kw) -> None:
-        super().__init__(name, namespace=namespace, **kw)
+        super().__init__(name, namespace=namespace, **node_options(kw))
         c = self.config = declare_config(self, RobotClientConfig)
         self.robot = c.robot_name or (self.get_namespace().strip("/") or self.get_name())
         self.hz = c.control_hz
