@@ -309,11 +309,24 @@ class EngineConfig(PluginConfig):
             raise ConfigError(f"{at}.{self.name}", f"no {self.name} engine with {self.chosen}: {e}") from None
 
 
-def engine_config(name: str, params: Mapping, **kw) -> EngineConfig:
-    """An EngineConfig from the flat form of the command lines (--engine, --engine-params)."""
+def engine_config(name: str, params: Mapping, profile_ms: Optional[Mapping] = None, **kw) -> EngineConfig:
+    """An EngineConfig from the flat form of the command lines (--engine, --engine-params,
+    a profile as batch -> ms): the same dataclass the nodes' `engine` section builds."""
     check(isinstance(params, Mapping), "engine_params", params, "is not an object of keyword parameters")
+    if profile_ms:
+        pts = sorted((int(b), float(ms)) for b, ms in profile_ms.items())
+        kw.update(batch_sizes=tuple(b for b, _ in pts), latency_ms=tuple(ms for _, ms in pts))
     return EngineConfig(name=name, params={name: dict(params)}, **kw)
 
 
+def relabel(e: ConfigError, names: Mapping[str, str]) -> ConfigError:
+    """The error under the flat names of a command line or a flat config, e.g. the section's
+    'name' -> '--engine'; names it does not map stay as they are."""
+    root, dot, rest = e.name.partition(".")
+    if e.what is None or root not in names:
+        return e
+    return ConfigError(names[root] + dot + rest, e.what)
+
+
 __all__ = ["Config", "ConfigError", "EngineConfig", "PluginConfig", "SchedulerConfig", "bad", "check",
-           "check_one_of", "defaults_of", "engine_config", "flatten", "from_tree", "param", "unflatten"]
+           "check_one_of", "defaults_of", "engine_config", "flatten", "from_tree", "param", "relabel", "unflatten"]

@@ -6,6 +6,9 @@ The gRPC stubs are generated at build time from proto/*.proto (`make stubs`, par
 from __future__ import annotations
 
 import argparse
+import json
+import os
+from pathlib import Path
 
 DEFAULT_MAX_MESSAGE = 64 << 20
 TOKEN_ENV = "ROBOTSERVE_GPU_TOKEN"
@@ -29,7 +32,10 @@ def stubs():
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--address", default="127.0.0.1:50051", help="host:port to listen on (port 0: any free one)")
     p.add_argument("--engine", default="simulated", help="engine registry name")
-    p.add_argument("--engine-params", default='{"realtime": true, "updates": true}', help="JSON object of the engine's parameters")
+    p.add_argument("--engine-params", default='{"realtime": true, "updates": true}', help="JSON object of the engine's parameters "
+                   "(the same as the inference server's engine.<name> section)")
+    p.add_argument("--engine-param", action="append", metavar="KEY=VALUE", help="one engine parameter over --engine-params, "
+                   "e.g. device=cuda (repeatable)")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     p.add_argument("--latency-ms", type=float, nargs="+", help="engine profile, one per batch size (simulated engine)")
     p.add_argument("--token-file", help=f"file holding the token every call must carry (default: ${TOKEN_ENV}; none: no check)")
@@ -42,3 +48,45 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-text-bytes", type=int, default=4096, help="longest instruction accepted (UTF-8 bytes)")
     p.add_argument("--max-call-requests", type=int, default=1024, help="most requests in one InferBatch call")
     p.add_argument("--ready-file", help="write the bound address here once serving")
+
+
+def gpu_server_setup(a):
+    """The command line checked before anything heavy starts: (EngineConfig, token or None).
+    ValueError is one line naming the wrong value and what is allowed."""
+    from ..config import ConfigError, engine_config, relabel
+    from ..params import parse_key_values
+
+    host, sep, port = a.address.rpartition(":")
+    if not (host and sep and port.isdigit() and int(port) <= 65535):
+        raise ValueError(f"--address {a.address!r} is not host:port (port 0..65535; 0: any free one)")
+    for flag, path in (("--token-file", a.token_file), ("--tls-cert", a.tls_cert), ("--tls-key", a.tls_key)):
+        if path is not None and not Path(path).is_file():
+            raise ValueError(f"{flag} {path!r} is not a readable file")
+    if bool(a.tls_cert) != bool(a.tls_key):
+        raise ValueError("--tls-cert and --tls-key go together: TLS needs both the certificate and its key")
+    try:
+        token = Path(a.token_file).read_text().strip() if a.token_file else os.environ.get(TOKEN_ENV) or None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"--token-file {a.token_file!r} cannot be read: {e.strerror or e}") from None
+    if a.token_file and not token:
+        raise ValueError(f"--token-file {a.token_file!r} is empty: it must hold the token")
+    try:
+        params = json.loads(a.engine_params)
+    except ValueError:
+        params = None
+    if not isinstance(params, dict):
+        raise ValueError(f"--engine-params {a.engine_params!r} is not a JSON object of the engine's keyword "
+                         'parameters, e.g. \'{"device": "cuda"}\'')
+    params.update(parse_key_values(a.engine_param))
+    for flag, v in (("--max-message-mb", a.max_message_mb), ("--workers", a.workers), ("--max-id-bytes", a.max_id_bytes),
+                    ("--max-text-bytes", a.max_text_bytes), ("--max-call-requests", a.max_call_requests)):
+        if not v > 0:
+            raise ValueError(f"{flag} {v} is not > 0")
+    lat = a.latency_ms
+    if lat is not None and len(lat) != len(a.batch_sizes):
+        raise ValueError(f"--latency-ms {lat} does not give one latency for each of the {len(a.batch_sizes)} --batch-sizes")
+    try:  # the same EngineConfig the inference server's `engine` section builds
+        return engine_config(a.engine, params, dict(zip(a.batch_sizes, lat)) if lat else None), token
+    except ConfigError as e:
+        raise relabel(e, {"name": "--engine", "engine_params": "--engine-params", "batch_sizes": "--batch-sizes",
+                          "latency_ms": "--latency-ms"}) from None

@@ -13,9 +13,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import hmac
-import json
 import logging
-import os
+import sys
 import signal
 import threading
 import time
@@ -36,7 +35,7 @@ from ..core.runner import Runner
 from ..core.schedulers import Scheduler, make_scheduler
 from ..core.serving import ServingCore, Tier
 from ..core.types import InferenceRequest
-from . import DEFAULT_MAX_MESSAGE, TOKEN_ENV, add_arguments, stubs  # noqa: F401 (re-exported)
+from . import DEFAULT_MAX_MESSAGE, TOKEN_ENV, add_arguments, gpu_server_setup, stubs  # noqa: F401 (re-exported)
 from .tensors import BadField, Limits, check_spec, request_from_pb, result_to_pb
 
 log = logging.getLogger("robotserve.gpu_server")
@@ -322,29 +321,29 @@ class GpuServer:
         self.stop(None)
 
 
-def build_engine(name: str, params: dict, batch_sizes=None, latency_ms=None):
-    from ..engines import make_engine
-
-    profile = EngineProfile(dict(zip(batch_sizes, latency_ms))) if batch_sizes else None
-    return make_engine(name, profile, **params)
-
-
 def cli(a) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s gpu-server %(levelname)s %(message)s")
-    token = Path(a.token_file).read_text().strip() if a.token_file else os.environ.get(TOKEN_ENV) or None
-    lat = a.latency_ms
-    if lat is not None and len(lat) != len(a.batch_sizes):
-        raise SystemExit("robotserve gpu-server: --latency-ms needs one value per --batch-sizes entry")
-    if lat is None and a.engine == "simulated":
-        from ..profiles import batch_latency_ms
+    """Serve until SIGINT/SIGTERM. A wrong flag is one line naming it and what is allowed,
+    exit 2, before the engine loads or the port is bound."""
+    from ..config import ConfigError
 
-        prof = batch_latency_ms("smolvla_tiny")  # a profile of record (robotserve_ros/profiles)
-        a.batch_sizes, lat = list(prof), list(prof.values())
-    engine = build_engine(a.engine, json.loads(a.engine_params), a.batch_sizes if lat else None, lat)
-    srv = GpuServer(engine, a.address, token=token, tls_cert=a.tls_cert, tls_key=a.tls_key,
-                    max_message_bytes=int(a.max_message_mb * (1 << 20)), workers=a.workers,
-                    limits=Limits(max_id_bytes=a.max_id_bytes, max_text_bytes=a.max_text_bytes,
-                                  max_call_requests=a.max_call_requests))
+    try:
+        config, token = gpu_server_setup(a)
+        engine = config.build(at="--engine-params")  # a simulated engine gets smolvla_tiny's profile of record
+    except (ConfigError, ValueError) as e:
+        flag = isinstance(e, ConfigError) and e.name.startswith("--")  # `--engine-params.simulated`: the flag
+        print(f"robotserve gpu-server: {e.name.split('.')[0]} {e.what}" if flag else f"robotserve gpu-server: {e}",
+              file=sys.stderr, flush=True)
+        return 2
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s gpu-server %(levelname)s %(message)s")
+    try:
+        srv = GpuServer(engine, a.address, token=token, tls_cert=a.tls_cert, tls_key=a.tls_key,
+                        max_message_bytes=int(a.max_message_mb * (1 << 20)), workers=a.workers,
+                        limits=Limits(max_id_bytes=a.max_id_bytes, max_text_bytes=a.max_text_bytes,
+                                      max_call_requests=a.max_call_requests))
+    except (OSError, ValueError, RuntimeError, grpc.RpcError) as e:  # cannot bind, a certificate grpc refuses
+        engine.close()
+        print(f"robotserve gpu-server: cannot serve on {a.address}: {e}", file=sys.stderr, flush=True)
+        return 2
     log.info("serving %s on %s (%s, token %s)", a.engine, srv.address, "TLS" if a.tls_cert else "plaintext",
              "required" if token else "NOT required")
     if a.ready_file:
