@@ -6,7 +6,7 @@ The fleet is laid out exactly as launch_description.fleet(): the server, and per
 `per_process` robots one sim_robot and one robot_client process (--robots K
 --first-index i). Parameters come from config/fleet.yaml (its engine profile included),
 plus the clients' `stats_file`: each robot client keeps its own account (ClientAccount in
-nodes/robot_client.py: requests and answers keyed by (task_id, round_id), chunk lateness,
+nodes/client_account.py: requests and answers keyed by (task_id, round_id), chunk lateness,
 control-tick timing) and writes it on shutdown.
 
 Timeline: start everything; wait until the server has seen a task of every robot (the
