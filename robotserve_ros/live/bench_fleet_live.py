@@ -487,7 +487,7 @@ def run_fleet_live(out: Path, robots: int = 100, duration: float = 60.0, per_pro
         "window_s": round(window, 2),
         "config": str(base),
         "control_hz": hz,
-        "scheduler": srv_cfg.get("scheduler"),
+        "scheduler": (srv_cfg.get("scheduler") or {}).get("name", "kairos"),
         "engine_profile_ms": engine,
         "engine_capacity_chunks_per_s": round(bmax / engine[bmax] * 1000, 1) if engine else None,
         **agg,
