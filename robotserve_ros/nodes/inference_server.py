@@ -78,7 +78,8 @@ class InferenceServerNode(Node):
             raise
         except ValueError as e:  # a bad tier, an unreachable server or a bad placement knob
             self.engine.close()
-            raise ParamError(e.args[0], f"cannot build it: {e.args[1]}") from e
+            where, what = e.args if len(e.args) == 2 else ("remote_tiers", str(e))
+            raise ParamError(where, f"cannot build it: {what}") from e
         self._group = ReentrantCallbackGroup()
         self.refresher = ObservationRefresher(self, self.spec, c.refresh_timeout_s, self._group)
         self.core = ServingCore(scheduler, tiers, self.clock, horizon_params=c.horizon, placement=placement,

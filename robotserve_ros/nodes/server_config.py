@@ -34,6 +34,7 @@ class RemoteTierConfig(Config):
     root_cert: str = param("", "CA certificate (PEM) that turns TLS on ('' = plaintext)")
     server_name: str = param("", "TLS name to expect when it differs from the address")
     deadline_s: float = param(2.0, "one call's deadline, > 0")
+    connect_timeout_s: float = param(5.0, "how long the server may take to answer at start, > 0")
     ping_interval_s: float = param(1.0, "how often the link's round trip is measured, > 0")
     slots: int = param(1, "batches in flight on it at once, >= 1")
     max_batch: int = param(0, "largest batch sent, >= 0 (0: its profile's saturation batch)")
@@ -43,7 +44,7 @@ class RemoteTierConfig(Config):
     def check(self) -> None:
         host, sep, port = self.address.rpartition(":")
         check(bool(host) and bool(sep) and port.isdigit(), "address", self.address, "is not host:port")
-        for name in ("deadline_s", "ping_interval_s", "bandwidth_bps"):
+        for name in ("deadline_s", "connect_timeout_s", "ping_interval_s", "bandwidth_bps"):
             check(getattr(self, name) > 0, name, getattr(self, name), "is not > 0")
         check(self.slots >= 1, "slots", self.slots, "is not >= 1")
         check(self.max_batch >= 0, "max_batch", self.max_batch, "is not >= 0")
@@ -51,7 +52,8 @@ class RemoteTierConfig(Config):
 
     def engine_params(self) -> dict:
         """The remote engine's keyword parameters (transport/remote_engine.py)."""
-        kw = {"address": self.address, "deadline_s": self.deadline_s, "ping_interval_s": self.ping_interval_s}
+        kw = {"address": self.address, "deadline_s": self.deadline_s, "connect_timeout_s": self.connect_timeout_s,
+              "ping_interval_s": self.ping_interval_s}
         kw.update({k: getattr(self, k) for k in ("token_file", "root_cert", "server_name") if getattr(self, k)})
         return kw
 
