@@ -211,7 +211,7 @@ def test_player_starts_paused_and_resumes_on_the_paused_parameter(ros_ctx, sessi
 # ----------------------------------------------------------------------------------------
 def server_args():
     args = ["robotserve_ros.nodes.inference_server", "--ros-args"]
-    for p in ["engine_batch_sizes:=[1,2,4]", "engine_latency_ms:=[40.0,45.0,50.0]", f"obs_width:={SIDE}",
+    for p in ["engine.batch_sizes:=[1,2,4]", "engine.latency_ms:=[40.0,45.0,50.0]", f"obs_width:={SIDE}",
               f"obs_height:={SIDE}", "obs_joints:=6", "obs_encodings:=[rgb8]"]:
         args += ["-p", p]
     return args

@@ -71,9 +71,9 @@ def test_fleet_engine_profile_read_like_the_node():
     from robotserve_ros.bench.fleet_live import engine_profile_ms
     from robotserve_ros.profiles import batch_latency_ms
 
-    explicit = {"engine_batch_sizes": [1, 4], "engine_latency_ms": [10.0, 20.0], "engine_profile": "act_small"}
+    explicit = {"engine": {"batch_sizes": [1, 4], "latency_ms": [10.0, 20.0], "profile": "act_small"}}
     assert engine_profile_ms(explicit) == {1: 10.0, 4: 20.0}
-    named = {"engine_batch_sizes": [], "engine_latency_ms": [], "engine_profile": "act_small"}
+    named = {"engine": {"batch_sizes": [], "latency_ms": [], "profile": "act_small"}}
     assert engine_profile_ms(named) == batch_latency_ms("act_small") != batch_latency_ms("diffusion_arm")
 
 

@@ -310,9 +310,9 @@ def test_a_wrong_horizon_knob_fails_when_the_core_is_built(make_core):
 
 
 @pytest.mark.parametrize("param,wrong,knobs", [
-    ("scheduler_params:='{\"nosuch\": 3}'", "nosuch", "buckets"),
-    ("horizon_params:='{\"static\": {\"hh\": 25}}'", "hh", "its knobs: h"),
-], ids=["scheduler_params", "horizon_params"])
+    ("scheduler.remaining.nosuch:=3", "nosuch", "buckets"),
+    ("horizon.static.hh:=25", "hh", "its knobs: h"),
+], ids=["scheduler", "horizon"])
 def test_the_inference_server_names_a_wrong_knob_at_start(param, wrong, knobs):
     pytest.importorskip("rclpy")
     from rosutil import start_node

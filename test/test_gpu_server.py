@@ -306,3 +306,31 @@ def test_many_calls_leave_no_tasks_behind(served):
         assert c.error is None, c.error
     assert srv.counts["requests"] == 36 and max(len(b) for b in eng.batches) <= 4
     assert_clean(srv)
+
+
+# --- `robotserve gpu-server`: a wrong flag is one line and exit 2, before anything starts ----
+@pytest.mark.parametrize("args,line", [
+    (["--token-file", "/nonexistent"], "--token-file '/nonexistent' is not a readable file"),
+    (["--address", "bad"], "--address 'bad' is not host:port (port 0..65535; 0: any free one)"),
+    (["--engine-params", "notjson"], "--engine-params 'notjson' is not a JSON object of the engine's keyword parameters"),
+    (["--tls-cert", "/nonexistent/cert.pem", "--tls-key", "/nonexistent/key.pem"],
+     "--tls-cert '/nonexistent/cert.pem' is not a readable file"),
+    (["--tls-key", "KEY"], "--tls-key 'KEY' is not a readable file"),
+    (["--engine", "nosuch"], "--engine 'nosuch' is not one of "),
+    (["--engine-param", "nosuch=1"], "--engine-params no simulated engine with "),
+])
+def test_gpu_server_refuses_a_wrong_flag_in_one_line(args, line, tmp_path):
+    import subprocess
+    import sys
+
+    from rosutil import REPO_ROOT
+
+    if "KEY" in args:  # a key that exists, without its certificate
+        (tmp_path / "key.pem").write_text("k")
+        args = [str(tmp_path / "key.pem") if a == "KEY" else a for a in args]
+        line = "--tls-cert and --tls-key go together"
+    out = subprocess.run([sys.executable, "-m", "robotserve_ros.cli", "gpu-server", "--address", "127.0.0.1:0", *args],
+                         cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"robotserve gpu-server: {line}"), out.stderr

@@ -31,6 +31,7 @@ from lerobot.transport.utils import send_bytes_in_chunks  # noqa: E402
 
 from robotserve_ros.transport import safe_pickle  # noqa: E402
 from robotserve_ros.transport.lerobot.config import CompatConfig  # noqa: E402
+from rosutil import REPO_ROOT  # noqa: E402
 from robotserve_ros.transport.lerobot.protocol import LeRobotCompatServer  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -353,10 +354,10 @@ def test_client_id_metadata_separates_clients_on_one_connection(sim_server):
 
 @pytest.mark.parametrize("field,value,says", [
     ("fps", -1, "fps must be a number > 0, got -1"),
-    ("scheduler", "nosuch", "unknown scheduler 'nosuch'; known: autellix, edf, fifo, kairos"),
-    ("scheduler_params", {"nosuch": 1}, "scheduler_params for remaining"),
-    ("engine", "nosuch", f"unknown engine 'nosuch'; known: {', '.join(ENGINES.names())}"),
-    ("profile_ms", {0: 5.0}, "profile_ms: batch size"),
+    ("scheduler", "nosuch", "parameter 'scheduler': 'nosuch' is not one of autellix, edf, fifo, kairos"),
+    ("scheduler_params", {"nosuch": 1}, "parameter 'scheduler_params.remaining'"),
+    ("engine", "nosuch", f"parameter 'engine': 'nosuch' is not one of {', '.join(ENGINES.names())}"),
+    ("profile_ms", {0: 5.0}, "parameter 'profile_ms': [0] is not a list of increasing batch sizes starting at 1"),
     ("port", 70000, "port must be an integer in 0..65535"),
     ("threads", 0, "threads must be an integer > 0"),
     ("stale_obs_s", -0.5, "stale_obs_s must be a number >= 0"),
@@ -372,21 +373,33 @@ def test_config_checked_when_made(field, value, says):
         cfg.fps = 10.0  # frozen: what was checked stays so
 
 
+def test_cli_refuses_a_policy_dir_that_is_not_there_before_serving(tmp_path):
+    bad = subprocess.run([sys.executable, "-m", "robotserve_ros.cli", "lerobot-server", "--port", "0",
+                          "--policy-dir", str(tmp_path / "nonexistent")], cwd=REPO_ROOT, capture_output=True, text=True,
+                         timeout=60)
+    assert bad.returncode == 2, bad.stderr
+    assert bad.stderr.strip().splitlines() == [
+        f"robotserve lerobot-server: --policy-dir '{tmp_path / 'nonexistent'}' is not a directory "
+        "(policies load only from under existing ones)"]
+    assert "serving" not in bad.stdout
+
+
 def test_cli_serves_until_sigterm(tmp_path):
     import signal
 
     bad = subprocess.run([sys.executable, "-m", "robotserve_ros.cli", "lerobot-server", "--scheduler", "nope"],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=60)
-    assert bad.returncode == 2 and "unknown scheduler 'nope'" in bad.stderr and "kairos" in bad.stderr
+                         cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "'nope' is not one of" in bad.stderr and "kairos" in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1  # one line, no traceback
+    (tmp_path / "policies").mkdir()
     p = subprocess.Popen([sys.executable, "-m", "robotserve_ros.cli", "lerobot-server", "--port", "0", "--engine",
                           "simulated", "--engine-param", "chunk_size=6", "--latency-ms", "1:5,2:6",
-                          "--policy-dir", "/policies"], cwd=tmp_path, stdout=subprocess.PIPE, text=True)
+                          "--policy-dir", str(tmp_path / "policies")], cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True)
     try:
         line = p.stdout.readline()
         port = int(line.split(" on ")[1].split()[0].rpartition(":")[2])
         c = Client(port)
-        c.start(apc=6)
+        c.start(apc=6, path=str(tmp_path / "policies" / "dp"))
         c.send(timed_obs(5))
         assert [a.timestep for a in c.actions()] == list(range(5, 11))
         c.close()

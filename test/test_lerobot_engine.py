@@ -210,8 +210,8 @@ def test_importing_the_engine_registry_does_not_import_torch():
 
 @requires_rclpy
 def test_server_start_with_a_missing_policy_dir_exits_2_naming_it():
-    node = start_node(["robotserve_ros.nodes.inference_server", "--ros-args", "-p", "engine:=lerobot",
-                       "-p", "engine_params:='{\"policy_dir\": \"/nonexistent/policy\"}'"])
+    node = start_node(["robotserve_ros.nodes.inference_server", "--ros-args", "-p", "engine.name:=lerobot",
+                       "-p", "engine.lerobot.policy_dir:=/nonexistent/policy"])
     try:
         code = node.wait(timeout=60)
     finally:
@@ -234,8 +234,8 @@ def test_server_serves_a_simulated_robot_with_a_lerobot_diffusion_policy(ros_ctx
     dp = make_policy_dir("diffusion", tmp_path / "dp", n_obs_steps=2, image_hw=(96, 96), horizon=16, n_action_steps=12)
     params = fleet_params(
         tmp_path, tasks=2, task_actions=30,
-        server={"engine": "lerobot", "engine_params": json.dumps({"policy_dir": str(dp)}),
-                "horizon_params": json.dumps({"static": {"h": 8}, "confidence": {"t": 0.4, "h_min": 2}})})
+        server={"engine": {"name": "lerobot", "lerobot": {"policy_dir": str(dp)}},
+                "horizon": {"static": {"h": 8}, "confidence": {"t": 0.4, "h_min": 2}}})
     client, diagnostics = start_fleet_of_one(ros_ctx, params)
     progress = ros_ctx.collect(ExecutionProgress, "/robotserve/progress", QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE))
     commands = ros_ctx.collect(JointTrajectory, "/robot_0/command", 10)

@@ -1,6 +1,7 @@
-"""Node parameters: one frozen dataclass per node (nodes/common.py NodeConfig), each field a
-ROS parameter. A bad value is a one-line ParamError naming the parameter and what is
-allowed; the dataclasses need no running ROS, the last tests start real nodes."""
+"""Node parameters: one frozen config dataclass per node (robotserve_ros/config.py), nested
+sections as nested ROS parameters. A wrong key or value is a one-line ParamError naming the
+parameter (its dotted name) and what is allowed; the dataclasses need no running ROS, the
+last tests start real nodes."""
 from __future__ import annotations
 
 import dataclasses
@@ -12,7 +13,8 @@ pytest.importorskip("rclpy")  # the node modules import rclpy (no node is starte
 
 from robotserve_ros.nodes.bag_player import BagPlayerConfig  # noqa: E402
 from robotserve_ros.nodes.bag_recorder import BagRecorderConfig  # noqa: E402
-from robotserve_ros.nodes.common import ParamError, declare_config  # noqa: E402
+from robotserve_ros.config import from_tree  # noqa: E402
+from robotserve_ros.nodes.common import ParamError, declare_config, node_options  # noqa: E402
 from robotserve_ros.nodes.inference_server import InferenceServerConfig  # noqa: E402
 from robotserve_ros.nodes.robot_client import RobotClientConfig  # noqa: E402
 from robotserve_ros.nodes.sim_robot import SimRobotConfig  # noqa: E402
@@ -37,10 +39,16 @@ def error_of(cls, **kw) -> str:
 
 # --- one bad value per node: the one line names the parameter and what is allowed -----
 @pytest.mark.parametrize("cls,kw,expected", [
-    (InferenceServerConfig, {"scheduler": "nosuch"},
-     "parameter 'scheduler': 'nosuch' is not one of autellix, edf, fifo, kairos, remaining, srpt"),
+    (InferenceServerConfig, {"scheduler": {"name": "nosuch"}},
+     "parameter 'scheduler.name': 'nosuch' is not one of autellix, edf, fifo, kairos, remaining, srpt"),
     (InferenceServerConfig, {"threads": 2}, "parameter 'threads': 2 is not >= 4"),
-    (InferenceServerConfig, {"scheduler_params": "{buckets: 3}"}, "parameter 'scheduler_params': '{buckets: 3}' is not a JSON object"),
+    (InferenceServerConfig, {"scheduler": "kairos"}, "parameter 'scheduler': 'kairos' is not a section"),
+    (InferenceServerConfig, {"horizon": {"nosuch": {}}}, "parameter 'horizon': 'nosuch' is not one of "),
+    (InferenceServerConfig, {"remote_tiers": ["gpu"]}, "parameter 'remote_tiers': 'gpu' has no section 'gpu'"),
+    (InferenceServerConfig, {"remote_tiers": ["gpu"], "sections": {"gpu": {"address": "nohost"}}},
+     "parameter 'gpu.address': 'nohost' is not host:port"),
+    (InferenceServerConfig, {"engine": {"name": "simulated", "latency_ms": [1.0]}},
+     "parameter 'engine.latency_ms': [1.0] does not give one latency for each of the 0 batch_sizes"),
     (RobotClientConfig, {"command_type": "velocity"}, "parameter 'command_type': 'velocity' is not one of trajectory, position"),
     (RobotClientConfig, {"control_hz": 0}, "parameter 'control_hz': 0.0 is not > 0"),
     (SimRobotConfig, {"robot_type": "tank"}, "parameter 'robot_type': 'tank' is not one of so101, drone"),
@@ -88,25 +96,55 @@ def test_clock_rate_alone_is_settable_at_run_time_and_rechecked():
 
 
 # --- the engine profile: named, or given explicitly ------------------------------------
+def engine(**kw):
+    return {"engine": {"name": "simulated", **kw}}
+
+
 def test_engine_profile_of_record_by_name_and_a_bad_name_lists_the_names():
     cfg = InferenceServerConfig()
-    assert cfg.engine_profile == "smolvla_tiny" and cfg.engine_batch_sizes == cfg.engine_latency_ms == ()
-    assert cfg.profile().to_dict() == {str(b): ms for b, ms in batch_latency_ms("smolvla_tiny").items()}
-    arm = InferenceServerConfig(engine_profile="diffusion_arm").profile()
+    assert cfg.engine.profile == "smolvla_tiny" and cfg.engine.batch_sizes == cfg.engine.latency_ms == ()
+    assert cfg.engine.engine_profile().to_dict() == {str(b): ms for b, ms in batch_latency_ms("smolvla_tiny").items()}
+    arm = InferenceServerConfig(**engine(profile="diffusion_arm")).engine.engine_profile()
     assert arm.to_dict() == {str(b): ms for b, ms in batch_latency_ms("diffusion_arm").items()}
-    msg = error_of(InferenceServerConfig, engine_profile="nosuch")
-    assert msg == f"parameter 'engine_profile': 'nosuch' is not one of {', '.join(profile_names())}"
+    msg = error_of(InferenceServerConfig, **engine(profile="nosuch"))
+    assert msg == f"parameter 'engine.profile': 'nosuch' is not one of {', '.join(profile_names())}"
 
 
 def test_explicit_batch_latencies_override_the_named_profile_and_are_checked():
-    cfg = InferenceServerConfig(engine_batch_sizes=[1, 2, 4], engine_latency_ms=[40, 45, 50])
-    assert cfg.profile().to_dict() == {"1": 40.0, "2": 45.0, "4": 50.0}
-    assert error_of(InferenceServerConfig, engine_batch_sizes=[1, 2], engine_latency_ms=[40.0]) == (
-        "parameter 'engine_latency_ms': [40.0] does not give one latency for each of the 2 engine_batch_sizes")
-    assert error_of(InferenceServerConfig, engine_batch_sizes=[2, 4], engine_latency_ms=[40.0, 45.0]).startswith(
-        "parameter 'engine_batch_sizes': [2, 4] is not a list of increasing batch sizes starting at 1")
-    assert error_of(InferenceServerConfig, engine_batch_sizes=[1, 2], engine_latency_ms=[40.0, -1.0]).startswith(
-        "parameter 'engine_latency_ms': [40.0, -1.0] is not a profile")
+    cfg = InferenceServerConfig(**engine(batch_sizes=[1, 2, 4], latency_ms=[40, 45, 50]))
+    assert cfg.engine.engine_profile().to_dict() == {"1": 40.0, "2": 45.0, "4": 50.0}
+    assert error_of(InferenceServerConfig, **engine(batch_sizes=[1, 2], latency_ms=[40.0])) == (
+        "parameter 'engine.latency_ms': [40.0] does not give one latency for each of the 2 batch_sizes")
+    assert error_of(InferenceServerConfig, **engine(batch_sizes=[2, 4], latency_ms=[40.0, 45.0])).startswith(
+        "parameter 'engine.batch_sizes': [2, 4] is not a list of increasing batch sizes starting at 1")
+    assert error_of(InferenceServerConfig, **engine(batch_sizes=[1, 2], latency_ms=[40.0, -1.0])).startswith(
+        "parameter 'engine.latency_ms': [40.0, -1.0] is not a profile")
+
+
+# --- the nested tree: nav2's shape, unknown keys refused ---------------------------------
+def test_a_tree_builds_the_sections_and_keeps_each_plugins_knobs_under_its_name():
+    cfg = from_tree(InferenceServerConfig, {
+        "scheduler": {"name": "kairos", "kairos": {"buckets": 10}, "fifo": {}},
+        "engine": {"name": "lerobot", "lerobot": {"policy_dir": "/p", "device": "cuda"}},
+        "remote_tiers": ["gpu"], "gpu": {"address": "10.0.0.2:50051", "slots": 2},
+        "services": ["planner"], "planner": {"max_batch": 8}})
+    assert cfg.scheduler.chosen == {"buckets": 10} and cfg.engine.chosen == {"policy_dir": "/p", "device": "cuda"}
+    assert cfg.engine.engine_profile() is None  # a real engine's own profile (or profile_file)
+    assert cfg.tiers()["gpu"].slots == 2 and cfg.tiers()["gpu"].engine_params()["address"] == "10.0.0.2:50051"
+    assert cfg.service_params("planner") == {"max_batch": 8} and cfg.service_params("generate") == {}
+
+
+@pytest.mark.parametrize("tree,expected", [
+    ({"engine_params": "{}"}, "parameter 'engine_params': is not a parameter here; allowed: service, "),
+    ({"engine": {"name": "simulated", "nosuch": {}}}, "parameter 'engine.nosuch': {} is not a parameter here nor one of "),
+    ({"planner": {"max_batch": 8}}, "parameter 'planner': is not a parameter here"),
+    ({"remote_tiers": ["gpu"], "gpu": {"address": "h:1", "token": "x"}},
+     "parameter 'gpu.token': is not a parameter here; allowed: address, token_file, "),
+])
+def test_an_unknown_key_is_named_with_what_is_allowed(tree, expected):
+    with pytest.raises(ParamError) as e:
+        from_tree(InferenceServerConfig, tree)
+    assert str(e.value).startswith(expected) and "\n" not in str(e.value)
 
 
 # --- the config files are read by the same dataclasses ---------------------------------
@@ -125,10 +163,15 @@ def test_config_files_name_only_declared_parameters_with_valid_values(path):
         cls = SECTIONS[section]
         values = dict(body["ros__parameters"])
         values.pop("use_sim_time", None)  # rclpy's own
-        unknown = set(values) - {f.name for f in dataclasses.fields(cls)}
-        assert not unknown, f"{path.name} {section}: not parameters of {cls.__name__}: {sorted(unknown)}"
-        cls(**values)  # raises ParamError on a bad value
-    assert doc["inference_server"]["ros__parameters"].get("engine_profile") in profile_names()
+        assert not [v for v in _leaves(values) if isinstance(v, str) and v.lstrip().startswith(("{", "["))], \
+            f"{path.name} {section}: a JSON string where a nested parameter belongs"
+        from_tree(cls, values)  # raises ParamError on an unknown key or a bad value
+    assert doc["inference_server"]["ros__parameters"]["engine"]["profile"] in profile_names()
+
+
+def _leaves(tree: dict):
+    for v in tree.values():
+        yield from _leaves(v) if isinstance(v, dict) else [v]
 
 
 # --- declare_config on a real node, and nodes that exit 2 with the one line ------------
@@ -148,10 +191,24 @@ def test_declare_config_declares_each_field_and_builds_the_config():
         assert desc.read_only and "> 0" in desc.description
         assert node.get_parameter("task_actions").value == 300
         bad = Node("cfg_test_bad", context=ctx, start_parameter_services=False,
-                   parameter_overrides=[rclpy.parameter.Parameter("engine_profile", value="nosuch")])
-        with pytest.raises(ParamError, match="^parameter 'engine_profile': 'nosuch' is not one of "):
+                   parameter_overrides=[rclpy.parameter.Parameter("engine.profile", value="nosuch")])
+        with pytest.raises(ParamError, match="^parameter 'engine.profile': 'nosuch' is not one of "):
             declare_config(bad, InferenceServerConfig)
         bad.destroy_node()
+        P = rclpy.parameter.Parameter
+        nested = Node("cfg_test_nested", context=ctx, **node_options({"start_parameter_services": False, "use_global_arguments": False,
+                      "parameter_overrides": [P("engine.simulated.chunk_size", value=30), P("scheduler.name", value="fifo")]}))
+        cfg = declare_config(nested, InferenceServerConfig)
+        assert cfg.scheduler.name == "fifo" and cfg.engine.chosen["chunk_size"] == 30
+        assert cfg.engine.chosen["action_dim"] == 6  # the defaults of the rest of its section stand
+        assert nested.get_parameter("horizon.static.h").value == 25
+        nested.destroy_node()
+        unknown = Node("cfg_test_unknown", context=ctx, **node_options({
+            "start_parameter_services": False, "use_global_arguments": False,
+            "parameter_overrides": [P("engine_params", value="{}")]}))
+        with pytest.raises(ParamError, match="^parameter 'engine_params': is not a parameter here; allowed: "):
+            declare_config(unknown, InferenceServerConfig)
+        unknown.destroy_node()
         node.destroy_node()
     finally:
         rclpy.shutdown(context=ctx)
@@ -160,7 +217,7 @@ def test_declare_config_declares_each_field_and_builds_the_config():
 @requires_rclpy
 def test_nodes_given_a_bad_parameter_exit_2_with_that_one_line():
     cases = {
-        "robotserve_ros.nodes.inference_server": ("engine_profile:=nosuch", "parameter 'engine_profile': 'nosuch' is not one of "),
+        "robotserve_ros.nodes.inference_server": ("engine.name:=nosuch", "parameter 'engine.name': 'nosuch' is not one of "),
         "robotserve_ros.nodes.robot_client": ("aggregate:=median", "parameter 'aggregate': 'median' is not one of "),
     }
     procs = {m: start_node([m, "--ros-args", "-p", p]) for m, (p, _) in cases.items()}  # side by side: they only start

@@ -16,7 +16,7 @@ SERVICE = "/robotserve/infer"
 
 
 def server_args(*params: str) -> list[str]:
-    base = ["engine_batch_sizes:=[1,2,4]", "engine_latency_ms:=[40.0,45.0,50.0]", "obs_width:=96", "obs_height:=96",
+    base = ["engine.batch_sizes:=[1,2,4]", "engine.latency_ms:=[40.0,45.0,50.0]", "obs_width:=96", "obs_height:=96",
             "obs_joints:=6", "obs_encodings:=[rgb8]", "task_timeout_s:=1.5", "diagnostics_hz:=5.0"]
     args = ["robotserve_ros.nodes.inference_server", "--ros-args"]
     for p in base + list(params):
@@ -82,7 +82,7 @@ def test_full_round_trip(ros_ctx):
 
 def test_two_robots_are_served_concurrently(ros_ctx):
     """Both calls are outstanding at once and both are answered, in one batch or two."""
-    ros_ctx.start_node(server_args("engine_latency_ms:=[300.0,310.0,320.0]"))
+    ros_ctx.start_node(server_args("engine.latency_ms:=[300.0,310.0,320.0]"))
     c = Caller(ros_ctx)
     t0 = time.monotonic()
     fa, fb = c.send(make_request("a", 0)), c.send(make_request("b", 0))
@@ -142,13 +142,23 @@ def test_bad_inputs_get_clear_errors_and_the_good_robot_keeps_going(ros_ctx):
         assert vals[f"errors/{code}"] == "1", vals
 
 
+def merge(tree: dict, over: dict) -> dict:
+    """`over` into the nested parameter tree: sections merged, values replaced."""
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(tree.get(k), dict):
+            merge(tree[k], v)
+        else:
+            tree[k] = v
+    return tree
+
+
 def fleet_params(tmp_path, server=None, **client):
     import yaml
 
     from robotserve_ros.launch_description import default_config
 
     cfg = yaml.safe_load(open(default_config()).read())
-    cfg["inference_server"]["ros__parameters"].update({"task_timeout_s": 1.5, "diagnostics_hz": 5.0, **(server or {})})
+    merge(cfg["inference_server"]["ros__parameters"], {"task_timeout_s": 1.5, "diagnostics_hz": 5.0, **(server or {})})
     cfg["/**/robot_client"]["ros__parameters"].update({"task_actions": 45, **client})
     path = tmp_path / "fleet.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -224,7 +234,7 @@ def test_a_reply_that_does_not_come_in_time_is_asked_for_again(ros_ctx, tmp_path
     import json
 
     stats = tmp_path / "client_{robot}.json"
-    params = fleet_params(tmp_path, server={"engine_batch_sizes": [1, 2], "engine_latency_ms": [1200.0, 1300.0]},
+    params = fleet_params(tmp_path, server={"engine": {"batch_sizes": [1, 2], "latency_ms": [1200.0, 1300.0]}},
                           resend_after_s=0.4, expected_latency_s=0.05, tasks=1, task_actions=30,
                           stats_file=str(stats))
     client, last = start_fleet_of_one(ros_ctx, params)

@@ -3,7 +3,6 @@ srv/Generate answered by the staged VLM, bad ones refused with their Status code
 action-chunk requests (srv/Infer) still answered while VLM questions are in progress."""
 from __future__ import annotations
 
-import json
 
 from rosutil import requires_rclpy, ros_ctx  # noqa: F401
 from test_nodes import Caller, make_request, server_args
@@ -32,8 +31,8 @@ def question(rid, prompt="what is on the table", *, side=64, encoding="rgb8", ma
 def test_vlm_questions_share_the_server_with_action_chunks(ros_ctx):
     from robotserve_ros.srv import Generate
 
-    params = json.dumps({"vlm": {"shape": "tiny", "max_tokens": 30, "max_prompt_words": 8, "max_pending": 8}})
-    ros_ctx.start_node(server_args("services:=[vlm]", f"services_params:='{params}'"))
+    ros_ctx.start_node(server_args("services:=[vlm]", "vlm.shape:=tiny", "vlm.max_tokens:=30", "vlm.max_prompt_words:=8",
+                                   "vlm.max_pending:=8"))
     infer = Caller(ros_ctx)
     gen = ros_ctx.node.create_client(Generate, VLM)
     assert gen.wait_for_service(timeout_sec=30), "vlm service did not come up"

@@ -13,11 +13,9 @@ pytestmark = requires_rclpy
 ACTION = "/robotserve/plan_task"
 PARAMS = """/**:
   ros__parameters:
-    engine_batch_sizes: [1, 2, 4]
-    engine_latency_ms: [20.0, 22.0, 25.0]
+    engine: {batch_sizes: [1, 2, 4], latency_ms: [20.0, 22.0, 25.0]}
     services: [planner]
-    services_params: '{"planner": {"model": "tiny", "max_segment_tokens": 4, "max_segments": 3,
-      "max_prompt_tokens": 400}}'
+    planner: {model: tiny, max_segment_tokens: 4, max_segments: 3, max_prompt_tokens: 400}
 """
 
 

@@ -37,8 +37,6 @@ def start_gpu_server(tmp_path):
 
 
 def test_cloud_tier_serves_part_of_a_burst(ros_ctx, tmp_path):
-    import json
-
     import yaml
     from diagnostic_msgs.msg import DiagnosticArray
 
@@ -46,10 +44,10 @@ def test_cloud_tier_serves_part_of_a_burst(ros_ctx, tmp_path):
     try:
         params = {
             # A slow edge (a batch of 4 takes 340 ms) beside a fast cloud tier on loopback.
-            "engine_batch_sizes": [1, 2, 4], "engine_latency_ms": [300.0, 320.0, 340.0],
+            "engine": {"batch_sizes": [1, 2, 4], "latency_ms": [300.0, 320.0, 340.0]},
             "obs_width": 96, "obs_height": 96, "obs_joints": 6, "obs_encodings": ["rgb8"], "diagnostics_hz": 5.0,
-            "remote_tiers": json.dumps([{"name": "cloud", "address": address, "token_file": token, "ping_interval_s": 0.2}]),
-            "placement": "shortest_delay",
+            "remote_tiers": ["cloud"], "cloud": {"address": address, "token_file": token, "ping_interval_s": 0.2},
+            "placement": {"name": "shortest_delay"},
         }
         path = tmp_path / "server.yaml"
         path.write_text(yaml.safe_dump({"inference_server": {"ros__parameters": params}}))

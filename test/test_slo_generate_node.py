@@ -4,7 +4,6 @@ requests are answered with their TTFT/TPOT; bad SLOs, images, empty and too-long
 their own codes and the server keeps serving; /diagnostics shows the service."""
 from __future__ import annotations
 
-import json
 
 from rosutil import requires_rclpy, ros_ctx  # noqa: F401
 
@@ -18,8 +17,8 @@ def params(tmp_path, **gen):
 
     svc = {"engine": "tiny", "chat_template": False, "ttft_slo_s": 30.0, "tpot_slo_s": 5.0, "max_tokens": 6, **gen}
     cfg = {"inference_server": {"ros__parameters": {
-        "engine_batch_sizes": [1], "engine_latency_ms": [10.0], "diagnostics_hz": 5.0,
-        "services": ["generate"], "services_params": json.dumps({"generate": svc})}}}
+        "engine": {"batch_sizes": [1], "latency_ms": [10.0]}, "diagnostics_hz": 5.0,
+        "services": ["generate"], "generate": svc}}}
     path = tmp_path / "server.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return str(path)

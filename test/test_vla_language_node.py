@@ -5,7 +5,6 @@ and about a task's current frame; bad prompts / unknown tasks get their Status w
 robot's actions keep being served."""
 from __future__ import annotations
 
-import json
 
 import pytest
 
@@ -52,10 +51,9 @@ def test_infer_language_streams_and_generate_answers(ros_ctx, tmp_path):
     from robotserve_ros.srv import Generate, Infer
 
     d = make_policy_dir("smolvla", tmp_path / "vla", steps=2)
-    srv = ros_ctx.start_node(["robotserve_ros.nodes.inference_server", "--ros-args", "-p", "engine:=oxygen",
-                        "-p", f"engine_params:='{json.dumps({'policy_dir': str(d), 'tokens_per_frame': 3})}'",
-                        "-p", "services:=[vla_language]",
-                        "-p", "services_params:='{\"vla_language\": {\"idle_frame_s\": 0.02}}'"])
+    srv = ros_ctx.start_node(["robotserve_ros.nodes.inference_server", "--ros-args", "-p", "engine.name:=oxygen",
+                        "-p", f"engine.oxygen.policy_dir:={d}", "-p", "engine.oxygen.tokens_per_frame:=3",
+                        "-p", "services:=[vla_language]", "-p", "vla_language.idle_frame_s:=0.02"])
     out = ros_ctx.collect(LanguageOutput, "/robotserve/language", QoSProfile(depth=1000, reliability=ReliabilityPolicy.RELIABLE))
     infer = ros_ctx.node.create_client(Infer, "/robotserve/infer")
     gen = ros_ctx.node.create_client(Generate, "/robotserve/generate")

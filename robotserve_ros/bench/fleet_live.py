@@ -6,7 +6,7 @@ The fleet is laid out exactly as launch_description.fleet(): the server, and per
 `per_process` robots one sim_robot and one robot_client process (--robots K
 --first-index i). Parameters come from config/fleet.yaml (its engine profile included),
 plus the clients' `stats_file`: each robot client keeps its own account (ClientAccount in
-nodes/robot_client.py: requests and answers keyed by (task_id, round_id), chunk lateness,
+nodes/client_account.py: requests and answers keyed by (task_id, round_id), chunk lateness,
 control-tick timing) and writes it on shutdown.
 
 Timeline: start everything; wait until the server has seen a task of every robot (the
@@ -62,10 +62,11 @@ def _params_file(base: str, stats_pattern: str, out: Path, stage_trace_file: str
 
 def engine_profile_ms(srv_cfg: dict) -> dict:
     """batch -> ms of the server's engine as the node reads its parameters (its config
-    dataclass: the explicit engine_batch_sizes/engine_latency_ms, else engine_profile)."""
-    from ..nodes.inference_server import InferenceServerConfig
+    dataclass: the explicit engine.batch_sizes/engine.latency_ms, else engine.profile)."""
+    from ..config import from_tree
+    from ..nodes.server_config import InferenceServerConfig
 
-    prof = InferenceServerConfig(**srv_cfg).profile()
+    prof = from_tree(InferenceServerConfig, srv_cfg).engine.engine_profile()
     return {int(b): float(ms) for b, ms in prof.to_dict().items()}
 
 
@@ -347,7 +348,7 @@ def run_fleet_live(out: Path, robots: int = 100, duration: float = 60.0, per_pro
         "window_s": round(window, 2),
         "config": str(base),
         "control_hz": hz,
-        "scheduler": srv_cfg.get("scheduler"),
+        "scheduler": (srv_cfg.get("scheduler") or {}).get("name", "kairos"),
         "engine_profile_ms": engine,
         "engine_capacity_chunks_per_s": round(bmax / engine[bmax] * 1000, 1) if engine else None,
         **agg,

@@ -103,12 +103,10 @@ def _server_params(out: Path, image: int, stage_trace_file: str = "") -> str:
     cfg = {"inference_server": {"ros__parameters": {
         "stage_trace_file": stage_trace_file,
         "service": SERVED_SERVICE,
-        "engine": "simulated",
-        "engine_batch_sizes": [1],
-        "engine_latency_ms": [0.001],
-        "engine_params": json.dumps({"chunk_size": HORIZON, "action_dim": ACTION_DIM, "steps": 10,
-                                     "updates": False, "realtime": True}),
-        "horizon_params": json.dumps({"static": {"h": HORIZON}}),
+        "engine": {"name": "simulated", "batch_sizes": [1], "latency_ms": [0.001],
+                   "simulated": {"chunk_size": HORIZON, "action_dim": ACTION_DIM, "steps": 10,
+                                 "updates": False, "realtime": True}},
+        "horizon": {"static": {"h": HORIZON}},
         "obs_width": image, "obs_height": image, "obs_joints": JOINTS, "obs_encodings": ["rgb8"],
         "progress_topic": "/robotserve_bench/progress",
     }}}

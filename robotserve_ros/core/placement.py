@@ -182,4 +182,32 @@ def make_placement(name: str, **params) -> Placement:
     return PLACEMENTS.create(name, **params)
 
 
-__all__ = ["LinkEstimate", "PLACEMENTS", "ShortestDelay", "make_placement", "payload_bytes"]
+def hybrid_tiers(edge: Tier, edge_engine, clouds: Mapping[str, Mapping], connect: Callable,
+                 placement: str = "fill_in_order", placement_params: Optional[Mapping] = None):
+    """The edge tier plus one cloud tier per entry of `clouds` (name -> slots, max_batch,
+    rtt_s, bandwidth_bps, and the rest for `connect(link, **rest)`, which returns the tier's
+    engine: the transport's, injected so core imports none), and the placement over them.
+    Returns (tiers, engines by tier name, placement). On any failure the engines made so far
+    are closed and ValueError(tier name or "placement", what went wrong) is raised."""
+    tiers, engines, links = [edge], {edge.name: edge_engine}, {}
+    at = "placement"
+    try:
+        for name, spec in clouds.items():
+            at, kw = name, dict(spec)
+            slots, max_batch = int(kw.pop("slots", 1)), kw.pop("max_batch", None) or None
+            link = links[name] = LinkEstimate(**{k: float(kw.pop(k)) for k in ("rtt_s", "bandwidth_bps") if k in kw})
+            eng = engines[name] = connect(link, **kw)
+            tiers.append(Tier(name, eng.profile, slots=slots, max_batch=max_batch))
+        at = "placement"
+        pp = dict(placement_params or {})
+        if placement == "shortest_delay":  # it reads the links the transport measures (§3.2.3)
+            pp = {"links": links, "edge_tiers": [edge], **pp}
+        return tiers, engines, make_placement(placement, **pp)
+    except Exception as e:
+        for name, eng in engines.items():
+            if name != edge.name:
+                eng.close()
+        raise ValueError(at, str(e)) from e  # (where, what): the caller names the parameter
+
+
+__all__ = ["LinkEstimate", "PLACEMENTS", "ShortestDelay", "hybrid_tiers", "make_placement", "payload_bytes"]

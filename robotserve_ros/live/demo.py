@@ -41,12 +41,12 @@ def _params_file(base: str, scheduler: str, horizon: str, workload: str, seed: i
     prof = EngineProfile(w.batch_latency_ms)
     cfg = yaml.safe_load(Path(base).read_text())
     srv = cfg["inference_server"]["ros__parameters"]
-    srv.update(scheduler=scheduler, scheduler_params="{}",
-               # The workload's engine profile: what the simulator replays it with, too.
-               engine_batch_sizes=[int(b) for b in prof.batches], engine_latency_ms=[float(x) for x in prof.latencies_ms])
-    engine = json.loads(srv.get("engine_params", "{}"))
-    engine["chunk_size"] = max(int(engine.get("chunk_size", 0)), w.max_round() + 8)  # a round plus its overlap
-    srv["engine_params"] = json.dumps(engine)
+    srv["scheduler"] = {"name": scheduler}
+    engine = srv.setdefault("engine", {})
+    # The workload's engine profile: what the simulator replays it with, too.
+    engine.update(batch_sizes=[int(b) for b in prof.batches], latency_ms=[float(x) for x in prof.latencies_ms])
+    knobs = engine.setdefault(engine.get("name", "simulated"), {})
+    knobs["chunk_size"] = max(int(knobs.get("chunk_size", 0)), w.max_round() + 8)  # a round plus its overlap
     rc = cfg["/**/robot_client"]["ros__parameters"]
     rc.update(workload=workload, horizon_mode=horizon, mix_seed=seed, tasks=tasks,
               control_hz=float(w.tasks[0].control_hz), expected_latency_s=prof.latency_s(1))

@@ -2,7 +2,7 @@
 measures the inference server, not the robots (`robotserve bench fleet-live --light`).
 
 Each light robot follows robot_client's rules (core.robot_timing's trigger point, the same
-re-send and give-up rule, the same account: nodes.robot_client.ClientAccount) but renders
+re-send and give-up rule, the same account: nodes.client_account.ClientAccount) but renders
 nothing and computes no actions: it replays a few pre-encoded observations (built once at
 start, rotated per round), and its "action queue" is a count (the chunk covers timesteps
 first_timestep .. first_timestep + horizon; each control tick executes one if there is one,
@@ -79,7 +79,7 @@ class LightRobot:
                  "finished_tasks", "continued", "done", "obs_k")
 
     def __init__(self, name: str, hz: float) -> None:
-        from ..nodes.robot_client import ClientAccount
+        from ..nodes.client_account import ClientAccount
 
         self.name, self.acct = name, ClientAccount(name, hz)
         self.task_k = self.finished_tasks = self.continued = self.obs_k = 0

@@ -61,7 +61,7 @@ from rclpy.parameter import Parameter
 from rclpy.qos import QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
 
 from .. import bags
-from .common import NodeConfig, ParamError, bad_param, check, declare_config, param, run_nodes
+from .common import NodeConfig, ParamError, bad_param, check, declare_config, node_options, param, run_nodes
 
 NODE_NAME = "bag_player"
 _NS = 1_000_000_000
@@ -132,7 +132,7 @@ class PlaybackDone(KeyboardInterrupt):
 # ----------------------------------------------------------------------------------------
 class BagPlayerNode(Node):
     def __init__(self, name: str = NODE_NAME, namespace: str = "", **kw) -> None:
-        super().__init__(name, namespace=namespace, **kw)
+        super().__init__(name, namespace=namespace, **node_options(kw))
         c = self.config = declare_config(self, BagPlayerConfig)
         self.prefix = normalize_namespace("namespace_prefix", c.namespace_prefix)
         self.rate = c.rate

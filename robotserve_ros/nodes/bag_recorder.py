@@ -43,7 +43,7 @@ from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
 
 from .. import bags
 from .bag_player import final_log, import_msg_class
-from .common import NodeConfig, bad_param, check, check_one_of, declare_config, param, run_nodes
+from .common import NodeConfig, bad_param, check, check_one_of, declare_config, node_options, param, run_nodes
 
 NODE_NAME = "bag_recorder"
 _STOP = object()
@@ -66,7 +66,7 @@ class BagRecorderConfig(NodeConfig):
 
 class BagRecorderNode(Node):
     def __init__(self, name: str = NODE_NAME, namespace: str = "", **kw) -> None:
-        super().__init__(name, namespace=namespace, **kw)
+        super().__init__(name, namespace=namespace, **node_options(kw))
         c = self.config = declare_config(self, BagRecorderConfig)
         try:
             self.wanted = sorted({self.resolve_topic_name(t.strip()) for t in c.topics})

@@ -1,21 +1,23 @@
 """What every node needs: the node's clock as a core Clock, time conversions, its parameters
-as one frozen dataclass (NodeConfig + declare_config: declared with defaults and help,
-validated at start), and one way to run and stop nodes."""
+as one frozen config dataclass (robotserve_ros/config.py; declare_config: declared as nested
+ROS parameters with defaults and help, validated at start), and one way to run and stop nodes."""
 from __future__ import annotations
 
-import math
 import os
 import signal
 import sys
 import tempfile
 import threading
-import types
-from collections.abc import Iterable
-from dataclasses import MISSING, field, fields
-from typing import Any, Callable, Sequence, TypeVar, Union, get_args, get_origin, get_type_hints
+from dataclasses import fields
+from typing import Callable, Sequence, TypeVar
 
 from builtin_interfaces.msg import Time
 from rcl_interfaces.msg import ParameterDescriptor
+
+from ..config import (Config, ConfigError, bad, check, check_one_of, defaults_of, flatten, from_tree,  # noqa: F401
+                      param, unflatten)
+
+C = TypeVar("C", bound=Config)
 
 
 def service_qos():
@@ -41,96 +43,57 @@ def lean_node_kwargs(node_kwargs: dict | None = None) -> dict:
     return kw
 
 
-class ParamError(ValueError):
-    """A parameter value a node cannot start with; the node exits with code 2, printing it."""
+# A node's parameters are a config dataclass (robotserve_ros/config.py), read by the
+# transports and the CLI alike; these names stay here for the nodes that import them.
+ParamError = ConfigError  # a parameter value a node cannot start with: exit 2, printing it
+NodeConfig = Config
+bad_param = bad
+
+# Set by ROS itself or by lean_node_kwargs on every node, not by our configs.
+_ROS_OWN = ("use_sim_time", "start_type_description_service", "start_parameter_services")
 
 
-def bad_param(name: str, value: Any, what: str) -> ParamError:
-    """`parameter 'rate': 0.0 is not > 0`: the parameter, its value, what is allowed."""
-    if isinstance(value, (list, tuple)):
-        value = list(value)
-    return ParamError(f"parameter '{name}': {value!r} {what}")
-
-
-def check(ok: bool, name: str, value: Any, what: str) -> None:
-    if not ok:
-        raise bad_param(name, value, what)
-
-
-def check_one_of(name: str, value: Any, choices) -> None:
-    choices = list(choices)
-    check(value in choices, name, value, f"is not one of {', '.join(map(str, choices))}")
-
-
-def param(default: Any, help: str, *, runtime: bool = False):
-    """A NodeConfig field: its default, its description (shown by `ros2 param describe`),
-    and whether it may be set while the node runs (read-only otherwise)."""
-    return field(default=default, metadata={"help": help, "runtime": runtime})
-
-
-class NodeConfig:
-    """Base of a node's parameters as a frozen dataclass: each field is one ROS parameter
-    (declare_config). Construction checks each field's type (ints accepted for floats,
-    lists become tuples), then `check()`; a bad value raises ParamError naming it."""
-
-    def __post_init__(self) -> None:
-        hints = get_type_hints(type(self))
-        for f in fields(self):
-            object.__setattr__(self, f.name, _typed(f.name, hints[f.name], getattr(self, f.name)))
-        self.check()
-
-    def check(self) -> None:
-        """A node's own rules (ranges, choices, combinations)."""
-
-
-def _typed(name: str, hint, value):
-    """value as the field's type (float, int, bool, str, tuple[X, ...], Optional[...])."""
-    if get_origin(hint) in (Union, types.UnionType):  # Optional[X]: None means "not set"
-        if value is None:
-            return None
-        (hint,) = [a for a in get_args(hint) if a is not type(None)]
-    if get_origin(hint) is tuple:
-        item = get_args(hint)[0]
-        listed = not isinstance(value, (str, bytes)) and isinstance(value, Iterable)
-        value = list(value) if listed else value
-        check(listed and all(_KINDS[item][0](x) for x in value), name, value, f"is not a list of {_KINDS[item][2]}")
-        return tuple(float(x) if item is float else x for x in value)
-    ok, one, _ = _KINDS[hint]
-    check(ok(value), name, value, f"is not {one}")
-    return float(value) if hint is float else value
-
-
-_KINDS = {  # type: (accepts, "is not ...", "is not a list of ...")
-    float: (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v),
-            "a finite number", "finite numbers"),
-    int: (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer", "integers"),
-    bool: (lambda v: isinstance(v, bool), "true or false", "booleans"),
-    str: (lambda v: isinstance(v, str), "a string", "strings"),
-}
-
-
-C = TypeVar("C", bound=NodeConfig)
+def node_options(kw: dict | None = None) -> dict:
+    """Node keyword arguments under which the node sees every parameter it is given (so
+    declare_config can refuse a key its config does not have)."""
+    return {**(kw or {}), "automatically_declare_parameters_from_overrides": True}
 
 
 def declare_config(node, config_class: type[C]) -> C:
-    """Declare each field of config_class as a ROS parameter of the node (its default, its
-    help as description; dynamically typed so `rate:=2` can serve a float: the dataclass
-    checks the type) and return the config built from the values given. Raises ParamError
-    naming the first bad one."""
+    """Declare every leaf of config_class's default tree as a ROS parameter of the node
+    (dotted names for nested sections, its help as description; dynamically typed so
+    `rate:=2` can serve a float: the dataclass checks the type), then build the config from
+    every parameter the node has: the given values over the defaults. A key the config does
+    not have (seen when the node was made with node_options) or a bad value raises
+    ParamError naming it and what is allowed."""
     from rclpy.exceptions import ParameterException
 
-    values = {}
-    for f in fields(config_class):
-        default = f.default if f.default is not MISSING else f.default_factory()
-        desc = ParameterDescriptor(description=f.metadata.get("help", ""), dynamic_typing=True,
-                                   read_only=not f.metadata.get("runtime", False))
-        initial = list(default) if isinstance(default, tuple) else default
+    try:
+        leaves = flatten(config_class())
+    except ConfigError:  # a parameter without a usable default (required): each field's default
+        d = defaults_of(config_class)
+        leaves = {f.name: (d.get(f.name), f.metadata.get("help", "")) for f in fields(config_class)}
+    for name, (value, help) in leaves.items():
+        if node.has_parameter(name):
+            continue  # given (automatically declared from the overrides)
+        desc = ParameterDescriptor(description=help, dynamic_typing=True,
+                                   read_only=not _field_meta(config_class, name).get("runtime", False))
+        initial = list(value) if isinstance(value, tuple) else value
         try:  # an empty list has no ROS type: declared unset, the default stands unless given
-            value = node.declare_parameter(f.name, initial if initial != [] else None, desc).value
+            node.declare_parameter(name, initial if initial != [] else None, desc)
         except ParameterException as e:
-            raise ParamError(f"parameter '{f.name}': {e}") from None
-        values[f.name] = default if value is None else value
-    return config_class(**values)
+            raise ParamError(f"parameter '{name}': {e}") from None
+    given = {n: p.value for n, p in node.get_parameters_by_prefix("").items()
+             if n not in _ROS_OWN and not n.startswith("qos_overrides.") and p.value is not None}
+    return from_tree(config_class, unflatten(given))
+
+
+def _field_meta(config_class, dotted: str) -> dict:
+    """The metadata of a top-level field (a nested one's runtime flag is its section's)."""
+    for f in fields(config_class):
+        if f.name == dotted.split(".")[0]:
+            return dict(f.metadata)
+    return {}
 
 
 class NodeClock:

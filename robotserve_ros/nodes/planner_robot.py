@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .common import NodeConfig, ParamError, check, check_one_of, declare_config, param, run_nodes
+from .common import NodeConfig, ParamError, check, check_one_of, declare_config, node_options, param, run_nodes
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ class PlannerRobot(_node_base()):
         from ..action import PlanTask
         from ..msg import PlanProgress
 
-        super().__init__("planner_robot")
+        super().__init__("planner_robot", **node_options())
         c = self.config = declare_config(self, PlannerRobotConfig)
         self.PlanTask = PlanTask
         self.agent = c.agent_id or self.get_name()

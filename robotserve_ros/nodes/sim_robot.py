@@ -57,7 +57,7 @@ from sensor_msgs.msg import Image, JointState
 from std_msgs.msg import Float64MultiArray
 from trajectory_msgs.msg import JointTrajectory
 
-from robotserve_ros.nodes.common import (NodeConfig, ParamError, check, check_one_of, declare_config, lean_node_kwargs,
+from robotserve_ros.nodes.common import (NodeConfig, ParamError, check, check_one_of, declare_config, lean_node_kwargs, node_options,
                                         param, run_nodes)
 from robotserve_ros.sim.robots import ROBOT_TYPES, SimRobot, make_robot, render
 
@@ -110,7 +110,7 @@ class SimRobotNode(Node):
                  seed_offset: int = 0, drive: bool = True, lean: bool = False, **node_kwargs: Any) -> None:
         if lean:
             node_kwargs = lean_node_kwargs(node_kwargs)
-        super().__init__(node_name, namespace=namespace, **node_kwargs)
+        super().__init__(node_name, namespace=namespace, **node_options(node_kwargs))
         self.lean = lean
         events = dict(event_callbacks=PublisherEventCallbacks(use_default_callbacks=False)) if lean else {}
         sub_events = dict(event_callbacks=SubscriptionEventCallbacks(use_default_callbacks=False)) if lean else {}

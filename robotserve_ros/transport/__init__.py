@@ -38,7 +38,10 @@ def stubs():
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--address", default="127.0.0.1:50051", help="host:port to listen on (port 0: any free one)")
     p.add_argument("--engine", default="simulated", help="engine registry name")
-    p.add_argument("--engine-params", default='{"realtime": true, "updates": true}', help="JSON object of the engine's parameters")
+    p.add_argument("--engine-params", default='{"realtime": true, "updates": true}', help="JSON object of the engine's parameters "
+                   "(the same as the inference server's engine.<name> section)")
+    p.add_argument("--engine-param", action="append", metavar="KEY=VALUE", help="one engine parameter over --engine-params, "
+                   "e.g. device=cuda (repeatable)")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     p.add_argument("--latency-ms", type=float, nargs="+", help="engine profile, one per batch size (simulated engine)")
     p.add_argument("--token-file", help=f"file holding the token every call must carry (default: ${TOKEN_ENV}; none: no check)")

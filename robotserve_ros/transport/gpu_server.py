@@ -13,14 +13,15 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import hmac
-import json
 import logging
-import os
+import sys
 import signal
 import threading
 import time
 import itertools
+import json
 import math
+import os
 from collections import Counter
 from concurrent import futures
 from pathlib import Path
@@ -36,6 +37,8 @@ from ..core.runner import Runner
 from ..core.schedulers import Scheduler, make_scheduler
 from ..core.serving import ServingCore, Tier
 from ..core.types import InferenceRequest
+from ..config import ConfigError, engine_config, relabel
+from ..params import parse_key_values
 from . import DEFAULT_MAX_MESSAGE, TOKEN_ENV, add_arguments, channel_options, stubs  # noqa: F401 (re-exported)
 from .tensors import BadField, Limits, check_spec, request_from_pb, result_to_pb
 
@@ -315,29 +318,66 @@ class GpuServer:
         self.stop(None)
 
 
-def build_engine(name: str, params: dict, batch_sizes=None, latency_ms=None):
-    from ..engines import make_engine
-
-    profile = EngineProfile(dict(zip(batch_sizes, latency_ms))) if batch_sizes else None
-    return make_engine(name, profile, **params)
+def gpu_server_setup(a):
+    """The command line checked before anything heavy starts: (EngineConfig, token or None).
+    ValueError is one line naming the wrong value and what is allowed."""
+    host, sep, port = a.address.rpartition(":")
+    if not (host and sep and port.isdigit() and int(port) <= 65535):
+        raise ValueError(f"--address {a.address!r} is not host:port (port 0..65535; 0: any free one)")
+    for flag, path in (("--token-file", a.token_file), ("--tls-cert", a.tls_cert), ("--tls-key", a.tls_key)):
+        if path is not None and not Path(path).is_file():
+            raise ValueError(f"{flag} {path!r} is not a readable file")
+    if bool(a.tls_cert) != bool(a.tls_key):
+        raise ValueError("--tls-cert and --tls-key go together: TLS needs both the certificate and its key")
+    try:
+        token = Path(a.token_file).read_text().strip() if a.token_file else os.environ.get(TOKEN_ENV) or None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"--token-file {a.token_file!r} cannot be read: {e.strerror or e}") from None
+    if a.token_file and not token:
+        raise ValueError(f"--token-file {a.token_file!r} is empty: it must hold the token")
+    try:
+        params = json.loads(a.engine_params)
+    except ValueError:
+        params = None
+    if not isinstance(params, dict):
+        raise ValueError(f"--engine-params {a.engine_params!r} is not a JSON object of the engine's keyword "
+                         'parameters, e.g. \'{"device": "cuda"}\'')
+    params.update(parse_key_values(a.engine_param))
+    for flag, v in (("--max-message-mb", a.max_message_mb), ("--workers", a.workers), ("--max-id-bytes", a.max_id_bytes),
+                    ("--max-text-bytes", a.max_text_bytes), ("--max-call-requests", a.max_call_requests)):
+        if not v > 0:
+            raise ValueError(f"{flag} {v} is not > 0")
+    lat = a.latency_ms
+    if lat is not None and len(lat) != len(a.batch_sizes):
+        raise ValueError(f"--latency-ms {lat} does not give one latency for each of the {len(a.batch_sizes)} --batch-sizes")
+    try:  # the same EngineConfig the inference server's `engine` section builds
+        return engine_config(a.engine, params, dict(zip(a.batch_sizes, lat)) if lat else None), token
+    except ConfigError as e:
+        raise relabel(e, {"name": "--engine", "engine_params": "--engine-params", "batch_sizes": "--batch-sizes",
+                          "latency_ms": "--latency-ms"}) from None
 
 
 def cli(a) -> int:
+    """Serve until SIGINT/SIGTERM. A wrong flag is one line naming it and what is allowed,
+    exit 2, before the engine loads or the port is bound."""
+    try:
+        config, token = gpu_server_setup(a)
+        engine = config.build(at="--engine-params")  # a simulated engine gets smolvla_tiny's profile of record
+    except (ConfigError, ValueError) as e:
+        flag = isinstance(e, ConfigError) and e.name.startswith("--")  # `--engine-params.simulated`: the flag
+        print(f"robotserve gpu-server: {e.name.split('.')[0]} {e.what}" if flag else f"robotserve gpu-server: {e}",
+              file=sys.stderr, flush=True)
+        return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s gpu-server %(levelname)s %(message)s")
-    token = Path(a.token_file).read_text().strip() if a.token_file else os.environ.get(TOKEN_ENV) or None
-    lat = a.latency_ms
-    if lat is not None and len(lat) != len(a.batch_sizes):
-        raise SystemExit("robotserve gpu-server: --latency-ms needs one value per --batch-sizes entry")
-    if lat is None and a.engine == "simulated":
-        from ..profiles import batch_latency_ms
-
-        prof = batch_latency_ms("smolvla_tiny")  # a profile of record (robotserve_ros/profiles)
-        a.batch_sizes, lat = list(prof), list(prof.values())
-    engine = build_engine(a.engine, json.loads(a.engine_params), a.batch_sizes if lat else None, lat)
-    srv = GpuServer(engine, a.address, token=token, tls_cert=a.tls_cert, tls_key=a.tls_key,
-                    max_message_bytes=int(a.max_message_mb * (1 << 20)), workers=a.workers,
-                    limits=Limits(max_id_bytes=a.max_id_bytes, max_text_bytes=a.max_text_bytes,
-                                  max_call_requests=a.max_call_requests))
+    try:
+        srv = GpuServer(engine, a.address, token=token, tls_cert=a.tls_cert, tls_key=a.tls_key,
+                        max_message_bytes=int(a.max_message_mb * (1 << 20)), workers=a.workers,
+                        limits=Limits(max_id_bytes=a.max_id_bytes, max_text_bytes=a.max_text_bytes,
+                                      max_call_requests=a.max_call_requests))
+    except (OSError, ValueError, RuntimeError, grpc.RpcError) as e:  # cannot bind, a certificate grpc refuses
+        engine.close()
+        print(f"robotserve gpu-server: cannot serve on {a.address}: {e}", file=sys.stderr, flush=True)
+        return 2
     log.info("serving %s on %s (%s, token %s)", a.engine, srv.address, "TLS" if a.tls_cert else "plaintext",
              "required" if token else "NOT required")
     if a.ready_file:

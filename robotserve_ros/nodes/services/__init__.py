@@ -2,11 +2,16 @@
 new msg/srv/action types, never by a second server).
 
 Each entry is a class built as `cls(node, **params)` when the server's `services` parameter
-names it (its params from `services_params`). It creates its own ROS entities on the node
+names it (its params from the section of that name beside it, nav2-like:
+`services: [planner]`, `planner: {max_batch: 8}`). It creates its own ROS entities on the node
 (an action server, a srv/Generate service, topics), serves through its own serving core in
 `core/` driven by `core/loop.py`'s LiveDriver, and offers:
 - `stats() -> dict`: what /diagnostics shows under `services/<name>/...`;
 - `close()`: answer what is waiting with SHUTTING_DOWN, stop its threads, free its engine.
+What a service may use of the server node (its public face, nothing else): the rclpy Node
+calls that make entities, `engine` and `spec` (the action engine and the observation checks),
+and `serve_language(handler)`, the hook through which a service decodes srv/Infer's
+`language_prompt` with the round (handler.attach / handler.cancel; None withdraws it).
 A bad parameter raises ValueError/TypeError naming it; the server turns that into one line
 and exit 2.
 

@@ -2,7 +2,7 @@
 SLO-aware disaggregated core (seed 004): urgency-ordered prefill on one engine instance,
 slack-guided decode batching on another, the KV handed between them (core/slo/workers.py).
 
-Parameters (services_params: {"generate": {...}}):
+Parameters (the server's `generate` section, beside `services: [generate]`):
 - service: the srv/Generate name (default /robotserve/generate);
 - scheduler: urgency_slack | fcfs_cb | urgency_only | slack_only;
 - engine: "smollm2" (the converted SmolLM2-135M, `model_dir` or the build's folder) or

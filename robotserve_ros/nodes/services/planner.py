@@ -13,7 +13,7 @@ BAD_PROMPT; an agent kind without a skill set -> UNKNOWN_AGENT; a task id alread
 planned -> DUPLICATE_REQUEST. Plans are generated freely by the model (greedy), one skill
 per line, a segment bounded by `max_segment_tokens`, a plan by `max_segments`.
 
-Parameters (services_params: {"planner": {...}}): model ("" the converted SmolLM2 folder,
+Parameters (the server's `planner` section): model ("" the converted SmolLM2 folder,
 "tiny" a random-weight tiny Llama for tests, or a folder), scheduler (timely, fcfs,
 fcfs_stream, seg_fcfs, seg_edf), max_batch, max_prompt_tokens, max_segment_tokens,
 max_segments, profile (an LLM profile of record), action, progress_topic, threads.

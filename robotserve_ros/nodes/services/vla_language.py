@@ -12,7 +12,7 @@ batched round (k tokens for every active request) per action frame, never while 
 batch is in flight. A bad request gets its Status (BAD_PROMPT, UNKNOWN_TASK,
 BAD_OBSERVATION, OVERLOADED) and nobody else is affected.
 
-Parameters (services_params["vla_language"]): generate_service, output_topic,
+Parameters (the server's `vla_language` section): generate_service, output_topic,
 tokens_per_frame (k; default: the engine's), default_max_tokens, idle_frame_s (a round when
 no frame came for this long), answer_timeout_s; policy_dir (+ engine keyword parameters)
 builds an engine of its own when the server's engine is not oxygen (then no Infer language).
@@ -65,7 +65,7 @@ class VlaLanguageService:
             eng = OxyGenEngine(policy_dir=policy_dir, **engine_params)
         elif policy_dir or engine_params:
             raise ValueError(f"vla_language: the server's oxygen engine serves it; policy_dir/"
-                             f"{sorted(engine_params)} belong in engine_params")
+                             f"{sorted(engine_params)} belong in the server's engine section")
         if tokens_per_frame is not None:
             if int(tokens_per_frame) < 1:
                 raise ValueError(f"tokens_per_frame must be >= 1, got {tokens_per_frame}")
@@ -96,7 +96,7 @@ class VlaLanguageService:
                                          QoSProfile(depth=1000, reliability=ReliabilityPolicy.RELIABLE))
         self.srv = node.create_service(Generate, generate_service, self._on_generate, qos_profile=service_qos(),
                                        callback_group=group)
-        node.language_requests = self  # srv/Infer's language fields (inference_server._on_infer)
+        node.serve_language(self)  # srv/Infer's language fields (the server's public hook)
         self.driver.start()
 
     # --- the action path ------------------------------------------------------------------
@@ -217,8 +217,8 @@ class VlaLanguageService:
 
     def close(self) -> None:
         self.driver.close()
-        if getattr(self.node, "language_requests", None) is self:
-            self.node.language_requests = None
+        if getattr(self.node, "language", None) is self:
+            self.node.serve_language(None)
         with self.lock:
             waiting = list(self.waiters.items())
             self.waiters.clear()

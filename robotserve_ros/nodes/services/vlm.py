@@ -10,7 +10,7 @@ most `threads` intra-op threads each and `nice` added to their scheduling priori
 most `max_pending` questions are admitted (more get OVERLOADED). A bad request (empty or
 over-long prompt, wrong image, impossible deadline) gets its Status code; others go on.
 
-Parameters (services_params {"vlm": {...}}): service, shape, scheduler, max_tokens,
+Parameters (the server's `vlm` section): service, shape, scheduler, max_tokens,
 max_prompt_words, max_pending, cores, threads, nice, seed.
 """
 from __future__ import annotations

@@ -7,6 +7,7 @@ import logging
 import signal
 import sys
 import time
+from pathlib import Path
 
 from ...params import parse_key_values
 from .config import CompatConfig
@@ -39,6 +40,9 @@ def _latency_ms(text: str) -> dict:
 
 def config_from_args(a) -> CompatConfig:
     """The command line as a CompatConfig; ValueError names what is wrong."""
+    for d in a.policy_dir or ():  # a typo would otherwise serve, then refuse every policy
+        if not Path(d).expanduser().is_dir():
+            raise ValueError(f"--policy-dir {d!r} is not a directory (policies load only from under existing ones)")
     return CompatConfig(
         host=a.host, port=a.port, fps=a.fps, scheduler=a.scheduler,
         scheduler_params=parse_key_values(a.scheduler_param), engine=a.engine,

@@ -1,8 +1,12 @@
-"""The LeRobot endpoint's configuration: frozen, checked once when made."""
+"""The LeRobot endpoint's configuration: frozen, checked once when made. Its scheduler and
+engine are the same SchedulerConfig/EngineConfig (robotserve_ros/config.py) the inference
+server node's `scheduler` and `engine` sections build, here from flat fields."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Optional
+
+from ...config import ConfigError, EngineConfig, SchedulerConfig, engine_config, relabel
 
 
 @dataclass(frozen=True)
@@ -38,10 +42,6 @@ class CompatConfig:
     keep_trace: bool = False  # remember every delivered action per task (tests)
 
     def __post_init__(self) -> None:
-        from ...core.profile import EngineProfile
-        from ...core.schedulers import SCHEDULERS, make_scheduler
-        from ...engines import ENGINES
-
         def positive(name: str, v, kind=(int, float), zero_ok=False) -> None:
             if isinstance(v, bool) or not isinstance(v, kind) or not (v >= 0 if zero_ok else v > 0):
                 what = "an integer" if kind is int else "a number"
@@ -70,22 +70,29 @@ class CompatConfig:
         for name in ("scheduler_params", "engine_params"):
             if not isinstance(getattr(self, name), dict):
                 raise ValueError(f"{name} must be a dict, got {type(getattr(self, name)).__name__}")
-        if self.scheduler not in SCHEDULERS:
-            raise ValueError(f"scheduler: unknown scheduler {self.scheduler!r}; known: {', '.join(SCHEDULERS.names())}")
+        flat = {"name": "scheduler", "scheduler": "scheduler_params", "batch_sizes": "profile_ms",
+                "latency_ms": "profile_ms"}
         try:  # a bad knob fails here, not when the first client connects
-            make_scheduler(self.scheduler, **self.scheduler_params)
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"scheduler_params for {self.scheduler}: {e}") from None
-        if self.engine not in ENGINES:
-            raise ValueError(f"engine: unknown engine {self.engine!r}; known: {', '.join(ENGINES.names())}")
-        if self.profile_ms is not None:
-            try:
-                EngineProfile(self.profile_ms)
-            except (TypeError, ValueError) as e:
-                raise ValueError(f"profile_ms: {e}") from None
+            self.scheduler_config.build()
+            self.engine_config  # noqa: B018 (checked when made)
+        except (TypeError, ValueError) as e:  # a profile_ms of non-numbers; a ConfigError
+            raise relabel(e, flat) if isinstance(e, ConfigError) else ValueError(f"profile_ms: {e}") from None
         if isinstance(self.policy_dirs, str) or not all(isinstance(d, str) and d for d in self.policy_dirs):
             raise ValueError(f"policy_dirs must be a sequence of directory names, got {self.policy_dirs!r}")
         object.__setattr__(self, "policy_dirs", tuple(self.policy_dirs))
+
+    @property
+    def scheduler_config(self) -> SchedulerConfig:
+        return SchedulerConfig(name=self.scheduler, params={self.scheduler: dict(self.scheduler_params)})
+
+    @property
+    def engine_config(self) -> EngineConfig:
+        """The engine as the node's `engine` section would give it (profile_ms: an explicit
+        profile; None: the engine's own)."""
+        try:
+            return engine_config(self.engine, self.engine_params, self.profile_ms)
+        except ConfigError as e:
+            raise relabel(e, {"name": "engine", "batch_sizes": "profile_ms", "latency_ms": "profile_ms"}) from None
 
     @property
     def upload_slots(self) -> int:

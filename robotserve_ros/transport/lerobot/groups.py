@@ -12,7 +12,6 @@ from typing import Callable, Optional
 import grpc
 
 from ...core.runner import Runner
-from ...core.schedulers import make_scheduler
 from ...core.serving import Refresher, ServingCore, Tier
 from .config import CompatConfig
 from ..tensors import shown
@@ -104,10 +103,10 @@ class PolicyGroups:
         from ...core.profile import EngineProfile
         from ...engines import make_engine
 
-        cfg = self.cfg
-        params = dict(cfg.engine_params)
-        profile = EngineProfile(cfg.profile_ms) if cfg.profile_ms else None
-        if cfg.engine == "lerobot":
+        cfg, ec = self.cfg, self.cfg.engine_config
+        params = ec.chosen
+        profile = ec.engine_profile() if ec.batch_sizes else None  # else the engine's own
+        if ec.name == "lerobot":
             params["policy_dir"] = path
         else:
             params.setdefault("action_dim", n_joints)
@@ -115,12 +114,12 @@ class PolicyGroups:
             profile = profile or EngineProfile({1: 30.0})
         t = time.monotonic()
         try:
-            engine = make_engine(cfg.engine, profile, **params)
+            engine = make_engine(ec.name, profile, **params)
         except (OSError, TypeError, ValueError, KeyError) as e:
             raise Refused("policy_load_failed", grpc.StatusCode.FAILED_PRECONDITION,
                           f"cannot load {key[0]} policy from {shown(path)}: {shown(str(e), 300)}") from None
         log.info("loaded %s policy from %s in %.1f s", key[0], path, time.monotonic() - t)
-        core = ServingCore(make_scheduler(cfg.scheduler, **cfg.scheduler_params),
+        core = ServingCore(cfg.scheduler_config.build(),
                            [Tier(TIER, engine.profile, max_batch=cfg.max_batch)], self.clock,
                            refresher=self.refresher, stale_obs_s=cfg.stale_obs_s)
         runner = Runner(core, {TIER: engine}, self.on_replies, lock=self.lock)

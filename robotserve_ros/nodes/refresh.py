@@ -1,0 +1,79 @@
+"""Stale observations fetched back from the robots over srv/FetchObservation (seed 000
+Algorithm 1 lines 20-21), for the inference server's core: one pooled client per robot's
+refresh service, a whole batch asked at once and waited for within one deadline."""
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+
+from ..core.errors import RequestError
+from ..srv import FetchObservation
+from .convert import observation_from_msg
+
+
+class ObservationRefresher:
+    """The core's refresher: `refresher(reqs)` -> per request (observation, stamp), or None
+    for a robot that cannot answer in time (its round goes with the observation it has).
+    `services[task_id]` names the robot's refresh service (set by the server per request)."""
+
+    def __init__(self, node, spec, timeout_s: float, callback_group) -> None:
+        self.node, self.spec, self.timeout_s, self.group = node, spec, timeout_s, callback_group
+        self.services: dict = {}  # task id -> its robot's FetchObservation service
+        self.clients: dict = {}  # service name -> client (rclpy's Node keeps its own _clients)
+        self.lock = threading.Lock()  # refreshes run from two threads (refresh ahead)
+        self.durations_s: deque = deque(maxlen=1024)  # one batch's refresh, call to return
+        # Rounds whose robot did not answer a refresh in time (oldest first, bounded): asked
+        # ahead and failed, it is not asked again at dispatch, where the engine would wait.
+        self._no_refresh: dict = {}
+
+    def forget(self, task_id: str) -> None:
+        self.services.pop(task_id, None)
+
+    def __call__(self, reqs) -> list:
+        """All asked at once, all waited for within one timeout_s, so a slow or silent robot
+        costs the batch at most that, never the engine one timeout per robot."""
+        t0 = time.monotonic()
+        try:
+            return self._collect(reqs, [self._ask(req) for req in reqs], t0 + self.timeout_s)
+        finally:
+            self.durations_s.append(time.monotonic() - t0)
+
+    def _ask(self, req):
+        name = self.services.get(req.task_id)
+        if not name or (req.task_id, req.round_id) in self._no_refresh:  # it just failed to answer for this round
+            return None
+        with self.lock:
+            cli = self.clients.get(name)
+            if cli is None:
+                cli = self.clients[name] = self.node.create_client(FetchObservation, name, callback_group=self.group)
+        if not cli.service_is_ready():
+            return None
+        done = threading.Event()
+        fut = cli.call_async(FetchObservation.Request(task_id=req.task_id, round_id=req.round_id))
+        fut.add_done_callback(lambda _, done=done: done.set())
+        return cli, fut, done
+
+    def _collect(self, reqs, calls, end: float) -> list:
+        out = []
+        for req, call in zip(reqs, calls):
+            if call is None:
+                out.append(None)
+                continue
+            cli, fut, done = call
+            res = fut.result() if done.wait(max(0.0, end - time.monotonic())) else None
+            if res is None or not res.ok:
+                cli.remove_pending_request(fut)
+                with self.lock:
+                    self._no_refresh[(req.task_id, req.round_id)] = True
+                    while len(self._no_refresh) > 1024:
+                        self._no_refresh.pop(next(iter(self._no_refresh)))
+                out.append(None)
+                continue
+            try:
+                obs = observation_from_msg(res.observation, self.spec)
+            except RequestError:
+                out.append(None)
+                continue
+            out.append((obs, obs.stamp))
+        return out

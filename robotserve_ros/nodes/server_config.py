@@ -1,0 +1,166 @@
+"""The inference server's parameter tree (nested ROS parameters, nav2-like), checked at start.
+
+    inference_server:
+      ros__parameters:
+        scheduler: {name: kairos, kairos: {buckets: 10, aging: 4}}
+        engine: {name: lerobot, profile: diffusion_arm, lerobot: {policy_dir: models/x, device: cpu}}
+        horizon: {static: {h: 20}, confidence: {t: 0.4, h_min: 10}}
+        remote_tiers: [cloud]             # each named one is a section beside the others
+        cloud: {address: gpu1:50051, token_file: /run/token, slots: 2}
+        placement: {name: shortest_delay}
+        services: [planner]               # likewise, each with its section
+        planner: {scheduler: timely, max_batch: 8}
+
+No rclpy here: the tests and `docs/parameters.md` read it without ROS.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Mapping, Optional
+
+from ..config import (Config, ConfigError, EngineConfig, PluginConfig, SchedulerConfig, check, check_one_of,
+                      from_tree, param)
+from ..core.observation import ObservationSpec
+from ..core.placement import PLACEMENTS
+from .services import SERVICES
+
+
+@dataclass(frozen=True)
+class RemoteTierConfig(Config):
+    """A cloud tier: a `robotserve gpu-server` (seed 000 §3.2.3), its link's starting guesses."""
+
+    address: str = param("", "host:port of a robotserve gpu-server (required)")
+    token_file: str = param("", "file holding the server's token ('' = none)")
+    root_cert: str = param("", "CA certificate (PEM) that turns TLS on ('' = plaintext)")
+    server_name: str = param("", "TLS name to expect when it differs from the address")
+    deadline_s: float = param(2.0, "one call's deadline, > 0")
+    connect_timeout_s: float = param(5.0, "how long the server may take to answer at start, > 0")
+    ping_interval_s: float = param(1.0, "how often the link's round trip is measured, > 0")
+    slots: int = param(1, "batches in flight on it at once, >= 1")
+    max_batch: int = param(0, "largest batch sent, >= 0 (0: its profile's saturation batch)")
+    rtt_s: float = param(0.1, "starting guess of the round trip, s, >= 0")
+    bandwidth_bps: float = param(125e6, "starting guess of the bandwidth, bytes/s, > 0")
+
+    def check(self) -> None:
+        host, sep, port = self.address.rpartition(":")
+        check(bool(host) and bool(sep) and port.isdigit(), "address", self.address, "is not host:port")
+        for name in ("deadline_s", "connect_timeout_s", "ping_interval_s", "bandwidth_bps"):
+            check(getattr(self, name) > 0, name, getattr(self, name), "is not > 0")
+        check(self.slots >= 1, "slots", self.slots, "is not >= 1")
+        check(self.max_batch >= 0, "max_batch", self.max_batch, "is not >= 0")
+        check(self.rtt_s >= 0, "rtt_s", self.rtt_s, "is not >= 0")
+
+    def engine_params(self) -> dict:
+        """The remote engine's keyword parameters (transport/remote_engine.py)."""
+        kw = {"address": self.address, "deadline_s": self.deadline_s, "connect_timeout_s": self.connect_timeout_s,
+              "ping_interval_s": self.ping_interval_s}
+        kw.update({k: getattr(self, k) for k in ("token_file", "root_cert", "server_name") if getattr(self, k)})
+        return kw
+
+
+@dataclass(frozen=True)
+class PlacementConfig(PluginConfig):
+    name: str = param("fill_in_order", "which tier a batch goes to: fill_in_order, or shortest_delay "
+                      "(seed 000 §3.2.3: offload when the cloud answers sooner)")
+    params: dict = param({}, "each placement's keyword parameters under its name", beside=True)
+
+    @classmethod
+    def choices(cls) -> list:
+        return PLACEMENTS.names()
+
+
+_SIM_ENGINE = {"chunk_size": 50, "action_dim": 6, "steps": 10, "updates": True, "realtime": True}
+
+
+@dataclass(frozen=True)
+class InferenceServerConfig(Config):
+    service: str = param("/robotserve/infer", "the srv/Infer service robots call")
+    progress_topic: str = param("/robotserve/progress", "where robots report execution progress")
+    scheduler: SchedulerConfig = param(SchedulerConfig(), "the scheduler: name, and each one's knobs under its name")
+    engine: EngineConfig = param(EngineConfig(profile="smolvla_tiny", params={"simulated": _SIM_ENGINE}),
+                                 "the engine: name, engine profile, and each one's knobs under its name")
+    max_batch: int = param(0, "largest batch the edge tier runs, >= 0 (0: the profile's saturation batch)")
+    horizon: dict = param({"static": {"h": 25}, "confidence": {"t": 0.4, "h_min": 10}},
+                          "horizon policy name -> its keyword parameters (core/horizon)")
+    stale_obs_s: float = param(0.25, "an observation older than this at dispatch is refreshed from the robot, > 0")
+    refresh_timeout_s: float = param(0.05, "how long a refresh may take before the old observation is used, > 0")
+    task_timeout_s: float = param(10.0, "a task whose robot is silent this long is reaped, > 0")
+    obs_cameras: int = param(-1, "images per observation (< 0: what the engine takes)")
+    obs_width: int = param(-1, "image width (<= 0: what the engine takes)")
+    obs_height: int = param(-1, "image height (<= 0: what the engine takes)")
+    obs_encodings: tuple[str, ...] = param(("rgb8", "bgr8", "mono8"), "image encodings accepted (of those the engine takes)")
+    obs_joints: int = param(-1, "joint positions per observation (< 0: what the engine takes)")
+    max_request_bytes: int = param(8 << 20, "largest observation payload accepted, > 0")
+    max_task_id_bytes: int = param(256, "longest task id (and horizon name, refresh service) accepted, UTF-8 bytes, > 0")
+    max_instruction_bytes: int = param(4096, "longest instruction accepted, UTF-8 bytes, > 0")
+    max_images: int = param(16, "most images in one observation, > 0")
+    diagnostics_hz: float = param(1.0, "/diagnostics publication rate, > 0")
+    threads: int = param(128, "Infer calls served at once, >= 4")
+    remote_tiers: tuple[str, ...] = param((), "cloud tiers (GPU servers): names, each a section beside these "
+                                          "(address, token_file, root_cert, slots, ...)")
+    placement: PlacementConfig = param(PlacementConfig(), "the placement: name, and each one's knobs under its name")
+    services: tuple[str, ...] = param((), "services beside srv/Infer (LLM plans, language, VLM): names from "
+                                      "robotserve_ros/nodes/services, each with an optional section of its parameters")
+    sections: dict = param({}, "the named remote tiers' and services' sections", beside=True)
+    memory_trace_file: str = param("", "trace Python allocations (tracemalloc) and write the 30 sites that grew "
+                                   "most from memory_trace_after_s to shutdown here as JSON; '' = off")
+    memory_trace_after_s: float = param(120.0, "when the memory trace's baseline is taken, s after start, > 0")
+    stage_trace_file: str = param("", "write per-round stage times (CLOCK_MONOTONIC ns: received, submit, dispatch, "
+                                  "engine_start, engine_end, reply, answered) here as JSON on shutdown; '' = off")
+
+    @classmethod
+    def extra_keys(cls, tree: Mapping, extra: dict) -> dict:
+        """nav2's shape: a key beside the fields is the section of a named tier or service."""
+        named = set(tree.get("remote_tiers") or ()) | set(tree.get("services") or ())
+        for k, v in extra.items():
+            if k not in named:
+                allowed = [f.name for f in fields(cls) if f.name != "sections"]
+                raise ConfigError(k, f"is not a parameter here; allowed: {', '.join(allowed)}, or the section of "
+                                  "a name in remote_tiers or services")
+            check(isinstance(v, Mapping), k, v, "is not a section")
+        return {"sections": {**tree.get("sections", {}), **extra}}
+
+    def check(self) -> None:
+        from ..core.horizon import HORIZON_POLICIES
+
+        for name in self.services:
+            check_one_of("services", name, SERVICES.names())
+        for name, kw in self.horizon.items():
+            check_one_of("horizon", name, HORIZON_POLICIES.names())
+            check(isinstance(kw, dict), f"horizon.{name}", kw, "is not a section of keyword parameters")
+        fieldnames = {f.name for f in fields(self)}
+        for name in self.remote_tiers:
+            check(name not in fieldnames and name not in self.services, "remote_tiers", name,
+                  "is taken: a tier's name may not be a parameter's or a service's")
+            check(name in self.sections, "remote_tiers", name, f"has no section '{name}' (with its address)")
+        self.tiers()  # each tier's section checked now
+        for name in ("stale_obs_s", "refresh_timeout_s", "task_timeout_s", "max_request_bytes", "diagnostics_hz",
+                     "memory_trace_after_s", "max_task_id_bytes", "max_instruction_bytes", "max_images"):
+            check(getattr(self, name) > 0, name, getattr(self, name), "is not > 0")
+        check(self.max_batch >= 0, "max_batch", self.max_batch, "is not >= 0 (0: the saturation batch)")
+        check(self.threads >= 4, "threads", self.threads, "is not >= 4")
+
+    def tiers(self) -> dict:
+        """Cloud tier name -> its RemoteTierConfig, in remote_tiers order."""
+        return {n: from_tree(RemoteTierConfig, self.sections.get(n), n) for n in self.remote_tiers}
+
+    def service_params(self, name: str) -> dict:
+        return dict(self.sections.get(name, {}))
+
+    def observation_spec(self, engine_spec: Optional[ObservationSpec]) -> ObservationSpec:
+        """The checks a request passes before it is queued: the obs_* parameters where set,
+        else what the engine's policy takes. A bad observation found only by the engine would
+        fail its whole batch, and come back with every requeue."""
+        e = engine_spec or ObservationSpec()
+        spec = ObservationSpec(
+            cameras=self.obs_cameras if self.obs_cameras >= 0 else e.cameras,
+            width=self.obs_width if self.obs_width > 0 else e.width,
+            height=self.obs_height if self.obs_height > 0 else e.height,
+            encodings=tuple(x for x in self.obs_encodings if x in e.encodings),
+            joints=self.obs_joints if self.obs_joints >= 0 else e.joints,
+            max_bytes=self.max_request_bytes, max_task_id_bytes=self.max_task_id_bytes,
+            max_instruction_bytes=self.max_instruction_bytes, max_images=self.max_images,
+        )
+        if not spec.encodings:
+            raise ConfigError("obs_encodings", f"none of {list(self.obs_encodings)} is an image encoding the engine takes")
+        return spec

@@ -1,0 +1,125 @@
+"""The inference server's diagnostics: its stats as one dict and as /diagnostics, and the
+memory tools of long runs (a tracemalloc diff, returning freed heap pages to the OS).
+Read-only views of the node's core and runner, taken under their lock."""
+from __future__ import annotations
+
+import json
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
+
+
+def ms_pct(samples, q: float):
+    """The q-th percentile of recent durations (s) in ms; None for none."""
+    xs = list(samples)
+    return round(1000 * float(np.percentile(xs, q)), 3) if xs else None
+
+
+def _pcts(name: str, samples) -> dict:
+    return {f"{name}_ms_p50": ms_pct(samples, 50), f"{name}_ms_p99": ms_pct(samples, 99)}
+
+
+def server_stats(node) -> dict:
+    """What /diagnostics shows of an InferenceServerNode (and what benches read)."""
+    with node.lock:
+        core, r, s, now = node.core, node.runner, node.core.stats, node.clock.now()
+        r.account()  # the backlog integrals up to now
+        edge = r.busy_backlogged_s["edge"]
+        return {
+            "queue_length": len(core.pending),
+            "in_flight": len(core.inflight),
+            "tasks": len(core.ledger.tasks),
+            "served": s.completed,
+            "served_by_tier": dict(node.served_by_tier),
+            "batches": s.batches,
+            "engine_utilization": r.busy_s["edge"] / max(1e-9, now - node.started_at),
+            "tier_failures": dict(r.failures),
+            "late_replies_discarded": r.late_replies,
+            "resent_requests": s.resent_requests,
+            "replies_replayed": s.replies_replayed,
+            "given_up": s.given_up,
+            "errors": dict(s.errors),
+            "refreshes": s.refreshes,
+            "refresh_failures": s.refresh_failures,
+            "refresh_skipped": s.refresh_skipped,
+            "refresh_success_recent": round(core.refresh_gate.success, 3),
+            "mean_obs_age_s": s.obs_age_sum / s.obs_age_n if s.obs_age_n else 0.0,
+            "finished_tasks": node.finished["tasks"],
+            "reaped_tasks": node.finished["reaped"],
+            "engine_busy_s": r.busy_s["edge"],
+            "backlog_threshold": r.backlog_threshold,
+            "backlogged_s": r.backlogged_s,
+            "busy_while_backlogged_s": edge,
+            "engine_utilization_when_backlogged": edge / r.backlogged_s if r.backlogged_s > 0 else None,
+            **_pcts("dispatch", r.dispatch_s), **_pcts("gap_to_dispatch", r.gap_dispatch_s),
+            **_pcts("gap_handoff", r.gap_handoff_s), **_pcts("refresh", node.refresher.durations_s),
+            **_pcts("gap_refresh", r.gap_refresh_s), **_pcts("in_server", node.in_server_s),
+            "waiters": len(node.waiters), "reply_cache": len(core.last_reply),
+            "refresh_clients": len(node.refresher.clients),
+            "refreshed_ahead": r.prefreshes["ok"], "refresh_ahead_failures": r.prefreshes["failed"],
+            "wait_ratio": {t: core.ledger.wait_ratio(t, now) for t in core.ledger.tasks},
+            "services": {n: svc.stats() for n, svc in node.side_services.items()},
+        }
+
+
+def diagnostic_array(st: dict, stamp, hardware_id: str) -> DiagnosticArray:
+    """server_stats as one DiagnosticStatus; nested dicts as `group/key` values."""
+    nested = ("errors", "wait_ratio", "served_by_tier", "services")
+    kv = [KeyValue(key=k, value=str(v)) for k, v in st.items() if k not in nested]
+    kv += [KeyValue(key=f"services/{n}/{k}", value=str(v)) for n, ss in sorted(st["services"].items())
+           for k, v in sorted(ss.items())]
+    kv += [KeyValue(key=f"served_by_tier/{k}", value=str(v)) for k, v in sorted(st["served_by_tier"].items())]
+    kv += [KeyValue(key=f"errors/{k}", value=str(v)) for k, v in sorted(st["errors"].items())]
+    kv += [KeyValue(key=f"wait_ratio/{t}", value=f"{w:.4f}") for t, w in sorted(st["wait_ratio"].items())]
+    level = DiagnosticStatus.WARN if st["errors"] else DiagnosticStatus.OK
+    msg = DiagnosticArray()
+    msg.header.stamp = stamp
+    msg.status = [DiagnosticStatus(level=level, name="robotserve: inference_server", hardware_id=hardware_id,
+                                   message=f"{st['queue_length']} queued, {st['tasks']} tasks", values=kv)]
+    return msg
+
+
+class MemoryTrace:
+    """Python allocations (tracemalloc) from a baseline taken after_s into the run to
+    close(): the 30 sites that grew most, written to `path` as JSON: where a slow leak lives."""
+
+    def __init__(self, node, path: str, after_s: float) -> None:
+        self.path, self.base = path, None
+        tracemalloc.start(1)
+        self._timer = node.create_timer(after_s, self._baseline)
+
+    def _baseline(self) -> None:
+        self._timer.cancel()
+        self.base = tracemalloc.take_snapshot()
+
+    def close(self) -> None:
+        if self.base is None:
+            return
+        diff = tracemalloc.take_snapshot().compare_to(self.base, "lineno")
+        top = [{"site": str(d.traceback), "size_diff_kb": round(d.size_diff / 1024, 1), "count_diff": d.count_diff,
+                "size_kb": round(d.size / 1024, 1)} for d in diff[:30]]
+        total = sum(d.size_diff for d in diff) / 1024
+        Path(self.path).write_text(json.dumps({"python_growth_kb": round(total, 1), "top": top}))
+
+
+def trim_heap() -> None:
+    """Give the heap pages freed since the last call back to the OS (glibc malloc_trim). A
+    long-running server sees peaks of queued observations on ~150 threads' malloc arenas;
+    without this its resident set keeps the highest peak's fragments (a 10-minute soak grew
+    7 % after its first 2 minutes, with nothing leaking in the server's own structures)."""
+    global _libc
+    if _libc is None:
+        try:
+            import ctypes
+
+            _libc = ctypes.CDLL("libc.so.6")
+            _libc.malloc_trim.argtypes = [ctypes.c_size_t]
+        except (OSError, AttributeError):  # not glibc: nothing to do
+            _libc = False
+    if _libc:
+        _libc.malloc_trim(0)
+
+
+_libc = None
