@@ -290,33 +290,29 @@ def build_parser() -> argparse.ArgumentParser:
     ch.add_argument("--out", default="reports/live/chaos.json", help="result JSON")
     ch.set_defaults(func=cmd_bench_chaos)
 
-    pe = b.add_parser("peer", help="LeRobot's own policy server (one robot per pass) vs the batched engine, same policy")
-    bench_peer.add_arguments(pe)
-
-    hy = b.add_parser("hybrid", help="edge-only vs cloud-only vs hybrid placement over a shaped link (netns, root)")
-    bench_hybrid.add_arguments(hy)
-    hy.set_defaults(func=bench_hybrid.cli)
-    sl = b.add_parser("slo", help="SLO-aware disaggregated LLM serving (seed 004): urgency_slack vs fcfs_cb + ablations")
-    bench_slo.add_arguments(sl)
-    sl.set_defaults(func=bench_slo.cli)
-
-    ox = b.add_parser("oxygen", help="SmolVLA actions + language: isolated vs KV sharing vs OxyGen batching (seed 001)")
-    bench_oxygen.add_arguments(ox)
-    ox.set_defaults(func=bench_oxygen.cli)
-
-    nv = b.add_parser("nova", help="Nova VLM serving (seed 003): stage pipeline + adaptive partition vs baselines")
-    bench_nova.add_arguments(nv)
-
-    tl = b.add_parser("timely", help="TimelyLLM trace replay: time utility, response and waiting time per scheduler")
-    timely_bench.add_arguments(tl)
+    # Commands whose options their own modules define: module.add_arguments + module.cli.
+    for parent, name, help_, module in (
+        (b, "peer", "LeRobot's own policy server (one robot per pass) vs the batched engine, same policy", bench_peer),
+        (b, "hybrid", "edge-only vs cloud-only vs hybrid placement over a shaped link (netns, root)", bench_hybrid),
+        (b, "slo", "SLO-aware disaggregated LLM serving (seed 004): urgency_slack vs fcfs_cb + ablations", bench_slo),
+        (b, "oxygen", "SmolVLA actions + language: isolated vs KV sharing vs OxyGen batching (seed 001)", bench_oxygen),
+        (b, "nova", "Nova VLM serving (seed 003): stage pipeline + adaptive partition vs baselines", bench_nova),
+        (b, "timely", "TimelyLLM trace replay: time utility, response and waiting time per scheduler", timely_bench),
+        (sub, "lerobot-server", "serve unmodified LeRobot robot_clients (async inference) by the fleet scheduler",
+         lerobot_command),
+        (sub, "profile", "engine latency vs batch size: the engine profile JSON + Markdown report", profiling),
+        (sub, "llm-convert", "convert the packaged SmolLM2 GGUF once into a model folder (build step)", llm_convert),
+        (sub, "llm-profile", "LLM engine: prefill vs prompt, decode step vs batch/context, KV handover "
+                             "-> the profile JSON every LLM scheduler reads", llm_profile),
+        (sub, "make-policy", "write a random-weight LeRobot policy directory (default or real size)", tiny_policies),
+    ):
+        module_parser = parent.add_parser(name, help=help_)
+        module.add_arguments(module_parser)
+        module_parser.set_defaults(func=module.cli)
 
     g = sub.add_parser("gpu-server", help="host an engine behind the gRPC GPU service (a cloud tier)")
     transport.add_arguments(g)
     g.set_defaults(func=cmd_gpu_server)
-
-    lr = sub.add_parser("lerobot-server", help="serve unmodified LeRobot robot_clients (async inference) by the fleet scheduler")
-    lerobot_command.add_arguments(lr)
-    lr.set_defaults(func=lerobot_command.cli)
 
     d = sub.add_parser("demo", help="live fleet on this machine: server + simulated robots, FIFO vs Kairos vs remaining")
     d.add_argument("--robots", type=positive(int), default=12)
@@ -328,18 +324,6 @@ def build_parser() -> argparse.ArgumentParser:
                    "the run of record: --out reports/live)")
     d.add_argument("--ablation", action="store_true", help="also run FIFO with the dynamic horizon")
     d.set_defaults(func=cmd_demo)
-
-    pr = sub.add_parser("profile", help="engine latency vs batch size: the engine profile JSON + Markdown report")
-    profiling.add_arguments(pr)
-
-    lc = sub.add_parser("llm-convert", help="convert the packaged SmolLM2 GGUF once into a model folder (build step)")
-    llm_convert.add_arguments(lc)
-    lp = sub.add_parser("llm-profile", help="LLM engine: prefill vs prompt, decode step vs batch/context, KV handover "
-                                           "-> the profile JSON every LLM scheduler reads")
-    llm_profile.add_arguments(lp)
-
-    mp = sub.add_parser("make-policy", help="write a random-weight LeRobot policy directory (default or real size)")
-    tiny_policies.add_arguments(mp)
 
     u = sub.add_parser("up", help="start the nodes of a launch file as processes (no ros2 launch needed)")
     u.add_argument("config", help="ROS params file, e.g. config/fleet.yaml")

@@ -39,9 +39,12 @@ def _wrong_type(default, value) -> str | None:
 
 
 class Registry(Generic[T]):
-    def __init__(self, role: str) -> None:
+    def __init__(self, role: str, entries: Mapping[str, Callable[..., T]] | None = None) -> None:
+        """`entries`: the built-in implementations by config name (each registered as below)."""
         self.role = role
         self._items: dict[str, Callable[..., T]] = {}
+        for name, factory in (entries or {}).items():
+            self.register(name, factory)
 
     def register(self, name: str, factory: Callable[..., T] | None = None):
         """Register `factory` under `name`; usable as a decorator. Names are unique."""

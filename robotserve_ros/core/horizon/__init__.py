@@ -10,13 +10,10 @@ from .schedule import ScheduleNormalisedHorizon
 from .self_consistency import SelfConsistencyEngine, SelfConsistencyHorizon
 from .static import StaticHorizon
 
-HORIZON_POLICIES: Registry[HorizonPolicy] = Registry("horizon policy")
-HORIZON_POLICIES.register("static", StaticHorizon)
-HORIZON_POLICIES.register("confidence", ConfidenceHorizon)
-HORIZON_POLICIES.register("schedule", ScheduleNormalisedHorizon)
-HORIZON_POLICIES.register("self_consistency", SelfConsistencyHorizon)
-HORIZON_POLICIES.register("learned", LearnedHorizon)
-HORIZON_POLICIES.register("agreement", PlanAgreementHorizon)
+HORIZON_POLICIES: Registry[HorizonPolicy] = Registry("horizon policy", {
+    "static": StaticHorizon, "confidence": ConfidenceHorizon, "schedule": ScheduleNormalisedHorizon,
+    "self_consistency": SelfConsistencyHorizon, "learned": LearnedHorizon, "agreement": PlanAgreementHorizon,
+})
 
 
 def register_horizon_policy(name: str, factory) -> None:

@@ -10,13 +10,10 @@ from .kairos import KairosScheduler
 from .remaining import RemainingScheduler
 from .srpt import SrptScheduler
 
-SCHEDULERS: Registry[Scheduler] = Registry("scheduler")
-SCHEDULERS.register("fifo", FifoScheduler)
-SCHEDULERS.register("autellix", AutellixScheduler)
-SCHEDULERS.register("kairos", KairosScheduler)
-SCHEDULERS.register("edf", EdfScheduler)
-SCHEDULERS.register("srpt", SrptScheduler)
-SCHEDULERS.register("remaining", RemainingScheduler)
+SCHEDULERS: Registry[Scheduler] = Registry("scheduler", {
+    "fifo": FifoScheduler, "autellix": AutellixScheduler, "kairos": KairosScheduler, "edf": EdfScheduler,
+    "srpt": SrptScheduler, "remaining": RemainingScheduler,
+})
 
 
 def make_scheduler(name: str, **params) -> Scheduler:
