@@ -60,7 +60,7 @@ def test_a_plugin_section_keeps_each_plugins_knobs_under_its_name_and_uses_the_c
     assert type(sc.build()).__name__ != type(from_tree(SchedulerConfig, {"name": "kairos"}).build()).__name__
     assert flatten(from_tree(SchedulerConfig, {"kairos": {"buckets": 3}}))["kairos.buckets"][0] == 3
     with pytest.raises(ConfigError, match=r"^parameter 'scheduler.kairos': no kairos scheduler with \{'nosuch': 1\}"):
-        from_tree(SchedulerConfig, {"kairos": {"nosuch": 1}}).build()
+        from_tree(SchedulerConfig, {"name": "kairos", "kairos": {"nosuch": 1}}).build()
     with pytest.raises(ConfigError, match="^parameter 'nosuch': 1 is not a parameter here nor one of "):
         from_tree(SchedulerConfig, {"nosuch": 1})
 

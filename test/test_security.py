@@ -61,12 +61,12 @@ def hang_payload() -> bytes:
     return in_observation(R(frozenset, arr))
 
 
-def served(port: int) -> None:
+def served(port: int, policy_path: str = "/policies/dp") -> None:
     """A good robot, start to chunk."""
     c = Client(port)
     try:
         c.stub.Ready(pb.Empty(), timeout=10)
-        c.stub.SendPolicyInstructions(policy_setup(), timeout=10)
+        c.stub.SendPolicyInstructions(policy_setup(path=policy_path), timeout=10)
         c.stub.SendObservations(iter([pb.Observation(transfer_state=pb.TRANSFER_END, data=pickle.dumps(timed_obs(3)))]),
                                 timeout=10)
         acts = pickle.loads(c.stub.GetActions(pb.Empty(), timeout=10).data)
@@ -82,12 +82,13 @@ def send(c: Client, data: bytes, timeout: float = 30.0):
 # --- in a subprocess: the crash and the hang ---------------------------------------------------
 @pytest.fixture(scope="module")
 def server_process(tmp_path_factory):
+    policies = tmp_path_factory.mktemp("policies")  # --policy-dir must exist: checked at start
     p = subprocess.Popen([sys.executable, "-m", "robotserve_ros.cli", "lerobot-server", "--port", "0", "--engine",
                           "simulated", "--engine-param", "chunk_size=8", "--latency-ms", "1:5", "--policy-dir",
-                          "/policies"], cwd=tmp_path_factory.mktemp("srv"), stdout=subprocess.PIPE, text=True)
+                          str(policies)], cwd=tmp_path_factory.mktemp("srv"), stdout=subprocess.PIPE, text=True)
     try:
         line = p.stdout.readline()
-        yield p, int(line.split(" on ")[1].split()[0].rpartition(":")[2])
+        yield p, int(line.split(" on ")[1].split()[0].rpartition(":")[2]), f"{policies}/dp"
     finally:
         p.kill()  # SIGKILL: a server stuck in C ignores anything else
         p.wait(10)
@@ -95,16 +96,16 @@ def server_process(tmp_path_factory):
 
 @pytest.mark.parametrize("probe", [crash_payload, hang_payload])
 def test_crash_and_hang_probes_refused_and_the_server_lives(server_process, probe):
-    p, port = server_process
+    p, port, policy_path = server_process
     c = Client(port)
-    c.start()
+    c.start(path=policy_path)
     with pytest.raises(grpc.RpcError) as e:
         send(c, probe(), timeout=30)
     assert e.value.code() == INVALID, (e.value.code(), e.value.details())
     assert "plain numeric dtypes" in e.value.details()
     assert p.poll() is None, "the server died"
     c.close()
-    served(port)
+    served(port, policy_path)
 
 
 # --- in process ----------------------------------------------------------------------------------
