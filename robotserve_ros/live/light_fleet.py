@@ -341,4 +341,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from ..nodes.common import exit_process
+
+    exit_process(main())

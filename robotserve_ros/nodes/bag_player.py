@@ -61,7 +61,8 @@ from rclpy.parameter import Parameter
 from rclpy.qos import QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
 
 from .. import bags
-from .common import NodeConfig, ParamError, bad_param, check, declare_config, node_options, param, run_nodes
+from .common import (bad_param, check, declare_config, exit_process, node_options, NodeConfig, param, ParamError,
+                     run_nodes)
 
 NODE_NAME = "bag_player"
 _NS = 1_000_000_000
@@ -381,4 +382,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    exit_process(main())

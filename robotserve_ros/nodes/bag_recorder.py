@@ -43,7 +43,8 @@ from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
 
 from .. import bags
 from .bag_player import final_log, import_msg_class
-from .common import NodeConfig, bad_param, check, check_one_of, declare_config, node_options, param, run_nodes
+from .common import (bad_param, check, check_one_of, declare_config, exit_process, node_options, NodeConfig, param,
+                     run_nodes)
 
 NODE_NAME = "bag_recorder"
 _STOP = object()
@@ -216,4 +217,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    exit_process(main())

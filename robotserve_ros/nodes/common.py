@@ -3,13 +3,15 @@ as one frozen config dataclass (robotserve_ros/config.py; declare_config: declar
 ROS parameters with defaults and help, validated at start), and one way to run and stop nodes."""
 from __future__ import annotations
 
+import faulthandler
+import logging
 import os
 import signal
 import sys
 import tempfile
 import threading
 from dataclasses import fields
-from typing import Callable, Sequence, TypeVar
+from typing import Callable, NoReturn, Sequence, TypeVar
 
 from builtin_interfaces.msg import Time
 from rcl_interfaces.msg import ParameterDescriptor
@@ -117,7 +119,9 @@ def to_time(s: float) -> Time:
 
 
 def prepare_process() -> None:
-    """Before rclpy.init: a log dir even without HOME, and a first SIGINT that stops us."""
+    """Before rclpy.init: a log dir even without HOME, a first SIGINT that stops us, and a
+    C-level traceback on stderr should the process ever crash (faulthandler)."""
+    faulthandler.enable()
     if "ROS_LOG_DIR" not in os.environ and "HOME" not in os.environ:
         os.environ["ROS_LOG_DIR"] = os.path.join(tempfile.gettempdir(), "robotserve_ros_log")
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -183,6 +187,20 @@ def _start_pool(ex, n: int) -> None:
 
     for f in [pool.submit(hold) for _ in range(n)]:
         f.result()
+
+
+def exit_process(code: int) -> NoReturn:
+    """End a node process once run_nodes has shut everything down, without the interpreter's
+    teardown: there rclpy's remaining handles (timers, clocks, guard conditions) are finalised
+    in arbitrary order after the context is gone, which now and then crashed a node that had
+    stopped cleanly (SIGSEGV, exit -11, seen on sim_robot and robot_client at SIGINT)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe: nothing more to say
+            pass
+    logging.shutdown()
+    os._exit(code)
 
 
 def run_nodes(make: Callable[[], Sequence], argv=None, threads=None) -> int:

@@ -36,7 +36,7 @@ from ..core.types import ExecInfo
 from ..engines import make_engine
 from ..msg import ExecutionProgress
 from ..srv import Infer
-from .common import NodeClock, ParamError, declare_config, node_options, run_nodes, service_qos, to_sec
+from .common import declare_config, exit_process, node_options, NodeClock, ParamError, run_nodes, service_qos, to_sec
 from .convert import fill_chunk, fill_status, request_from_msg
 from .refresh import ObservationRefresher
 from .server_config import InferenceServerConfig
@@ -256,4 +256,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    exit_process(main())

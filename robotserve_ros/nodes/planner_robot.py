@@ -21,7 +21,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .common import NodeConfig, ParamError, check, check_one_of, declare_config, node_options, param, run_nodes
+from .common import (check, check_one_of, declare_config, exit_process, node_options, NodeConfig, param, ParamError,
+                     run_nodes)
 
 
 @dataclass(frozen=True)
@@ -195,4 +196,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

@@ -37,7 +37,7 @@ from ..core.robot_timing import OpenRound, trigger_actions
 from ..sim.simulator import task_type_of
 from ..msg import ExecutionProgress
 from ..srv import FetchObservation, Infer
-from .common import (NodeClock, NodeConfig, check, check_one_of, declare_config, lean_node_kwargs, node_options, param,
+from .common import (exit_process, NodeClock, NodeConfig, check, check_one_of, declare_config, lean_node_kwargs, node_options, param,
                      run_nodes, service_qos, to_time)
 from .client_account import ClientAccount
 from .convert import chunk_to_array
@@ -385,4 +385,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    exit_process(main())

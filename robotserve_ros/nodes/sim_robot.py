@@ -57,7 +57,7 @@ from sensor_msgs.msg import Image, JointState
 from std_msgs.msg import Float64MultiArray
 from trajectory_msgs.msg import JointTrajectory
 
-from robotserve_ros.nodes.common import (NodeConfig, ParamError, check, check_one_of, declare_config, lean_node_kwargs, node_options,
+from robotserve_ros.nodes.common import (exit_process, NodeConfig, ParamError, check, check_one_of, declare_config, lean_node_kwargs, node_options,
                                         param, run_nodes)
 from robotserve_ros.sim.robots import ROBOT_TYPES, SimRobot, make_robot, render
 
@@ -371,4 +371,4 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())
