@@ -114,7 +114,7 @@ def test_every_infer_request_is_queued_or_refused_clearly(server_side, msg):
         assert core.stats.submitted == before + 1 and p.replay is None  # a new task each example
         assert math.isfinite(p.deadline) and math.isfinite(req.obs_stamp)
         assert req.exec_info is None or not req.exec_info.problems()
-        core.drop_task(req.task_id)  # one task at a time: the next example starts clean
+        core.cancel(req.task_id)  # one task at a time: the next example starts clean
     else:
         assert core.stats.errors[err.code] >= 1
 
@@ -158,4 +158,4 @@ def test_the_fuzzed_shape_is_accepted_when_valid(server_side):
     r.horizon.name = "confidence"
     p = core.submit(request_from_msg(r, spec))
     assert p.task_id == "fuzz/valid" and p.request.observation.images[0].shape == (3, 4, 3)
-    core.drop_task("fuzz/valid")
+    core.cancel("fuzz/valid")

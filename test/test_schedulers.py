@@ -311,5 +311,5 @@ def test_finish_task_tells_the_scheduler_once_with_the_task_type(make_core, chun
     core.finish_task("a")
     core.finish_task("a")  # a repeated final report
     core.submit(InferenceRequest("b", 0))  # no type: dropped, never finished, nothing learned
-    core.drop_task("b")
+    core.cancel("b")
     assert seen == [("a", 1, "pick")]

@@ -168,7 +168,7 @@ def test_requeue_skips_dropped_requests_and_refuses_a_round_while_one_generates(
     for tid in ("a", "b", "c"):
         core.submit(InferenceRequest(tid, 0))
     (d,) = core.dispatch()
-    assert core.drop_task("b")
+    assert core.cancel("b")
     clock.advance_to(0.5)
     with pytest.raises(RoundInFlight):
         core.submit(InferenceRequest("c", 1, ExecInfo(0.0, 0, 8.0)))
@@ -178,15 +178,15 @@ def test_requeue_skips_dropped_requests_and_refuses_a_round_while_one_generates(
     assert core.pending["c"].request.round_id == 0
 
 
-def test_drop_task_drops_replies_in_flight(make_core, chunk):
+def test_cancel_drops_replies_in_flight(make_core, chunk):
     core, clock = make_core("fifo", batch_latency_ms={1: 1000.0, 2: 1000.0}, max_batch=2)
     core.submit(InferenceRequest("a", 0))
     core.submit(InferenceRequest("b", 0))
     core.submit(InferenceRequest("c", 0))
     (d,) = core.dispatch()
-    assert core.drop_task("a")
-    assert core.drop_task("c")  # a queued request goes too
-    assert not core.drop_task("a")
+    assert core.cancel("a")
+    assert core.cancel("c")  # a queued request goes too
+    assert not core.cancel("a")
     assert not core.pending
     clock.advance_to(1.0)
     replies = core.complete(d, [chunk(4), chunk(4)])
@@ -265,7 +265,7 @@ def test_refresh_gate_closes_while_robots_do_not_answer_and_probes_to_reopen(chu
         (d,) = core.dispatch()
         core.refresh_stale(d)
         core.requeue(d.id)
-        core.drop_task(f"t{k}")
+        core.cancel(f"t{k}")
 
     for k in range(40):
         one_round(k)
@@ -316,7 +316,7 @@ def test_task_restarted_under_same_id_does_not_get_stale_reply(make_core, chunk)
     core.submit(InferenceRequest("a", 0))
     core.submit(InferenceRequest("b", 0))
     (d,) = core.dispatch()
-    core.drop_task("a")
+    core.cancel("a")
     clock.advance_to(0.5)
     core.submit(InferenceRequest("a", 0))  # the robot starts its task again
     clock.advance_to(1.0)
@@ -366,7 +366,7 @@ def test_resent_round_after_its_reply_is_replayed_from_the_cache(make_core, chun
     with pytest.raises(RoundOutOfOrder):  # only the latest round can be asked again
         core.submit(InferenceRequest("a", 0))
     assert core.submit(InferenceRequest("a", 1)).replay is second
-    core.drop_task("a")
+    core.cancel("a")
     assert "a" not in core.last_reply
 
 

@@ -168,7 +168,7 @@ class LiveFleet:
                 tid, start, hz = data
                 with self.lock:
                     self.core.finish_task(tid, ExecInfo(start, 0, hz))
-                    self.core.drop_task(tid)
+                    self.core.cancel(tid)
                 self.latency[tid] = now - self.robots[tid]["arrival"]
 
 

@@ -422,7 +422,6 @@ class ServingCore:
         self._kinds.pop(request_id, None)
         return self.ledger.remove(request_id) is not None
 
-    drop_task = cancel  # the name the nodes and transports call (their branches own them)
 
     def snapshot(self) -> dict:
         return {"pending": len(self.pending), "inflight": len(self.inflight), "epoch": self.epoch,

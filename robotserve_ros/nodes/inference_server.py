@@ -201,7 +201,7 @@ class InferenceServerNode(Node):
 
     def _forget(self, tid: str, error: tuple) -> None:
         """Under the lock: drop the task; answer its waiting calls with `error`."""
-        self.core.drop_task(tid)
+        self.core.cancel(tid)
         for eng in self.engines.values():
             eng.forget(tid)  # per-task observation history (n_obs_steps) goes with the task
         self.heard.forget(tid)

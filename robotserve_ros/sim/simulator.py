@@ -301,7 +301,7 @@ class _Run:
         rb = self.robots.pop(tid)
         rec = self.core.finish_task(tid, ExecInfo(start, 0, rb.spec.control_hz))
         wr = wait_ratio(rec, now)
-        self.core.drop_task(tid)
+        self.core.cancel(tid)
         self.result.outcomes.append(
             TaskOutcome(tid, rb.spec.id, rb.robot, Span(rb.arrival, now), len(rb.rounds), rb.idle, wr,
                         self._lower_bound(rb))

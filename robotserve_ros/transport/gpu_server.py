@@ -223,7 +223,7 @@ class GpuServicer:
             for key in call.keys:
                 if key in self.core.pending and call.error is None:
                     self.counts["expired"] += 1
-                self.core.drop_task(key)
+                self.core.cancel(key)
             call.cond.notify_all()
         if call.left and call.error is None:
             self.counts["expired_calls"] += 1

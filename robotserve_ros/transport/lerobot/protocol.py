@@ -274,7 +274,7 @@ class LeRobotCompatServicer:
         """Under the lock: drop the client's task, its queued round and its observation history."""
         self.by_task.pop(c.task_id, None)
         if c.group is not None:
-            c.group.core.drop_task(c.task_id)
+            c.group.core.cancel(c.task_id)
             forget = getattr(c.group.engine, "forget", None)
             if forget is not None:
                 forget(c.task_id)
