@@ -10,7 +10,8 @@ import statistics
 import pytest
 
 from robotserve_ros.core.profile import EngineProfile
-from robotserve_ros.engines.profiling import add_arguments, build_report, load_profile_file, measure
+from robotserve_ros.engines.profiling import add_arguments, build_report, measure
+from robotserve_ros.profiles import load_profile_file
 from robotserve_ros.sim.workload import load_workload
 
 SLEPT_MS = {"1": 8.0, "2": 9.0, "4": 11.0, "8": 22.0}

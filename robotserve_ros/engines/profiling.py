@@ -32,7 +32,6 @@ from ..core.errors import ConfigError
 from ..core.profile import EngineProfile
 from ..core.types import InferenceRequest
 from ..machine import machine_info
-from ..profiles import load_profile_file  # noqa: F401 (its callers' old home)
 
 SCHEMA = "robotserve.engine_profile/1"
 

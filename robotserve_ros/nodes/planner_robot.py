@@ -15,7 +15,6 @@ tasks are done; `exit_when_done` then stops the node.
 from __future__ import annotations
 
 import json
-import sys
 import threading
 import time
 from dataclasses import dataclass

@@ -233,7 +233,7 @@ def merge_study(folder: Path) -> list:
 
 def profile_ms_of(path) -> dict:
     """Batch latencies (ms) of a `robotserve profile` JSON or a bare {"batch_latency_ms": ...}."""
-    from ..engines.profiling import load_profile_file
+    from ..profiles import load_profile_file
 
     prof = load_profile_file(path)
     return {str(int(b)): float(ms) for b, ms in zip(prof.batches, prof.latencies_ms)}

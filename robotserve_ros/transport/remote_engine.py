@@ -21,7 +21,7 @@ from ..core.engine import Engine
 from ..core.placement import LinkEstimate
 from ..core.profile import EngineProfile
 from ..core.types import ChunkResult, InferenceRequest
-from . import DEFAULT_MAX_MESSAGE, TOKEN_ENV, channel_options, stubs
+from . import DEFAULT_MAX_MESSAGE, channel_options, stubs
 from .tensors import request_to_pb, result_from_pb
 
 log = logging.getLogger("robotserve.remote_engine")

@@ -23,7 +23,6 @@ import math
 import threading
 import time
 from collections import Counter
-from pathlib import Path
 
 from ...core.clock import WallClock
 from ...core.errors import RequestError
