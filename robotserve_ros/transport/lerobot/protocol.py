@@ -66,6 +66,7 @@ class LeRobotCompatServicer:
         self.clients_reaped = 0
         self.uploads: dict = {}  # open SendObservations streams: token -> (deadline, context)
         self.uploads_cancelled = 0
+        self.uploads_abandoned = 0  # streams the client itself cancelled (it stopped mid-upload)
         self._n = 0
         self._stop = threading.Event()
         self._reaper = threading.Thread(target=self._reap_loop, name="lerobot-reaper", daemon=True)
@@ -135,6 +136,11 @@ class LeRobotCompatServicer:
             if late:
                 raise Refused("upload_limit", grpc.StatusCode.DEADLINE_EXCEEDED,
                               f"observation stream open longer than upload_timeout_s ({self.cfg.upload_timeout_s} s)") from None
+            if not context.is_active():  # the client went away mid-upload (it stopped): its own doing, not a bad transfer
+                with self.lock:
+                    self.uploads_abandoned += 1
+                raise Refused("bad_transfer", grpc.StatusCode.CANCELLED, "observation stream cancelled by the client",
+                              counted=True) from None
             raise Refused("bad_transfer", grpc.StatusCode.CANCELLED, "observation stream broken off") from None
         finally:
             with self.lock:
@@ -313,6 +319,7 @@ class LeRobotCompatServicer:
             now = self.clock.now()
             out = {"protocol_errors": dict(self.protocol_errors), "clients_reaped": self.clients_reaped,
                    "uploads_open": len(self.uploads), "uploads_cancelled": self.uploads_cancelled,
+                   "uploads_abandoned": self.uploads_abandoned,
                    "clients": {}, "policies": {}}
             for c in self.clients.values():
                 ledger = c.group.core.ledger if c.group is not None else None
