@@ -251,3 +251,32 @@ def test_refresh_clients_are_reaped_when_no_task_names_them(ros_ctx):
     res = c.call(bad)
     assert res.status.reason == "bad_request" and "refresh_service" in res.status.message, res.status
     good(13)
+
+
+def test_a_missing_key_or_key_dir_stops_the_node_with_one_line(tmp_path):
+    """A task key that cannot be read is an error at start (exit 2, one line), never a
+    robot or server running unsigned by accident; an empty key file likewise."""
+    from rosutil import ros_env, start_node
+
+    from robotserve_ros.nodes.server_config import InferenceServerConfig
+    from test_node_configs import error_of
+
+    assert error_of(InferenceServerConfig, infer_queue={"max_waiting": 200}).startswith(
+        "parameter 'infer_queue.max_waiting': 200 is not < threads (128)")
+    assert error_of(InferenceServerConfig, task_auth={"max_skew_s": 0}).startswith(
+        "parameter 'task_auth.max_skew_s': 0.0 is not > 0")
+    (tmp_path / "empty.key").write_bytes(b"\n")
+    env = ros_env()
+    cases = {"robotserve_ros.nodes.inference_server": (f"task_auth.key_dir:={tmp_path / 'none'}",
+                                                       "parameter 'task_auth.key_dir': key_dir "),
+             "robotserve_ros.nodes.robot_client": (f"task_key_file:={tmp_path / 'empty.key'}",
+                                                   "parameter 'task_key_file': key file ")}
+    procs = {m: start_node([m, "--ros-args", "-p", p], env) for m, (p, _) in cases.items()}
+    for module, proc in procs.items():
+        try:
+            code = proc.wait(timeout=60)
+        finally:
+            proc.stop()
+        lines = [ln for ln in proc.stderr().splitlines() if ln.strip()]
+        assert code == 2, proc.output()
+        assert len(lines) == 1 and lines[0].startswith("robotserve_ros: " + cases[module][1]), proc.output()
