@@ -205,7 +205,7 @@ def cmd_gpu_server(a) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     # Commands whose options their own modules define (none imports torch or rclpy at load).
-    from . import transport
+    from . import sros, transport
     from .core.schedulers import SCHEDULERS
     from .bench import hybrid as bench_hybrid, nova as bench_nova, oxygen as bench_oxygen, peer as bench_peer
     from .bench import slo as bench_slo, study_fleet, timely as timely_bench
@@ -290,6 +290,9 @@ def build_parser() -> argparse.ArgumentParser:
     ch.add_argument("--out", default="reports/live/chaos.json", help="result JSON")
     ch.set_defaults(func=cmd_bench_chaos)
 
+    sec = sub.add_parser("security", help="access control: the SROS 2 policy and keystore script of the fleet")
+    sec = sec.add_subparsers(dest="security", required=True)
+
     # Commands whose options their own modules define: module.add_arguments + module.cli.
     for parent, name, help_, module in (
         (b, "peer", "LeRobot's own policy server (one robot per pass) vs the batched engine, same policy", bench_peer),
@@ -305,6 +308,7 @@ def build_parser() -> argparse.ArgumentParser:
         (sub, "llm-profile", "LLM engine: prefill vs prompt, decode step vs batch/context, KV handover "
                              "-> the profile JSON every LLM scheduler reads", llm_profile),
         (sub, "make-policy", "write a random-weight LeRobot policy directory (default or real size)", tiny_policies),
+        (sec, "keystore", "write the SROS 2 policy (an enclave per node) and the script making the keystore", sros),
     ):
         module_parser = parent.add_parser(name, help=help_)
         module.add_arguments(module_parser)

@@ -125,6 +125,7 @@ class _Listener:
         if d is None:
             return
         self.last = d
+        # /diagnostics names robots, never task ids (issue 29): the robots with a task in the server
         self.tasks_at_end = sorted(k.split("/", 1)[1] for k in d if k.startswith("wait_ratio/"))
         self.series.append((time.monotonic(), {k: v for k, v in d.items() if not k.startswith("wait_ratio/")}))
         for k in d:
@@ -272,11 +273,11 @@ def run_fleet_live(out: Path, robots: int = 100, duration: float = 60.0, per_pro
     # Where each unanswered request went: the server's ledger at the end (and, with
     # --trace-server, which rounds reached the server's callback and which it answered).
     unanswered = [(task, rnd, age) for a in accounts for task, rnd, age in a["unanswered"]]
-    tasks_end = set(tasks_at_end)
+    robots_end = set(tasks_at_end)  # robots with a task in the server's ledger at the end
     trace = None
     lost_keys = [(t, r) for t, r, age in unanswered if age > lost_after_s]
-    where = {"task_in_server_ledger_at_end": sum(t in tasks_end for t, _ in lost_keys),
-             "task_not_in_server_ledger_at_end": sum(t not in tasks_end for t, _ in lost_keys)}
+    where = {"robot_in_server_ledger_at_end": sum(t.split("/")[0] in robots_end for t, _ in lost_keys),
+             "robot_not_in_server_ledger_at_end": sum(t.split("/")[0] not in robots_end for t, _ in lost_keys)}
     if trace_server:
         marks, missing = read_stage_trace(trace_file, codes.get("inference_server"))
         got = [marks.get(f"{t}#{r}", {}) for t, r in lost_keys]

@@ -168,6 +168,7 @@ class LightFleetNode:
 
         q = self.Infer.Request()
         q.task_id, q.round_id = r.task_id, r.round
+        q.robot_id = "/" + r.name  # /diagnostics keys robots by it
         src = self.obs[r.obs_k % len(self.obs)]
         r.obs_k += 1
         o = q.observation

@@ -22,13 +22,15 @@ from ..config import (Config, ConfigError, bad, check, check_one_of, defaults_of
 C = TypeVar("C", bound=Config)
 
 
-def service_qos():
-    """srv/Infer's queues. The default (keep last 10) drops replies and requests at fleet
+def service_qos(depth: int = 1000):
+    """A service's queues. The default (keep last 10) drops replies and requests at fleet
     scale: with Fast DDS every reply lands in every client's reply queue until its executor
-    takes it, so a batch of 16 replies pushed out others' (80 of 1413 lost at 100 robots)."""
+    takes it, so a batch of 16 replies pushed out others' (80 of 1413 lost at 100 robots),
+    and requests past 10 waiting for a thread are lost unanswered (issue 29: 86 of 100
+    concurrent srv/Generate calls)."""
     from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
 
-    return QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1000, reliability=ReliabilityPolicy.RELIABLE,
+    return QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=depth, reliability=ReliabilityPolicy.RELIABLE,
                       durability=DurabilityPolicy.VOLATILE)
 
 
@@ -111,6 +113,11 @@ class NodeClock:
 
 def to_sec(t: Time) -> float:
     return t.sec + t.nanosec * 1e-9
+
+
+def to_ns(t: Time) -> int:
+    """A stamp in integer ns: what a task MAC covers (core/task_auth.py), exact both ends."""
+    return int(t.sec) * 1_000_000_000 + int(t.nanosec)
 
 
 def to_time(s: float) -> Time:

@@ -27,16 +27,18 @@ from rclpy.qos import QoSProfile, ReliabilityPolicy
 from diagnostic_msgs.msg import DiagnosticArray
 
 from ..config import ConfigError
-from ..core.errors import RequestError
+from ..core.errors import Overloaded, RequestError
 from ..core.liveness import LastHeard
 from ..core.placement import hybrid_tiers
 from ..core.runner import Runner, StageTrace
 from ..core.serving import ServingCore, Tier
+from ..core.task_auth import NotTaskOwner, TaskBinder
 from ..core.types import ExecInfo
 from ..engines import make_engine
 from ..msg import ExecutionProgress
 from ..srv import Infer
-from .common import declare_config, exit_process, node_options, NodeClock, ParamError, run_nodes, service_qos, to_sec
+from .common import (declare_config, exit_process, node_options, NodeClock, ParamError, run_nodes, service_qos,
+                     to_ns, to_sec)
 from .convert import fill_chunk, fill_status, request_from_msg
 from .refresh import ObservationRefresher
 from .server_config import InferenceServerConfig
@@ -87,7 +89,19 @@ class InferenceServerNode(Node):
                                     refresher=self.refresher, stale_obs_s=c.stale_obs_s)
         except (TypeError, ValueError) as e:  # a horizon knob the policy does not take: say which
             raise ParamError("horizon", str(e)) from e
-        self.lock = threading.Lock()  # guards core (through the runner), waiters, heard
+        self.lock = threading.Lock()  # guards core (through the runner), waiters, heard, binder, robots
+        # Calls waiting for their round: past max_waiting, OVERLOADED at once (issue 29), so the
+        # executor always has threads to take the next requests off DDS's queue and answer them.
+        self.waiting = threading.BoundedSemaphore(c.max_waiting)
+        try:
+            self.binder = TaskBinder(c.task_auth.key_dir, c.task_auth.max_skew_s) if c.task_auth.key_dir else None
+        except ValueError as e:
+            raise ParamError("task_auth.key_dir", str(e)) from None
+        if self.binder is None:
+            self.get_logger().warning("task_auth.key_dir is not set: any node on this ROS domain can end or take "
+                                      "another robot's task (docs/security.md)")
+        self.robots: dict = {}  # task id -> its robot's namespace ('' anonymous): /diagnostics keys robots by it
+        self.progress_refused = Counter()  # progress messages not applied, by reason
         self.waiters: dict = {}
         self.heard = LastHeard(c.task_timeout_s, time.monotonic)
         self.finished = Counter()
@@ -95,7 +109,8 @@ class InferenceServerNode(Node):
         self.started_at = self.clock.now()  # engine time is measured on the core's clock too
         self.in_server_s: deque = deque(maxlen=1024)  # received -> answered, the last ok rounds
         self.language = None  # the service decoding language with the rounds (serve_language)
-        self.create_service(Infer, c.service, self._on_infer, qos_profile=service_qos(), callback_group=self._group)
+        self.create_service(Infer, c.service, self._on_infer, qos_profile=service_qos(c.infer_queue.depth),
+                            callback_group=self._group)
         reliable = QoSProfile(depth=1000, reliability=ReliabilityPolicy.RELIABLE)
         self.create_subscription(ExecutionProgress, c.progress_topic, self._on_progress, reliable,
                                  callback_group=MutuallyExclusiveCallbackGroup())
@@ -136,9 +151,28 @@ class InferenceServerNode(Node):
         if self.trace is not None:
             self.trace("received", [(request.task_id, request.round_id)])
         w = _Waiter(int(request.observation.timestep))
-        language_id, lang = "", self.language
         try:
             req = request_from_msg(request, self.spec)
+            robot = check_robot_id(request.robot_id, self.spec.max_task_id_bytes)
+            check_service_name(request.refresh_service)
+            if self.binder is not None:
+                with self.lock:
+                    self.binder.check(req.task_id, req.round_id, robot, to_ns(request.auth_stamp),
+                                      bytes(request.auth_mac), self.clock.now(), bind=req.round_id == 0)
+            if not self.waiting.acquire(blocking=False):
+                raise Overloaded(f"{self.config.max_waiting} calls are waiting for their rounds; send it again later")
+        except RequestError as e:  # malformed or refused before it reaches the core: count it there
+            self.runner.count_error(e)
+            fill_status(response.status, e.code, e.message)
+            return response
+        try:
+            return self._serve(request, response, req, robot, w, received)
+        finally:
+            self.waiting.release()
+
+    def _serve(self, request, response, req, robot: str, w: _Waiter, received: float):
+        language_id, lang = "", self.language
+        try:
             if request.language_prompt:  # language from this round's prefill (seed 001): the vla_language service
                 if lang is None:
                     raise RequestError("this server decodes no language: start it with the vla_language service")
@@ -157,12 +191,17 @@ class InferenceServerNode(Node):
                     "duplicate_request", "this round was sent again: its reply goes to the newer call"))
                 self.waiters[(req.task_id, req.round_id)] = w  # (one executor thread per round)
             self.heard.heard(req.task_id)
-            self.refresher.services[req.task_id] = request.refresh_service
+            self.robots[req.task_id] = robot
+            self.refresher.use(req.task_id, request.refresh_service)
 
         try:
             self.runner.submit(req, then=register)  # the core counts the errors it raises
         except RequestError as e:
             w.error = (e.code, e.message)
+            if self.binder is not None:
+                with self.lock:  # a refused round 0 binds nothing
+                    if req.task_id not in self.core.ledger.tasks:
+                        self.binder.forget(req.task_id)
         else:
             w.event.wait()  # this executor thread only; other robots' calls run on others
         if w.error is not None:
@@ -181,7 +220,15 @@ class InferenceServerNode(Node):
     def _on_progress(self, m) -> None:
         with self.lock:
             if m.task_id not in self.core.ledger.tasks:
+                self.progress_refused["unknown_task"] += 1
                 return
+            if self.binder is not None:  # another node ending or keeping alive a task not its own
+                try:
+                    self.binder.check(m.task_id, int(m.round_id), m.robot_id, to_ns(m.header.stamp),
+                                      bytes(m.auth_mac), self.clock.now(), bind=False)
+                except NotTaskOwner:
+                    self.progress_refused["not_task_owner"] += 1
+                    return
             self.heard.heard(m.task_id)
             if m.task_done:
                 info = ExecInfo(to_sec(m.exec_start), 0, float(m.control_hz) or 1.0)
@@ -195,7 +242,7 @@ class InferenceServerNode(Node):
         t = self.config.task_timeout_s
         with self.lock:
             for tid in self.heard.silent():
-                self.get_logger().warning(f"task '{tid}' silent for {t} s: reaped")
+                self.get_logger().warning(f"task {tid!r} silent for {t} s: reaped")
                 self.finished["reaped"] += 1
                 self._forget(tid, ("task_dropped", f"task '{tid}' was reaped after {t} s of silence"))
 
@@ -206,6 +253,9 @@ class InferenceServerNode(Node):
             eng.forget(tid)  # per-task observation history (n_obs_steps) goes with the task
         self.heard.forget(tid)
         self.refresher.forget(tid)
+        self.robots.pop(tid, None)
+        if self.binder is not None:
+            self.binder.forget(tid)
         for key in [k for k in self.waiters if k[0] == tid]:
             self._answer(key, error=error)
 
@@ -249,6 +299,32 @@ class InferenceServerNode(Node):
             eng.close()
         if self.trace is not None:
             Path(self.config.stage_trace_file).write_text(json.dumps(self.trace.snapshot()))
+
+
+def check_robot_id(robot_id: str, max_bytes: int) -> str:
+    """A robot's namespace as sent: '' or a ROS namespace (it becomes a /diagnostics key)."""
+    if not robot_id:
+        return ""
+    from rclpy.validate_namespace import validate_namespace
+
+    if len(robot_id.encode()) > max_bytes:
+        raise RequestError(f"robot_id: {len(robot_id.encode())} bytes, at most {max_bytes}")
+    try:
+        validate_namespace(robot_id)
+    except Exception:  # rclpy's InvalidNamespaceException, with the name in it: not echoed
+        raise RequestError("robot_id is not a ROS namespace") from None
+    return robot_id
+
+
+def check_service_name(name: str) -> None:
+    """refresh_service: '' or a name the refresher can make a client for."""
+    if name:
+        from rclpy.validate_full_topic_name import validate_full_topic_name
+
+        try:
+            validate_full_topic_name(name if name.startswith("/") else "/" + name, is_service=True)
+        except Exception:
+            raise RequestError("refresh_service is not a ROS service name") from None
 
 
 def main(argv=None) -> int:

@@ -1,6 +1,8 @@
 """Stale observations fetched back from the robots over srv/FetchObservation (seed 000
 Algorithm 1 lines 20-21), for the inference server's core: one pooled client per robot's
-refresh service, a whole batch asked at once and waited for within one deadline."""
+refresh service, a whole batch asked at once and waited for within one deadline. A client
+lives while a task names its service: a name no task uses any more is destroyed (issue 29: a
+robot naming a new service each round made a client per name, never freed)."""
 from __future__ import annotations
 
 import threading
@@ -27,8 +29,29 @@ class ObservationRefresher:
         # ahead and failed, it is not asked again at dispatch, where the engine would wait.
         self._no_refresh: dict = {}
 
+    def use(self, task_id: str, name: str) -> None:
+        """Task `task_id` names `name` as its refresh service ('' none) from now on."""
+        old = self.services.get(task_id)
+        self.services[task_id] = name
+        if old and old != name:
+            self._reap(old)
+
     def forget(self, task_id: str) -> None:
-        self.services.pop(task_id, None)
+        old = self.services.pop(task_id, None)
+        if old:
+            self._reap(old)
+
+    def _reap(self, name: str) -> None:
+        """Destroy the client of `name` once no task names it (O(tasks), on a change only)."""
+        if name in self.services.values():
+            return
+        with self.lock:
+            cli = self.clients.pop(name, None)
+        if cli is not None:
+            try:
+                self.node.destroy_client(cli)  # a call on it in flight times out in _collect
+            except Exception:  # the node is shutting down
+                pass
 
     def __call__(self, reqs) -> list:
         """All asked at once, all waited for within one timeout_s, so a slow or silent robot
@@ -63,7 +86,10 @@ class ObservationRefresher:
             cli, fut, done = call
             res = fut.result() if done.wait(max(0.0, end - time.monotonic())) else None
             if res is None or not res.ok:
-                cli.remove_pending_request(fut)
+                try:
+                    cli.remove_pending_request(fut)
+                except Exception:  # reaped meanwhile (_reap): nothing pending on it any more
+                    pass
                 with self.lock:
                     self._no_refresh[(req.task_id, req.round_id)] = True
                     while len(self._no_refresh) > 1024:

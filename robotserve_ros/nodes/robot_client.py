@@ -38,7 +38,8 @@ from ..sim.simulator import task_type_of
 from ..msg import ExecutionProgress
 from ..srv import FetchObservation, Infer
 from .common import (exit_process, NodeClock, NodeConfig, check, check_one_of, declare_config, lean_node_kwargs, node_options, param,
-                     run_nodes, service_qos, to_time)
+                     ParamError, run_nodes, service_qos, to_ns, to_time)
+from ..core.task_auth import read_key, task_mac
 from .client_account import ClientAccount
 from .convert import chunk_to_array
 
@@ -80,6 +81,8 @@ class RobotClientConfig(NodeConfig):
                                        "(0: 20 x expected_latency_s, at least 2 s)")
     retry_s: float = param(0.2, "pause before resending after an error, > 0")
     stats_file: str = param("", "write the client's account here on shutdown; '{robot}' -> the robot's name; '' = off")
+    task_key_file: str = param("", "this robot's task key, the file the server has as <robot id>.key in its "
+                                   "task_auth.key_dir: requests and progress carry its HMAC; '' = unsigned")
 
     def check(self) -> None:
         from ..sim.workloads import builtin_names
@@ -101,6 +104,15 @@ class RobotClientNode(Node):
         super().__init__(name, namespace=namespace, **node_options(kw))
         c = self.config = declare_config(self, RobotClientConfig)
         self.robot = c.robot_name or (self.get_namespace().strip("/") or self.get_name())
+        # Whose tasks these are (diagnostics, and the server's key file: key_file_name); a
+        # robot_name that is no ROS namespace is sent anonymous, or refused with a key.
+        self.robot_id = "/" + self.robot if _is_namespace("/" + self.robot) else ""
+        try:
+            self.task_key = read_key(c.task_key_file) if c.task_key_file else None
+        except (OSError, ValueError) as e:
+            raise ParamError("task_key_file", str(e)) from None
+        if self.task_key is not None and not self.robot_id:
+            raise ParamError("robot_name", f"{self.robot!r} is not a ROS namespace: a signing robot needs one")
         self.hz = c.control_hz
         self.draining = False  # SIGUSR1: start no new round, see the open ones through (bench drain)
         self.trigger = c.trigger_actions if c.trigger_actions >= 0 else trigger_actions(c.expected_latency_s, self.hz)
@@ -252,6 +264,10 @@ class RobotClientNode(Node):
             r.horizon.has_param = self.config.horizon_param >= 0
             r.horizon.param = float(max(0.0, self.config.horizon_param))
         r.refresh_service = self.fetch_name
+        r.robot_id = self.robot_id
+        if self.task_key is not None:
+            r.auth_stamp = to_time(now)
+            r.auth_mac = task_mac(self.task_key, r.task_id, r.round_id, to_ns(r.auth_stamp))
         if self.task_start is None:
             self.task_start = now
         self.outstanding = True
@@ -340,6 +356,9 @@ class RobotClientNode(Node):
         m.idle_s = self.idle
         m.chunks = self.chunks
         m.task_done = task_done
+        m.robot_id = self.robot_id
+        if self.task_key is not None:
+            m.auth_mac = task_mac(self.task_key, m.task_id, m.round_id, to_ns(m.header.stamp))
         self.progress.publish(m)
 
     def _on_fetch(self, request, response):
@@ -362,6 +381,15 @@ class RobotClientNode(Node):
             self.acct.dump(self.config.stats_file.replace("{robot}", self.robot),
                            {"finished_tasks": self.finished_tasks, "task_id": self.task_id,
                             "tasks_continued": self.tasks_continued})
+
+
+def _is_namespace(ns: str) -> bool:
+    from rclpy.validate_namespace import validate_namespace
+
+    try:
+        return bool(validate_namespace(ns))
+    except Exception:  # rclpy's InvalidNamespaceException
+        return False
 
 
 def main(argv=None) -> int:

@@ -69,6 +69,34 @@ class PlacementConfig(PluginConfig):
         return PLACEMENTS.names()
 
 
+@dataclass(frozen=True)
+class QueueConfig(Config):
+    """srv/Infer's queues (issue 29): DDS keeps `depth` requests until a thread takes them
+    (past it DDS drops the oldest, which nobody can answer); at most `max_waiting` calls wait
+    for their round, the next is answered OVERLOADED at once, so threads stay free to drain."""
+
+    depth: int = param(1000, "DDS history depth of srv/Infer's request and reply queues, >= 1")
+    max_waiting: int = param(0, "Infer calls waiting for their round at once, past it OVERLOADED, >= 0 "
+                                "(0: threads - 16, leaving threads for progress, timers and the services)")
+
+    def check(self) -> None:
+        check(self.depth >= 1, "depth", self.depth, "is not >= 1")
+        check(self.max_waiting >= 0, "max_waiting", self.max_waiting, "is not >= 0")
+
+
+@dataclass(frozen=True)
+class TaskAuthConfig(Config):
+    """Tasks bound to their first robot by a per-task MAC (core/task_auth.py)."""
+
+    key_dir: str = param("", "folder of robot keys, <robot id>.key each (shared with that robot): every Infer request "
+                             "and progress message must carry a valid HMAC; '' = off (a WARNING: any node can end "
+                             "or take another robot's task)")
+    max_skew_s: float = param(5.0, "an auth_stamp further than this from the server's clock is refused, > 0")
+
+    def check(self) -> None:
+        check(self.max_skew_s > 0, "max_skew_s", self.max_skew_s, "is not > 0")
+
+
 _SIM_ENGINE = {"chunk_size": 50, "action_dim": 6, "steps": 10, "updates": True, "realtime": True}
 
 
@@ -96,6 +124,8 @@ class InferenceServerConfig(Config):
     max_images: int = param(16, "most images in one observation, > 0")
     diagnostics_hz: float = param(1.0, "/diagnostics publication rate, > 0")
     threads: int = param(128, "Infer calls served at once, >= 4")
+    infer_queue: QueueConfig = param(QueueConfig(), "srv/Infer's queues: DDS depth, calls waiting at once (OVERLOADED past)")
+    task_auth: TaskAuthConfig = param(TaskAuthConfig(), "tasks bound to their robot by HMAC: key_dir, max_skew_s")
     remote_tiers: tuple[str, ...] = param((), "cloud tiers (GPU servers): names, each a section beside these "
                                           "(address, token_file, root_cert, slots, ...)")
     placement: PlacementConfig = param(PlacementConfig(), "the placement: name, and each one's knobs under its name")
@@ -139,6 +169,12 @@ class InferenceServerConfig(Config):
             check(getattr(self, name) > 0, name, getattr(self, name), "is not > 0")
         check(self.max_batch >= 0, "max_batch", self.max_batch, "is not >= 0 (0: the saturation batch)")
         check(self.threads >= 4, "threads", self.threads, "is not >= 4")
+        check(self.infer_queue.max_waiting < self.threads, "infer_queue.max_waiting", self.infer_queue.max_waiting,
+              f"is not < threads ({self.threads}): a call past it must find a thread to be answered OVERLOADED")
+
+    @property
+    def max_waiting(self) -> int:
+        return self.infer_queue.max_waiting or max(1, self.threads - 16)
 
     def tiers(self) -> dict:
         """Cloud tier name -> its RemoteTierConfig, in remote_tiers order."""

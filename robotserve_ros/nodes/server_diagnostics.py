@@ -59,20 +59,33 @@ def server_stats(node) -> dict:
             "waiters": len(node.waiters), "reply_cache": len(core.last_reply),
             "refresh_clients": len(node.refresher.clients),
             "refreshed_ahead": r.prefreshes["ok"], "refresh_ahead_failures": r.prefreshes["failed"],
-            "wait_ratio": {t: core.ledger.wait_ratio(t, now) for t in core.ledger.tasks},
+            # Robots by namespace, never a task id (issue 29: task ids are what a spoofer needs):
+            # the highest wait ratio of each robot's tasks; '(anonymous)' for robots sending no robot_id.
+            "wait_ratio": robot_wait_ratios(core.ledger, node.robots, now),
+            "robots": len(set(node.robots.values())),
+            "progress_refused": dict(node.progress_refused),
             "services": {n: svc.stats() for n, svc in node.side_services.items()},
         }
 
 
+def robot_wait_ratios(ledger, robots: dict, now: float) -> dict:
+    out: dict = {}
+    for t in ledger.tasks:
+        key = (robots.get(t) or "").lstrip("/") or "(anonymous)"
+        out[key] = max(out.get(key, 0.0), ledger.wait_ratio(t, now))
+    return out
+
+
 def diagnostic_array(st: dict, stamp, hardware_id: str) -> DiagnosticArray:
     """server_stats as one DiagnosticStatus; nested dicts as `group/key` values."""
-    nested = ("errors", "wait_ratio", "served_by_tier", "services")
+    nested = ("errors", "wait_ratio", "served_by_tier", "services", "progress_refused")
     kv = [KeyValue(key=k, value=str(v)) for k, v in st.items() if k not in nested]
     kv += [KeyValue(key=f"services/{n}/{k}", value=str(v)) for n, ss in sorted(st["services"].items())
            for k, v in sorted(ss.items())]
     kv += [KeyValue(key=f"served_by_tier/{k}", value=str(v)) for k, v in sorted(st["served_by_tier"].items())]
     kv += [KeyValue(key=f"errors/{k}", value=str(v)) for k, v in sorted(st["errors"].items())]
-    kv += [KeyValue(key=f"wait_ratio/{t}", value=f"{w:.4f}") for t, w in sorted(st["wait_ratio"].items())]
+    kv += [KeyValue(key=f"progress_refused/{k}", value=str(v)) for k, v in sorted(st["progress_refused"].items())]
+    kv += [KeyValue(key=f"wait_ratio/{r}", value=f"{w:.4f}") for r, w in sorted(st["wait_ratio"].items())]
     level = DiagnosticStatus.WARN if st["errors"] else DiagnosticStatus.OK
     msg = DiagnosticArray()
     msg.header.stamp = stamp

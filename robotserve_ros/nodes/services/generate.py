@@ -12,7 +12,10 @@ Parameters (the server's `generate` section, beside `services: [generate]`):
 - ttft_slo_s / tpot_slo_s / max_tokens: what a request naming 0 inherits;
 - max_decode_batch, max_queue (more waiting prefills: OVERLOADED), context_limit,
   chat_template (wrap the prompt in the model's chat template), torch_threads (1: each worker
-  one core), timeout_s (an answer not ready by then: ENGINE_FAILURE).
+  one core), timeout_s (an answer not ready by then: ENGINE_FAILURE);
+- queue_depth: DDS history depth of the service's request and reply queues (the default 10
+  lost 86 of 100 concurrent calls unanswered, issue 29); max_in_flight: calls served at
+  once, each holding a server thread until answered; the next is OVERLOADED at once.
 A request with images is refused BAD_PROMPT (this service serves text; VLM questions belong
 to a VLM service); an SLO < 0 or not finite BAD_DEADLINE; an empty or too long prompt
 BAD_PROMPT. Errors are counted and never stop the others.
@@ -28,6 +31,7 @@ from ...core.clock import WallClock
 from ...core.errors import RequestError
 from ...core.slo import SLO_SCHEDULERS, BadPrompt, BadSLO, LLMProfile, SLODefaults, SLORequest, make_slo_core
 from ...core.slo.workers import DisaggregatedWorkers
+from ..common import service_qos
 from ..convert import fill_status
 
 from ...profiles import PROFILES_DIR as PROFILES
@@ -56,7 +60,7 @@ class GenerateService:
                  engine: str = "smollm2", model_dir: str = "", dtype: str = "", profile: str = "smollm2_135m_slo",
                  ttft_slo_s: float = 8.0, tpot_slo_s: float = 0.5, max_tokens: int = 64, max_decode_batch: int = 16,
                  max_queue: int = 256, context_limit: int = 0, chat_template: bool = True, torch_threads: int = 1,
-                 timeout_s: float = 300.0) -> None:
+                 timeout_s: float = 300.0, queue_depth: int = 1000, max_in_flight: int = 32) -> None:
         from rclpy.callback_groups import ReentrantCallbackGroup
 
         from ...srv import Generate
@@ -68,6 +72,12 @@ class GenerateService:
         pf = PROFILES / f"{profile}.json"
         if not pf.is_file():
             raise ValueError(f"profile {profile!r}: no {pf}")
+        for name, v in (("queue_depth", queue_depth), ("max_in_flight", max_in_flight)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"{name} must be a whole number >= 1, got {v!r}")
+        if max_in_flight >= getattr(getattr(node, "config", None), "threads", max_in_flight + 1):
+            raise ValueError(f"max_in_flight {max_in_flight} is not < the server's threads: a call past it "
+                             "must find a thread to be answered OVERLOADED")
         if not (isinstance(timeout_s, (int, float)) and math.isfinite(timeout_s) and timeout_s > 0):
             raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
         defaults = SLODefaults(float(ttft_slo_s), float(tpot_slo_s), int(max_tokens))  # ValueError names a bad one
@@ -75,6 +85,8 @@ class GenerateService:
         self.pe, self.de = _engines(engine, model_dir, dtype, int(torch_threads))
         self._waiters: dict = {}
         self._lock = threading.Lock()
+        self.max_in_flight = max_in_flight
+        self._in_flight = threading.BoundedSemaphore(max_in_flight)
         self.errors: Counter = Counter()
         self.answered = 0
         self.core = make_slo_core(scheduler, LLMProfile.load(pf), WallClock(), defaults=defaults,
@@ -83,10 +95,22 @@ class GenerateService:
                                   kv_handover_in_core=False, on_done=self._on_done)
         self.workers = DisaggregatedWorkers(self.core, self.pe, self.de).start()
         self.scheduler = scheduler
-        self._srv = node.create_service(Generate, service, self._on_generate, callback_group=ReentrantCallbackGroup())
+        self._srv = node.create_service(Generate, service, self._on_generate, qos_profile=service_qos(queue_depth),
+                                        callback_group=ReentrantCallbackGroup())
 
     # --- requests (executor threads) -------------------------------------------------------
     def _on_generate(self, request, response):
+        if not self._in_flight.acquire(blocking=False):
+            self.errors["overloaded"] += 1
+            fill_status(response.status, "overloaded",
+                        f"{self.max_in_flight} requests are being served; send it again later")
+            return response
+        try:
+            return self._serve(request, response)
+        finally:
+            self._in_flight.release()
+
+    def _serve(self, request, response):
         t_in = time.monotonic()
         try:
             rid, ids = self._admit(request)

@@ -16,7 +16,11 @@ per line, a segment bounded by `max_segment_tokens`, a plan by `max_segments`.
 Parameters (the server's `planner` section): model ("" the converted SmolLM2 folder,
 "tiny" a random-weight tiny Llama for tests, or a folder), scheduler (timely, fcfs,
 fcfs_stream, seg_fcfs, seg_edf), max_batch, max_prompt_tokens, max_segment_tokens,
-max_segments, profile (an LLM profile of record), action, progress_topic, threads.
+max_segments, profile (an LLM profile of record), action, progress_topic, threads,
+queue_depth (DDS history depth of the action's goal, cancel and result services and its
+feedback and status topics: the default 10 left 84 of 120 cancelled goals unanswered, issue
+29) and max_goals (goals served at once, each holding a server thread; the next is aborted
+with OVERLOADED at once).
 """
 from __future__ import annotations
 
@@ -34,6 +38,7 @@ from ...core.timely.live import BadPrompt, LiveTimely
 from ...engines.llm.stop import StopChecker
 from ...timely.skills import default_skill_time
 from ...timely.trace import SYSTEM
+from ..common import service_qos
 
 
 class PlannerService:
@@ -41,7 +46,7 @@ class PlannerService:
                  max_prompt_tokens: int = 512, max_segment_tokens: int = 24, max_segments: int = 16,
                  profile: str = "smollm2_135m_llm", action: str = "/robotserve/plan_task",
                  progress_topic: str = "/robotserve/plan_progress",
-                 threads: int = 1) -> None:
+                 threads: int = 1, queue_depth: int = 1000, max_goals: int = 32) -> None:
         from rclpy.action import ActionServer, CancelResponse, GoalResponse
         from rclpy.callback_groups import ReentrantCallbackGroup
         from rclpy.qos import QoSProfile, ReliabilityPolicy
@@ -50,13 +55,18 @@ class PlannerService:
         from ...msg import PlanProgress
 
         for name, v in (("max_batch", max_batch), ("max_prompt_tokens", max_prompt_tokens),
-                        ("max_segment_tokens", max_segment_tokens), ("max_segments", max_segments)):
+                        ("max_segment_tokens", max_segment_tokens), ("max_segments", max_segments),
+                        ("queue_depth", queue_depth), ("max_goals", max_goals)):
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"planner parameter '{name}': {v!r} is not a whole number >= 1")
         if scheduler not in SEGMENT_SCHEDULERS:
             raise ValueError(f"planner parameter 'scheduler': {scheduler!r} is not one of "
                              f"{', '.join(SEGMENT_SCHEDULERS.names())}")
+        if max_goals >= getattr(getattr(node, "config", None), "threads", max_goals + 1):
+            raise ValueError(f"planner parameter 'max_goals': {max_goals} is not < the server's threads")
         self.node, self.PlanTask = node, PlanTask
+        self.max_goals = max_goals
+        self._slots = threading.BoundedSemaphore(max_goals)
         self.max_segments = max_segments
         self.engine = self._load_engine(model, threads)
         self.skill_time = default_skill_time()
@@ -76,9 +86,12 @@ class PlannerService:
         self.counts: Counter = Counter()
         self.errors: Counter = Counter()
         group = ReentrantCallbackGroup()  # every goal waits in its own executor thread
+        deep = service_qos(queue_depth)
         self.server = ActionServer(node, PlanTask, action, self._execute, callback_group=group,
                                    goal_callback=lambda g: GoalResponse.ACCEPT,
-                                   cancel_callback=lambda g: CancelResponse.ACCEPT)
+                                   cancel_callback=lambda g: CancelResponse.ACCEPT,
+                                   goal_service_qos_profile=deep, result_service_qos_profile=deep,
+                                   cancel_service_qos_profile=deep, feedback_pub_qos_profile=deep)
         node.create_subscription(PlanProgress, progress_topic, self._on_progress,
                                  QoSProfile(depth=1000, reliability=ReliabilityPolicy.RELIABLE), callback_group=group)
 
@@ -97,6 +110,21 @@ class PlannerService:
 
     # ---- goals ----
     def _execute(self, goal_handle):
+        if not self._slots.acquire(blocking=False):
+            result = self.PlanTask.Result()
+            self.errors["overloaded"] += 1
+            _status(result.status, "overloaded", f"{self.max_goals} plans are being served; send it again later")
+            if goal_handle.is_cancel_requested:
+                goal_handle.canceled()
+            else:
+                goal_handle.abort()
+            return result
+        try:
+            return self._plan(goal_handle)
+        finally:
+            self._slots.release()
+
+    def _plan(self, goal_handle):
         g = goal_handle.request
         result = self.PlanTask.Result()
         try:
