@@ -21,6 +21,8 @@ ray = pytest.importorskip("ray", reason="ray is not installed (pip install .[ray
 from ray import serve  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
 
+from rosutil import requires_rclpy, ros_ctx  # noqa: E402,F401 (the fixture)
+
 from robotserve_ros.bench.ray import FIXED, SIM_PARAMS, ClosedLoopFleet  # noqa: E402
 from robotserve_ros.core.clock import WallClock  # noqa: E402
 from robotserve_ros.core.profile import EngineProfile  # noqa: E402
@@ -139,3 +141,56 @@ def test_a_replica_added_while_serving_gets_batches(cluster):
     # One replica serves at most 8 rounds per 50 ms (160/s): more means both replicas ran batches.
     assert rate_two > 8 / 0.05 * 1.2, f"{rate_two} rounds in 1 s with two replicas"
     assert fleet.lost() == 0 and fleet.duplicated() == 0
+
+
+@requires_rclpy
+def test_the_inference_server_serves_robots_from_a_ray_pool(cluster, ros_ctx, tmp_path):
+    """The real node with a `ray` tier joining the fixture's cluster: a burst overflows the
+    slow edge onto the pool's replicas (on the worker node); every call answered once."""
+    import math
+
+    import yaml
+    from diagnostic_msgs.msg import DiagnosticArray
+    from test_nodes import SERVICE, Caller, make_request
+
+    from robotserve_ros.srv import Infer
+
+    robots = 12
+    params = {
+        "engine": {"batch_sizes": [1, 2, 4], "latency_ms": [300.0, 320.0, 340.0]},
+        "obs_width": 96, "obs_height": 96, "obs_joints": 6, "obs_encodings": ["rgb8"], "diagnostics_hz": 5.0,
+        "ray_tiers": ["pool"],
+        "pool": {"replicas": 2, "resources": {"arm_pool": 1}, "address": cluster["cluster"].address},
+    }
+    path = tmp_path / "server.yaml"
+    path.write_text(yaml.safe_dump({"inference_server": {"ros__parameters": params}}))
+    srv = ros_ctx.start_node(["robotserve_ros.nodes.inference_server", "--ros-args", "--params-file", str(path)])
+    diags = ros_ctx.collect(DiagnosticArray, "/diagnostics", 10)
+    # The node builds the pool (serve.run) before it offers the service.
+    infer = ros_ctx.node.create_client(Infer, SERVICE)
+    assert ros_ctx.wait_for(lambda: infer.service_is_ready() or not srv.running(), 90) and srv.running(), srv.output()
+    c = Caller(ros_ctx)
+    assert c.call(make_request("warmup/task0", 0)).status.reason == "ok", srv.output()
+    futs = [c.send(make_request(f"robot_{i}/task0", 0)) for i in range(robots)]
+    assert ros_ctx.wait_for(lambda: all(f.done() for f in futs), 30), srv.output()
+    for i, f in enumerate(futs):
+        res = f.result()
+        assert res.status.reason == "ok", res.status.message
+        assert (res.chunk.task_id, res.chunk.round_id) == (f"robot_{i}/task0", 0)
+        assert all(math.isfinite(x) for x in res.chunk.actions)
+
+    def served():
+        for m in reversed(diags):
+            vals = {kv.key: kv.value for kv in m.status[0].values}
+            if vals.get("served") == str(robots + 1):
+                return vals
+        return None
+
+    assert ros_ctx.wait_for(lambda: served() is not None, 5), "diagnostics never counted every reply"
+    vals = served()
+    by_tier = {k.split("/", 1)[1]: int(v) for k, v in vals.items() if k.startswith("served_by_tier/")}
+    assert by_tier.get("pool", 0) >= 1 and sum(by_tier.values()) == robots + 1, vals
+    apps = [a for a in serve.status().applications if a.startswith("robotserve-pool-")]
+    assert apps, "the node's pool is not in the cluster"
+    assert srv.stop() == 0, srv.output()
+    assert not set(apps) & set(serve.status().applications)  # the node deleted its application on shutdown
