@@ -194,3 +194,26 @@ def test_the_inference_server_serves_robots_from_a_ray_pool(cluster, ros_ctx, tm
     assert apps, "the node's pool is not in the cluster"
     assert srv.stop() == 0, srv.output()
     assert not set(apps) & set(serve.status().applications)  # the node deleted its application on shutdown
+
+
+def test_a_gpu_server_fronts_a_pool_with_a_slot_per_replica(cluster):
+    """`gpu-server --engine ray`: the region's server behind the WAN runs its batches on the pool."""
+    from robotserve_ros.core.types import InferenceRequest
+    from robotserve_ros.transport.gpu_server import GpuServer
+    from robotserve_ros.transport.remote_engine import RemoteEngine
+
+    engine = RayPoolEngine(FIXED, replicas=2, app="fronted", **pool_kw())
+    assert wait_running(engine.pool, 2, 30)
+    srv = GpuServer(engine, "127.0.0.1:0")
+    remote = None
+    try:
+        assert srv.servicer.core.tier("engine").slots == 2
+        remote = RemoteEngine(address=srv.address, ping_interval_s=0)
+        out = remote.infer([InferenceRequest(f"t{i}", 0) for i in range(12)])
+        assert [o.actions.shape for o in out] == [(8, 2)] * 12
+        assert srv.counts["batches"] >= 2  # 12 requests: more than one batch of 8, over the replicas
+    finally:
+        if remote is not None:
+            remote.close()
+        srv.stop(None)
+        engine.close()
