@@ -25,6 +25,7 @@ from rosutil import requires_rclpy, ros_ctx  # noqa: E402,F401 (the fixture)
 
 from robotserve_ros.bench.ray import FIXED, SIM_PARAMS, ClosedLoopFleet  # noqa: E402
 from robotserve_ros.core.clock import WallClock  # noqa: E402
+from robotserve_ros.engines import make_engine  # noqa: E402
 from robotserve_ros.core.profile import EngineProfile  # noqa: E402
 from robotserve_ros.core.schedulers import make_scheduler  # noqa: E402
 from robotserve_ros.core.serving import ServingCore, Tier  # noqa: E402
@@ -58,7 +59,7 @@ def cluster(tmp_path_factory):
 
 
 def pool_kw(**kw):
-    return {"engine": "simulated", "engine_params": SIM_PARAMS, "resources": {"arm_pool": 1}, **kw}
+    return {"engine": "simulated", "engine_params": SIM_PARAMS, "resources": {"arm_pool": 1}, "make": make_engine, **kw}
 
 
 def test_replicas_are_placed_by_a_custom_resource_and_everything_listens_on_loopback(cluster):

@@ -39,6 +39,7 @@ from ..core.runner import Runner
 from ..core.schedulers import make_scheduler
 from ..core.serving import ServingCore, Tier
 from ..core.types import ExecInfo, InferenceRequest
+from ..engines import make_engine
 from ..engines.simulated import SimulatedEngine
 
 BATCH_MS = 50.0  # the fixed-cost engine: any batch up to 8 costs this, asleep
@@ -217,7 +218,7 @@ class BenchCluster:
     def pool(self, n: int, app: str, profile: EngineProfile = FIXED):
         from ..transport.ray_pool import RayPoolEngine, wait_running
 
-        eng = RayPoolEngine(profile, engine="simulated", engine_params=SIM_PARAMS, replicas=n,
+        eng = RayPoolEngine(profile, make=make_engine, engine="simulated", engine_params=SIM_PARAMS, replicas=n,
                             resources={"pool": 1}, app=app)
         if not wait_running(eng.pool, n, 60):
             eng.close()

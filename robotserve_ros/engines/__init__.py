@@ -48,7 +48,7 @@ def _ray(profile, **kw):
     """A Ray Serve pool of replicas of another engine (transport/ray_pool.py); ray loads on use."""
     from ..transport.ray_pool import RayPoolEngine
 
-    return RayPoolEngine(profile, **kw)
+    return RayPoolEngine(profile, make=make_engine, **kw)
 
 
 def _oxygen(profile, **kw):

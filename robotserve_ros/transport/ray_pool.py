@@ -29,7 +29,7 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Mapping, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 from ..core.engine import Engine
 from ..core.profile import EngineProfile
@@ -77,13 +77,12 @@ class RayTierError(RuntimeError):
 class PolicyReplica:
     """One replica: an engine of the project, whole batches in, results out."""
 
-    def __init__(self, engine: str, profile_ms: Optional[Mapping], params: Mapping, loopback: bool) -> None:
+    def __init__(self, make: Callable, engine: str, profile_ms: Optional[Mapping], params: Mapping,
+                 loopback: bool) -> None:
         if loopback:
             _loopback_replica_grpc()
-        from ..engines import make_engine
-
         profile = EngineProfile({int(b): float(ms) for b, ms in profile_ms.items()}) if profile_ms else None
-        self.engine = make_engine(engine, profile, **dict(params))
+        self.engine = make(engine, profile, **dict(params))
         self.served = 0
 
     def infer(self, batch: Sequence[InferenceRequest]) -> list:
@@ -128,6 +127,9 @@ def _start_ray(address: str, temp_dir: str, local_cpus: float, node_ip_address: 
 class RayPool:
     """A Serve application of PolicyReplica deployments, reached by handle only (no HTTP proxy).
 
+    make(engine, profile, **engine_params) builds a replica's engine in the replica's process:
+    engines.make_engine, passed in (by reference) so this module imports no registry above it.
+
     replicas: a fixed count; or min_replicas..max_replicas (max > 0) for Serve's autoscaler,
     which adds a replica when more than `target_ongoing` batches are on each. Per replica:
     num_cpus, num_gpus, resources (custom, e.g. {"arm_pool": 1}), accelerator_type ("A100",
@@ -142,6 +144,7 @@ class RayPool:
         engine_params: Optional[Mapping] = None,
         profile: Optional[EngineProfile] = None,
         *,
+        make: Callable,
         replicas: int = 1,
         min_replicas: int = 0,
         max_replicas: int = 0,
@@ -189,7 +192,7 @@ class RayPool:
             opts["num_replicas"] = replicas
         profile_ms = {int(b): float(ms) for b, ms in zip(profile.batches, profile.latencies_ms)} if profile else None
         self._deployment = serve.deployment(PolicyReplica).options(**opts)
-        self._args = (engine, profile_ms, dict(engine_params or {}), node_ip_address == LOOPBACK)
+        self._args = (make, engine, profile_ms, dict(engine_params or {}), node_ip_address == LOOPBACK)
         try:
             serve.start(proxy_location="Disabled")  # handles only: no HTTP proxy
             self.handle = serve.run(self._deployment.bind(*self._args), name=app, route_prefix=None)
