@@ -264,7 +264,13 @@ def chaos(bc: BenchCluster, scenario: str, robots: int = 50, replicas: int = 4, 
                 recovered = time.monotonic() - t_fault
                 break
             time.sleep(0.01)
-        back = 0
+        # Serve notices the death after its health check: first the drop, then the replacement.
+        dropped = None
+        while time.monotonic() - t_fault < 10.0:
+            if eng.pool.running() < replicas:
+                dropped = time.monotonic() - t_fault
+                break
+            time.sleep(0.05)
         while eng.pool.running() < replicas and time.monotonic() - t_fault < timeout_s:
             time.sleep(0.2)
         back = time.monotonic() - t_fault
@@ -274,7 +280,9 @@ def chaos(bc: BenchCluster, scenario: str, robots: int = 50, replicas: int = 4, 
         eng.close()
     return {"scenario": scenario, "lost": fleet.lost(), "duplicated": fleet.duplicated(),
             "recovery_s": None if recovered is None else round(recovered, 2), "robots": robots, "replicas": replicas,
+            "replica_count_dropped_s": None if dropped is None else round(dropped, 2),
             "replicas_back_s": round(back, 2), "failed_batches": int(fleet.runner.failures["pool"]),
+            "failed_calls": eng.failures,
             "worker_nodes_used_before": spread, "rounds_served": fleet.served()}
 
 
