@@ -38,7 +38,7 @@ LOOPBACK_IPS = {"127.0.0.1", "::ffff:127.0.0.1", "::1"}
 def cluster(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ray")
     (tmp / "ray").mkdir()
-    saved = {k: os.environ.get(k) for k in ("RAY_TMPDIR", "RAY_AUTH_MODE")}
+    saved = {k: os.environ.get(k) for k in ("RAY_TMPDIR", "RAY_AUTH_MODE", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")}
     os.environ.update(RAY_TMPDIR=str(tmp), RAY_AUTH_MODE="disabled")
     use_loopback()
     before = {p.pid for p in psutil.Process().children(recursive=True)}
