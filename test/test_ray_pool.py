@@ -218,3 +218,15 @@ def test_a_gpu_server_fronts_a_pool_with_a_slot_per_replica(cluster):
             remote.close()
         srv.stop(None)
         engine.close()
+
+
+def test_the_tier_profile_can_be_measured_through_the_pool(cluster):
+    """measure_repeats: placement plans with what a batch costs through Ray, not the engine alone."""
+    engine = RayPoolEngine(FIXED, replicas=1, app="measured", measure_repeats=2, **pool_kw())
+    try:
+        assert engine.engine_profile is FIXED
+        assert list(engine.profile.batches) == [1, 8]
+        # the 50 ms sleep plus Ray's call: more than the engine alone, far less than a timeout
+        assert all(50.0 < ms < 2000.0 for ms in engine.profile.latencies_ms), engine.profile.latencies_ms
+    finally:
+        engine.close()

@@ -78,6 +78,8 @@ class RayTierConfig(Config):
     engine_params: dict = param({}, "that engine's keyword parameters (when engine is set)")
     call_timeout_s: float = param(30.0, "a batch not answered within this is requeued, > 0")
     max_batch: int = param(0, "largest batch sent, >= 0 (0: the profile's saturation batch)")
+    measure_repeats: int = param(0, "> 0: the tier's profile is measured through the pool at start (this many "
+                                 "timed batches per size; Ray's cost included), >= 0 (0: the engine's profile)")
     app: str = param("", "the Serve application's name, unique in the cluster ('' = robotserve-<tier>-<pid>)")
 
     def check(self) -> None:
@@ -96,6 +98,7 @@ class RayTierConfig(Config):
         check(self.local_cpus > 0, "local_cpus", self.local_cpus, "is not > 0")
         check(self.call_timeout_s > 0, "call_timeout_s", self.call_timeout_s, "is not > 0")
         check(self.max_batch >= 0, "max_batch", self.max_batch, "is not >= 0")
+        check(self.measure_repeats >= 0, "measure_repeats", self.measure_repeats, "is not >= 0")
         if self.engine:
             check(self.engine != "ray", "engine", self.engine, "cannot be ray itself")
 
@@ -105,7 +108,7 @@ class RayTierConfig(Config):
         kw = {"app": self.app or f"robotserve-{tier}-{pid}"}
         kw.update((k, getattr(self, k)) for k in ("replicas", "min_replicas", "max_replicas", "num_cpus", "num_gpus",
                                                   "accelerator_type", "max_replicas_per_node", "address", "temp_dir",
-                                                  "local_cpus", "call_timeout_s"))
+                                                  "local_cpus", "call_timeout_s", "measure_repeats"))
         kw["resources"] = dict(self.resources)
         if self.engine:
             return None, {**kw, "engine": self.engine, "engine_params": dict(self.engine_params)}

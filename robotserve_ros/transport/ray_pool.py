@@ -31,6 +31,8 @@ import time
 from pathlib import Path
 from typing import Callable, Mapping, Optional, Sequence
 
+import numpy as np
+
 from ..core.engine import Engine
 from ..core.profile import EngineProfile
 from ..core.types import ChunkResult, InferenceRequest
@@ -89,6 +91,11 @@ class PolicyReplica:
         out = list(self.engine.infer(batch))
         self.served += len(out)
         return out
+
+    def example_observations(self, n: int, seed: int = 0) -> list:
+        """Synthetic inputs of the replica's engine (engines' example_observation), for timing."""
+        rng = np.random.default_rng(seed)
+        return [self.engine.example_observation(rng) for _ in range(n)]
 
     def profile(self) -> dict:
         p = self.engine.profile
@@ -241,6 +248,22 @@ class RayPool:
     def call(self, batch: Sequence[InferenceRequest], timeout_s: float) -> list:
         return self._infer.remote(list(batch)).result(timeout_s=timeout_s)
 
+    def measure(self, batch_sizes: Sequence[int], repeats: int, timeout_s: float = 60.0) -> EngineProfile:
+        """The profile as the Runner sees it: median wall time of a batch through the pool (the
+        handle call, pickling, the replica's engine) at each batch size, after one warm-up."""
+        sizes = sorted({int(b) for b in batch_sizes})
+        obs = self.handle.options(method_name="example_observations").remote(sizes[-1]).result(timeout_s=timeout_s)
+        ms: dict = {}
+        for k in range(repeats + 1):
+            for b in sizes:
+                batch = [InferenceRequest(f"profile/robot_{i}", k, observation=obs[i]) for i in range(b)]
+                t = time.perf_counter()
+                self.call(batch, timeout_s)
+                if k:  # the first round warms up
+                    ms.setdefault(b, []).append((time.perf_counter() - t) * 1e3)
+        med = [float(np.median(ms[b])) for b in sizes]
+        return EngineProfile({b: max(med[: i + 1]) for i, b in enumerate(sizes)})  # never falling with batch
+
     def close(self) -> None:
         """Delete this pool's application; shut Ray down only if this pool started it."""
         import ray
@@ -259,7 +282,8 @@ class RayPool:
 
 class RayPoolEngine(Engine):
     """The pool as the Runner and the placement see it: one tier of `slots` slots (one per
-    replica), the replicas' engine profile (fetched from a replica, as a GPU server's is).
+    replica), the replicas' engine profile (fetched from a replica, as a GPU server's is), or
+    with measure_repeats > 0 that profile measured through the pool at its batch sizes.
 
     call_timeout_s: a batch not answered within it fails (RayTierError) and is requeued.
     """
@@ -268,13 +292,16 @@ class RayPoolEngine(Engine):
 
     def __init__(self, profile: Optional[EngineProfile] = None, *, engine: str = "simulated",
                  engine_params: Optional[Mapping] = None, call_timeout_s: float = 30.0,
-                 sync_interval_s: float = 0.25, **pool) -> None:
-        if call_timeout_s <= 0 or sync_interval_s <= 0:
-            raise ValueError("call_timeout_s and sync_interval_s must be > 0")
+                 sync_interval_s: float = 0.25, measure_repeats: int = 0, **pool) -> None:
+        if call_timeout_s <= 0 or sync_interval_s <= 0 or measure_repeats < 0:
+            raise ValueError("call_timeout_s and sync_interval_s must be > 0, measure_repeats >= 0")
         self.pool = RayPool(engine, engine_params, profile, **pool)
         self.call_timeout_s, self.sync_interval_s = call_timeout_s, sync_interval_s
         try:
             self.profile = profile or self.pool.profile()
+            self.engine_profile = self.profile  # the replicas' engine's own
+            if measure_repeats:  # the slots as placement should see them: Ray's cost included
+                self.profile = self.pool.measure(self.profile.batches, measure_repeats, call_timeout_s)
         except Exception:
             self.pool.close()
             raise
