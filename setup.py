@@ -15,6 +15,8 @@ setup(
         "numpy>=1.24", "matplotlib>=3.7", "tqdm>=4.60", "PyYAML>=6",
         "grpcio>=1.85.1,<2", "protobuf>=7.35.1,<8",  # the remote GPU server (transport/)
     ],
-    extras_require={"test": ["pytest>=7", "hypothesis>=6"]},
+    extras_require={"test": ["pytest>=7", "hypothesis>=6"],
+                    # the `ray` tier (transport/ray_pool.py): a Ray Serve pool of policy replicas
+                    "ray": ["ray[serve]==2.60.0"]},
     entry_points={"console_scripts": ["robotserve = robotserve_ros.cli:main"]},
 )

@@ -42,6 +42,15 @@ def _sampled(profile, inner: str = "lerobot", k: int = 3, saturation_batch=None,
     if inner == "sampled":
         raise ValueError("engine 'sampled' cannot wrap itself")
     return SelfConsistencyEngine(ENGINES.create(inner, profile=profile, **kw), k, saturation_batch)
+
+
+def _ray(profile, **kw):
+    """A Ray Serve pool of replicas of another engine (transport/ray_pool.py); ray loads on use."""
+    from ..transport.ray_pool import RayPoolEngine
+
+    return RayPoolEngine(profile, make=make_engine, **kw)
+
+
 def _oxygen(profile, **kw):
     """SmolVLA with a unified KV cache: actions and language from one prefill (seed 001)."""
     from .oxygen import OxyGenEngine
@@ -55,6 +64,7 @@ ENGINES.register("lerobot", _lerobot)
 ENGINES.register("flow", _flow)
 ENGINES.register("sampled", _sampled)
 ENGINES.register("oxygen", _oxygen)
+ENGINES.register("ray", _ray)
 
 
 def make_engine(name: str, profile: EngineProfile, **params):

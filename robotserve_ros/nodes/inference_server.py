@@ -15,6 +15,7 @@ ROS parameters; a wrong key or value prints the one line naming it and exits 2.
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from collections import Counter, deque
@@ -76,10 +77,18 @@ class InferenceServerNode(Node):
                 edge, self.engine, clouds, lambda link, **kw: make_engine("remote", None, link=link,
                                                                           clock=self.clock.now, **kw),
                 c.placement.name, c.placement.chosen)
+            for n, t in c.ray_tier_configs().items():  # Ray Serve pools: a slot per replica (transport/ray_pool.py)
+                try:
+                    profile, kw = t.engine_params_for(c.engine, n, os.getpid())
+                    self.engines[n] = make_engine("ray", profile, **kw)
+                except Exception as e:  # ray missing, a cluster not reachable, a replica that cannot start
+                    raise ValueError(n, f"{type(e).__name__}: {e}") from e
+                tiers.append(Tier(n, self.engines[n].profile, slots=self.engines[n].slots, max_batch=t.max_batch or None))
         except ConfigError:
             raise
         except ValueError as e:  # a bad tier, an unreachable server or a bad placement knob
-            self.engine.close()
+            for eng in {id(x): x for x in [self.engine, *getattr(self, "engines", {}).values()]}.values():
+                eng.close()
             where, what = e.args if len(e.args) == 2 else ("remote_tiers", str(e))
             raise ParamError(where, f"cannot build it: {what}") from e
         self._group = ReentrantCallbackGroup()
@@ -128,6 +137,8 @@ class InferenceServerNode(Node):
                              prefresh_lead_s=min(0.5 * c.stale_obs_s, 2 * c.refresh_timeout_s),
                              on_error=lambda d, e: self.get_logger().error(
                                  f"tier {d.tier} failed a batch of {len(d.requests)}: {e!r}; requeued")).start()
+        for n in c.ray_tiers:  # the tier's slots follow the replicas Ray runs
+            self.engines[n].attach(self.runner, n)
         # Other kinds of work (LLM plans, language, VLM questions) on the same server.
         self.side_services: dict = {}
         for name in c.services:

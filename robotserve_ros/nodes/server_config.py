@@ -59,6 +59,63 @@ class RemoteTierConfig(Config):
 
 
 @dataclass(frozen=True)
+class RayTierConfig(Config):
+    """A Ray Serve pool of policy replicas (transport/ray_pool.py, issue 24): Ray places,
+    restarts and scales the replicas; the server's scheduler orders and batches their work."""
+
+    replicas: int = param(1, "replicas, >= 1 (a fixed pool; ignored when max_replicas > 0)")
+    min_replicas: int = param(0, "autoscaling: fewest replicas, >= 0")
+    max_replicas: int = param(0, "autoscaling: most replicas, >= min_replicas (0: a fixed pool of `replicas`)")
+    num_cpus: float = param(0.0, "CPUs each replica reserves, >= 0")
+    num_gpus: float = param(0.0, "GPUs each replica reserves, >= 0 (fractions share one)")
+    resources: dict = param({}, "custom resources each replica needs, e.g. {arm_pool: 1}")
+    accelerator_type: str = param("", "the accelerator a replica's node must have, e.g. A100 ('' = any)")
+    max_replicas_per_node: int = param(0, "most replicas on one node, >= 0 (0: no limit)")
+    address: str = param("", "host:port of a running Ray cluster ('' = start a local one on 127.0.0.1)")
+    temp_dir: str = param("", "the local cluster's temp folder ('' = Ray's default)")
+    local_cpus: float = param(2.0, "CPUs of a local cluster, > 0")
+    engine: str = param("", "the replicas' engine ('' = the server's engine section, its profile and knobs)")
+    engine_params: dict = param({}, "that engine's keyword parameters (when engine is set)")
+    call_timeout_s: float = param(30.0, "a batch not answered within this is requeued, > 0")
+    max_batch: int = param(0, "largest batch sent, >= 0 (0: the profile's saturation batch)")
+    measure_repeats: int = param(0, "> 0: the tier's profile is measured through the pool at start (this many "
+                                 "timed batches per size; Ray's cost included), >= 0 (0: the engine's profile)")
+    app: str = param("", "the Serve application's name, unique in the cluster ('' = robotserve-<tier>-<pid>)")
+
+    def check(self) -> None:
+        check(self.replicas >= 1, "replicas", self.replicas, "is not >= 1")
+        check(self.min_replicas >= 0, "min_replicas", self.min_replicas, "is not >= 0")
+        check(self.max_replicas == 0 or self.max_replicas >= max(1, self.min_replicas), "max_replicas",
+              self.max_replicas, "is not 0 or >= max(1, min_replicas)")
+        for name in ("num_cpus", "num_gpus"):
+            check(getattr(self, name) >= 0, name, getattr(self, name), "is not >= 0")
+        for k, v in self.resources.items():
+            check(isinstance(v, (int, float)) and v > 0, f"resources.{k}", v, "is not a number > 0")
+        check(self.max_replicas_per_node >= 0, "max_replicas_per_node", self.max_replicas_per_node, "is not >= 0")
+        if self.address:
+            host, sep, port = self.address.rpartition(":")
+            check(bool(host) and bool(sep) and port.isdigit(), "address", self.address, "is not host:port")
+        check(self.local_cpus > 0, "local_cpus", self.local_cpus, "is not > 0")
+        check(self.call_timeout_s > 0, "call_timeout_s", self.call_timeout_s, "is not > 0")
+        check(self.max_batch >= 0, "max_batch", self.max_batch, "is not >= 0")
+        check(self.measure_repeats >= 0, "measure_repeats", self.measure_repeats, "is not >= 0")
+        if self.engine:
+            check(self.engine != "ray", "engine", self.engine, "cannot be ray itself")
+
+    def engine_params_for(self, engine: EngineConfig, tier: str, pid: int):
+        """(profile, the `ray` engine's keyword parameters): the replicas run `engine` (the
+        server's section) unless this section names its own."""
+        kw = {"app": self.app or f"robotserve-{tier}-{pid}"}
+        kw.update((k, getattr(self, k)) for k in ("replicas", "min_replicas", "max_replicas", "num_cpus", "num_gpus",
+                                                  "accelerator_type", "max_replicas_per_node", "address", "temp_dir",
+                                                  "local_cpus", "call_timeout_s", "measure_repeats"))
+        kw["resources"] = dict(self.resources)
+        if self.engine:
+            return None, {**kw, "engine": self.engine, "engine_params": dict(self.engine_params)}
+        return engine.engine_profile(), {**kw, "engine": engine.name, "engine_params": dict(engine.chosen)}
+
+
+@dataclass(frozen=True)
 class PlacementConfig(PluginConfig):
     name: str = param("fill_in_order", "which tier a batch goes to: fill_in_order, or shortest_delay "
                       "(seed 000 §3.2.3: offload when the cloud answers sooner)")
@@ -128,6 +185,8 @@ class InferenceServerConfig(Config):
     task_auth: TaskAuthConfig = param(TaskAuthConfig(), "tasks bound to their robot by HMAC: key_dir, max_skew_s")
     remote_tiers: tuple[str, ...] = param((), "cloud tiers (GPU servers): names, each a section beside these "
                                           "(address, token_file, root_cert, slots, ...)")
+    ray_tiers: tuple[str, ...] = param((), "Ray Serve pools of policy replicas: names, each a section beside "
+                                       "these (replicas, num_gpus, resources, address, ...)")
     placement: PlacementConfig = param(PlacementConfig(), "the placement: name, and each one's knobs under its name")
     services: tuple[str, ...] = param((), "services beside srv/Infer (LLM plans, language, VLM): names from "
                                       "robotserve_ros/nodes/services, each with an optional section of its parameters")
@@ -141,12 +200,12 @@ class InferenceServerConfig(Config):
     @classmethod
     def extra_keys(cls, tree: Mapping, extra: dict) -> dict:
         """nav2's shape: a key beside the fields is the section of a named tier or service."""
-        named = set(tree.get("remote_tiers") or ()) | set(tree.get("services") or ())
+        named = set(tree.get("remote_tiers") or ()) | set(tree.get("services") or ()) | set(tree.get("ray_tiers") or ())
         for k, v in extra.items():
             if k not in named:
                 allowed = [f.name for f in fields(cls) if f.name != "sections"]
                 raise ConfigError(k, f"is not a parameter here; allowed: {', '.join(allowed)}, or the section of "
-                                  "a name in remote_tiers or services")
+                                  "a name in remote_tiers, ray_tiers or services")
             check(isinstance(v, Mapping), k, v, "is not a section")
         return {"sections": {**tree.get("sections", {}), **extra}}
 
@@ -163,7 +222,12 @@ class InferenceServerConfig(Config):
             check(name not in fieldnames and name not in self.services, "remote_tiers", name,
                   "is taken: a tier's name may not be a parameter's or a service's")
             check(name in self.sections, "remote_tiers", name, f"has no section '{name}' (with its address)")
+        for name in self.ray_tiers:
+            check(name not in fieldnames and name not in self.services and name not in self.remote_tiers, "ray_tiers",
+                  name, "is taken: a tier's name may not be a parameter's, a service's or a remote tier's")
+            check(name in self.sections, "ray_tiers", name, f"has no section '{name}' (replicas: 1 at least)")
         self.tiers()  # each tier's section checked now
+        self.ray_tier_configs()
         for name in ("stale_obs_s", "refresh_timeout_s", "task_timeout_s", "max_request_bytes", "diagnostics_hz",
                      "memory_trace_after_s", "max_task_id_bytes", "max_instruction_bytes", "max_images"):
             check(getattr(self, name) > 0, name, getattr(self, name), "is not > 0")
@@ -179,6 +243,10 @@ class InferenceServerConfig(Config):
     def tiers(self) -> dict:
         """Cloud tier name -> its RemoteTierConfig, in remote_tiers order."""
         return {n: from_tree(RemoteTierConfig, self.sections.get(n), n) for n in self.remote_tiers}
+
+    def ray_tier_configs(self) -> dict:
+        """Ray tier name -> its RayTierConfig, in ray_tiers order."""
+        return {n: from_tree(RayTierConfig, self.sections.get(n), n) for n in self.ray_tiers}
 
     def service_params(self, name: str) -> dict:
         return dict(self.sections.get(name, {}))

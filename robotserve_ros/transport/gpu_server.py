@@ -146,11 +146,15 @@ class GpuServicer:
         self.engine, self.limits, self.poll_s = engine, limits, poll_s
         self.spec: Optional[ObservationSpec] = getattr(engine, "observation_spec", None)
         self.counts: Counter = Counter()
-        self.core = ServingCore(_LiveCallsFifo(), [Tier("engine", engine.profile)], WallClock())
+        # One slot, or one per replica where the engine is a pool (`--engine ray`: transport/ray_pool.py).
+        self.core = ServingCore(_LiveCallsFifo(), [Tier("engine", engine.profile, slots=getattr(engine, "slots", 1))],
+                                WallClock())
         # Reentrant: a call submits all its requests under one hold, so the dispatcher sees
         # the call whole (not its first request alone in a batch of one).
         self.runner = Runner(self.core, {"engine": _AsSent(engine)}, self._on_replies, lock=threading.RLock(),
                              on_error=self._on_error, retry_pause_s=0.0).start()
+        if hasattr(engine, "attach"):  # a pool's slots follow its running replicas
+            engine.attach(self.runner, "engine")
         self.lock = self.runner.lock
         self._ids = itertools.count()
 
