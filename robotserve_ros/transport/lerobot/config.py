@@ -34,6 +34,8 @@ class CompatConfig:
     max_nesting_depth: int = 32  # containers within containers
     max_string_bytes: int = 64 << 10  # one string (task, key, path)
     max_pickle_ops: int = 200_000  # pickle opcodes: bounds the time one payload takes
+    max_expanded_items: int = 1 << 20  # container items the payload expands into, shared references counted each use
+    max_container_items: int = 4096  # one dict or set (keys str/bytes only: no hash flooding)
     # Uploads (SendObservations streams): each holds a handler thread until it ends.
     upload_timeout_s: float = 10.0  # a stream still open after this is cancelled
     max_upload_pieces: int = 1024  # transfer pieces in one stream (LeRobot sends 2 MiB pieces)
@@ -58,7 +60,7 @@ class CompatConfig:
             positive("stale_obs_s", self.stale_obs_s, zero_ok=True)
         positive("upload_timeout_s", self.upload_timeout_s)
         for name in ("max_payload_bytes", "threads", "max_array_elements", "max_nesting_depth", "max_string_bytes",
-                     "max_pickle_ops", "max_upload_pieces"):
+                     "max_pickle_ops", "max_upload_pieces", "max_expanded_items", "max_container_items"):
             positive(name, getattr(self, name), kind=int)
         if self.max_uploads is not None:
             positive("max_uploads", self.max_uploads, kind=int)
@@ -104,4 +106,5 @@ class CompatConfig:
 
         return Limits(max_bytes=self.max_payload_bytes, max_array_elements=self.max_array_elements,
                       max_depth=self.max_nesting_depth, max_string_bytes=self.max_string_bytes,
-                      max_ops=self.max_pickle_ops)
+                      max_ops=self.max_pickle_ops, max_expanded_items=self.max_expanded_items,
+                      max_container_items=self.max_container_items)
