@@ -155,3 +155,191 @@ def test_hash_colliding_containers_refused(server):
         time.sleep(0.5)
     assert good.rounds >= 1, good.errors
     served(server.port)
+
+
+# --- the GPU server: workers cannot be held, tokens, fair share ----------------------------
+from robotserve_ros.core import EngineProfile  # noqa: E402
+from robotserve_ros.core.observation import Observation  # noqa: E402
+from robotserve_ros.core.types import InferenceRequest  # noqa: E402
+from robotserve_ros.engines.simulated import SimulatedEngine  # noqa: E402
+from robotserve_ros.transport import stubs  # noqa: E402
+from robotserve_ros.transport.call_guard import GuardLimits  # noqa: E402
+from robotserve_ros.transport.gpu_server import GpuServer  # noqa: E402
+from robotserve_ros.transport.tensors import request_to_pb  # noqa: E402
+
+TOKENS = ["holder-a-token", "holder-b-token"]
+GPU = "/robotserve.gpu.GpuServer/"
+
+
+def _stall(release: threading.Event):
+    release.wait(30)
+    return
+    yield  # a client stream that never sends
+
+
+def gpu_infer_msg(n: int, tag: str):
+    pbm = stubs()[0]
+    obs = Observation(images=[], joints=np.zeros(3, np.float32), instruction="pick", timestep=0)
+    return pbm.InferBatchRequest(requests=[request_to_pb(pbm, InferenceRequest(f"{tag}/{i}", 0, observation=obs))
+                                           for i in range(n)])
+
+
+def gpu_call(address: str, token: str, n: int = 1, timeout: float = 10.0, tag: str = "good"):
+    pbm, pb_grpc = stubs()
+    with grpc.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)]) as ch:
+        stub = pb_grpc.GpuServerStub(ch)
+        md = [("authorization", f"Bearer {token}")]
+        assert stub.Health(pbm.HealthRequest(), metadata=md, timeout=timeout).serving
+        return stub.InferBatch(gpu_infer_msg(n, tag), metadata=md, timeout=timeout)
+
+
+class GoodHolder(GoodRobot):
+    """A token holder served over and over (Health, then an InferBatch) during an attack."""
+
+    def __init__(self, address: str, token: str) -> None:
+        super().__init__(0)
+        self.address, self.token = address, token
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                assert len(gpu_call(self.address, self.token, timeout=5).chunks) == 1
+                self.rounds += 1
+            except (grpc.RpcError, AssertionError) as e:
+                self.errors.append(repr(e)[:200])
+                time.sleep(0.1)
+
+
+def open_stalled(address: str, method: str, n: int, release: threading.Event, token: str = None, conns: int = 4):
+    """n calls that never send their request, over `conns` connections (as the probe did)."""
+    chans = [grpc.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)]) for _ in range(conns)]
+    md = [("authorization", f"Bearer {token}")] if token else None
+    futs = [chans[i % conns].stream_unary(method).future(_stall(release), metadata=md) for i in range(n)]
+    return chans, futs
+
+
+@pytest.fixture
+def gpu():
+    eng = SimulatedEngine(EngineProfile({1: 5.0, 4: 10.0, 16: 40.0}), chunk_size=4, action_dim=3, realtime=True)
+    guard = GuardLimits(receive_timeout_s=1.0, max_calls=32, max_calls_per_peer=4, max_calls_per_token=4,
+                        receive_slots=2)
+    with GpuServer(eng, "127.0.0.1:0", token=TOKENS, workers=8, guard=guard) as srv:
+        yield srv
+
+
+@pytest.mark.parametrize("who", ["anonymous", "token holder"])
+def test_gpu_stalled_calls_cannot_hold_the_workers(gpu, who):
+    """32 calls (InferBatch, Health) that never send their request, re-opened as they end:
+    anonymous ones refused UNAUTHENTICATED before any worker waits on them; a token holder's
+    refused past max_calls_per_peer and receive_slots, or cancelled after receive_timeout_s.
+    Another holder's Health and InferBatch are served throughout."""
+    release = threading.Event()
+    token = None if who == "anonymous" else TOKENS[0]
+    chans, futs = [], []
+    try:
+        with GoodHolder(gpu.address, TOKENS[1]) as good:
+            end = time.monotonic() + 3.0
+            while time.monotonic() < end:  # the probe re-opened its stalled calls as they ended
+                live = [f for f in futs if not f.done()]
+                for method in ("InferBatch", "Health"):
+                    c, f = open_stalled(gpu.address, GPU + method, 16 - len(live) // 2, release, token)
+                    chans += c
+                    futs += f
+                time.sleep(0.2)
+        assert good.rounds >= 5, good.errors
+        codes = {f.exception().code() for f in futs if f.done() and f.exception() is not None}
+        if who == "anonymous":
+            assert codes == {grpc.StatusCode.UNAUTHENTICATED}
+            assert gpu.counts["unauthenticated"] >= 32
+        else:
+            assert codes <= {EXHAUSTED, grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED}, codes
+            assert gpu.counts["peer_calls_refused"] + gpu.counts["receive_slots_full"] >= 10
+    finally:
+        release.set()
+        for f in futs:
+            f.cancel()
+        for c in chans:
+            c.close()
+    assert len(gpu_call(gpu.address, TOKENS[0]).chunks) == 1  # and after
+
+
+def test_gpu_fair_share_between_token_holders(gpu):
+    """Holder A queues 4 calls of 128 requests (32 batches of 16, max_calls_per_token of
+    them); holder B's one request is served in the next batches, not after A's 512
+    (round-robin between tokens), and A's fifth call is refused, not queued for a worker."""
+    results = {}
+
+    def big(i):
+        results[i] = gpu_call(gpu.address, TOKENS[0], n=128, timeout=30, tag=f"a{i}")
+
+    threads = [threading.Thread(target=big, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    end = time.monotonic() + 10
+    while gpu.guard.in_flight[("token", 0)] < 4 or gpu.servicer.queued[0] < 4 * 128:  # A's calls all queued
+        assert time.monotonic() < end
+        time.sleep(0.01)
+    with pytest.raises(grpc.RpcError) as e:
+        gpu_call(gpu.address, TOKENS[0], tag="a5")
+    assert e.value.code() == EXHAUSTED and "max_calls_per_token" in e.value.details()
+    t0 = time.monotonic()
+    assert len(gpu_call(gpu.address, TOKENS[1], tag="b").chunks) == 1
+    b_s = time.monotonic() - t0
+    b_done_batches = gpu.counts["batches"]
+    for t in threads:
+        t.join(60)
+    assert len(results) == 4 and all(len(r.chunks) == 128 for r in results.values())
+    total = gpu.counts["batches"]
+    # B was answered while most of A's batches were still to run
+    assert b_done_batches < total / 2, (b_done_batches, total, b_s)
+
+
+def test_gpu_token_caps_and_empty_token_refused(gpu):
+    with pytest.raises(ValueError, match="non-empty"):
+        GpuServer(SimulatedEngine(EngineProfile({1: 1.0})), "127.0.0.1:0", token=["\n"])
+    srv = GpuServer(SimulatedEngine(EngineProfile({1: 1.0, 4: 2.0}), chunk_size=4, action_dim=3), "127.0.0.1:0",
+                    token="t", max_token_requests=8)
+    try:
+        with pytest.raises(grpc.RpcError) as e:
+            gpu_call(srv.address, "t", n=9)
+        assert e.value.code() == EXHAUSTED and "max_token_requests (8)" in e.value.details()
+        assert srv.counts["token_overloaded"] == 1
+        assert len(gpu_call(srv.address, "t", n=8).chunks) == 8
+    finally:
+        srv.stop(None)
+
+
+@pytest.mark.parametrize("content", ["", "\n", "  \n\t\n"])
+def test_gpu_server_empty_token_file_exits_2(tmp_path, content):
+    import subprocess
+    import sys
+
+    f = tmp_path / "token"
+    f.write_text(content)
+    p = subprocess.run([sys.executable, "-m", "robotserve_ros.cli", "gpu-server", "--token-file", str(f),
+                        "--address", "127.0.0.1:0"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.count("\n") == 1 and "is empty" in p.stderr
+    env = {**__import__("os").environ, "ROBOTSERVE_GPU_TOKEN": content or " "}  # set, not blank: no token in it
+    p = subprocess.run([sys.executable, "-m", "robotserve_ros.cli", "gpu-server", "--address", "127.0.0.1:0"],
+                       capture_output=True, text=True, timeout=60, env=env)
+    assert p.returncode == 2 and "ROBOTSERVE_GPU_TOKEN is empty" in p.stderr, p.stderr
+
+
+def test_gpu_server_without_token_or_tls_warns(tmp_path):
+    import subprocess
+    import sys
+
+    ready = tmp_path / "ready"
+    env = {k: v for k, v in __import__("os").environ.items() if k != "ROBOTSERVE_GPU_TOKEN"}
+    p = subprocess.Popen([sys.executable, "-m", "robotserve_ros.cli", "gpu-server", "--address", "127.0.0.1:0",
+                          "--ready-file", str(ready)], stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        end = time.monotonic() + 60
+        while not ready.exists() and time.monotonic() < end and p.poll() is None:
+            time.sleep(0.1)
+        assert ready.exists()
+    finally:
+        p.terminate()
+        err = p.communicate(timeout=20)[1]
+    assert "WARNING no token" in err and "WARNING no TLS" in err, err
