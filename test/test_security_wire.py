@@ -343,3 +343,146 @@ def test_gpu_server_without_token_or_tls_warns(tmp_path):
         p.terminate()
         err = p.communicate(timeout=20)[1]
     assert "WARNING no token" in err and "WARNING no TLS" in err, err
+
+
+# --- the LeRobot endpoint: stalled calls, sessions, logs, bounded state ---------------------------
+LR = "/transport.AsyncInference/"
+
+
+def test_lerobot_stalled_unary_calls_cannot_take_every_thread(server):
+    """~32 anonymous Ready / SendPolicyInstructions calls that never send their message,
+    over 4 connections, re-opened as they end (the probe: every round timed out, 0 of 119):
+    past the grace each needs a receive slot or is cancelled, past max_calls_per_peer it is
+    refused; a good robot is served throughout, and its session is never reaped."""
+    release = threading.Event()
+    chans, futs = [], []
+    try:
+        with GoodRobot(server.port) as good:
+            end = time.monotonic() + 4.0
+            while time.monotonic() < end:
+                live = sum(not f.done() for f in futs)
+                for method in ("Ready", "SendPolicyInstructions"):
+                    c, f = open_stalled(f"127.0.0.1:{server.port}", LR + method, max(0, 16 - live // 2), release)
+                    chans += c
+                    futs += f
+                time.sleep(0.2)
+        assert good.rounds >= 5 and server.servicer.clients_reaped == 0, (good.rounds, good.errors)
+        calls = server.servicer.stats()["calls"]
+        assert calls["receive_slots_full"] + calls.get("peer_calls_refused", 0) >= 10, calls
+        codes = {f.exception().code() for f in futs if f.done() and f.exception() is not None}
+        assert codes <= {EXHAUSTED, grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED}, codes
+    finally:
+        release.set()
+        for f in futs:
+            f.cancel()
+        for c in chans:
+            c.close()
+    served(server.port)
+
+
+def test_lerobot_session_belongs_to_its_creator(server):
+    """The session id is issued by the server (Ready's initial metadata), never taken from
+    client metadata: another connection naming a made-up id, or the id the old server
+    derived from metadata, gets no session; naming the real id is the only way in, and it
+    is never shown to anyone but its creator (not in stats, logs or task ids)."""
+    victim = Client(server.port)
+    _, call = victim.stub.Ready.with_call(pb.Empty())
+    (sid,) = [v for k, v in call.initial_metadata() if k == "robotserve-session"]
+    victim.stub.SendPolicyInstructions(policy_setup())
+    (task,) = server.servicer.stats()["clients"]
+    thief = Client(server.port)
+    for forged in ("left-arm", "id:left-arm", sid[:-1] + ("A" if sid[-1] != "A" else "B")):
+        md = [("robotserve-session", forged)]
+        assert "no session" in _refused(lambda: thief.stub.Ready(pb.Empty(), metadata=md), grpc.StatusCode.FAILED_PRECONDITION)
+        _refused(lambda: thief.stub.GetActions(pb.Empty(), metadata=md), grpc.StatusCode.FAILED_PRECONDITION)
+    # the old header is ignored: the thief's Ready starts its own session, the victim's is untouched
+    thief.stub.Ready(pb.Empty(), metadata=[("robotserve-client", "whatever")])
+    st = server.servicer.stats()
+    assert task in st["clients"] and len(st["clients"]) == 2 and sid not in str(st)
+    victim.send(timed_obs(3))
+    assert [a.timestep for a in victim.actions()] == [3, 4, 5, 6]
+    assert server.servicer.stats()["protocol_errors"]["no_session"] == 6
+    victim.close()
+    thief.close()
+    served(server.port)
+
+
+def test_lerobot_logs_escape_control_characters(server, caplog):
+    """A policy path, a peer's strings: every logged client string is escaped (a newline
+    in the path forged whole lines in the server log)."""
+    forged = "/policies/dp\n2026-01-01 00:00:00 robotserve.lerobot: client admin authenticated\x1b[2J"
+    c = Client(server.port)
+    c.stub.Ready(pb.Empty())
+    with caplog.at_level(logging.INFO, logger="robotserve"):
+        c.stub.SendPolicyInstructions(policy_setup(path=forged))
+        _refused(lambda: c.stub.SendPolicyInstructions(pb.PolicySetup(data=b"\x80\x04\x8c\x03a\nb\x94.")), INVALID)
+    msgs = [r.getMessage() for r in caplog.records if r.name.startswith("robotserve")]
+    assert any("authenticated" in m for m in msgs), msgs  # the path was logged, escaped
+    assert not any(ch in m for m in msgs for ch in "\n\r\x1b"), msgs
+    c.close()
+    served(server.port)
+
+
+def test_lerobot_sessions_capped_with_lru_eviction():
+    """max_sessions: a new session past it evicts the least recently used (counted); the
+    sessions' observation bytes within max_session_bytes the same way."""
+    srv = LeRobotCompatServer(lerobot_cfg(max_sessions=3, max_session_bytes=20_000))
+    try:
+        robots = [Client(srv.port) for _ in range(5)]
+        for r in robots:
+            r.start()
+        st = srv.servicer.stats()
+        assert len(st["clients"]) == 3 and st["evictions"] == {"sessions_evicted": 2}
+        assert "no session" in _refused(lambda: robots[0].send(timed_obs(1)), grpc.StatusCode.FAILED_PRECONDITION)
+        for i, r in enumerate(robots[2:]):  # each holds about 2.9 KB (its camera) per observation it keeps
+            r.send(timed_obs(5 + i))
+            assert r.actions()
+        big = lerobot_cfg(max_sessions=3, max_session_bytes=8_000)
+        srv2 = LeRobotCompatServer(big)
+        try:
+            rs = [Client(srv2.port) for _ in range(3)]
+            for i, r in enumerate(rs):
+                r.start()
+                r.send(timed_obs(1, q=np.full(6, float(i))))
+            assert srv2.servicer.stats()["evictions"].get("session_bytes_evicted", 0) >= 1
+            rs[-1].actions()  # the newest is still served
+            for r in rs:
+                r.close()
+        finally:
+            srv2.stop(0)
+        for r in robots:
+            r.close()
+        served(srv.port)
+    finally:
+        srv.stop(0)
+
+
+def test_lerobot_policy_groups_bounded_and_unloaded_when_idle():
+    """max_policy_groups: a new policy unloads the least recently used one no session is on,
+    or is refused while all are in use; a policy idle for policy_idle_s is unloaded (its
+    runner's threads end). Hundreds of distinct policies no longer mean hundreds of threads."""
+    srv = LeRobotCompatServer(lerobot_cfg(max_policy_groups=2, policy_idle_s=1.0, client_timeout_s=60.0))
+    try:
+        threads0 = threading.active_count()
+        a, b, c = Client(srv.port), Client(srv.port), Client(srv.port)
+        a.start(path="/policies/p1")
+        b.start(path="/policies/p2")
+        assert "max_policy_groups" in _refused(lambda: c.start(path="/policies/p3"), EXHAUSTED)
+        a.stub.Ready(pb.Empty())  # a's session restarts with no policy: p1 is free
+        c.start(path="/policies/p3")  # p1 unloaded to make room
+        assert len(srv.servicer.groups) == 2 and srv.servicer.stats()["policies_unloaded"] == 1
+        for i in range(20):  # many distinct policies, one after another: threads stay bounded
+            c.start(path=f"/policies/many{i}")
+        assert len(srv.servicer.groups) == 2
+        assert threading.active_count() <= threads0 + 2 * 2 + 4
+        b.stub.Ready(pb.Empty())
+        c.stub.Ready(pb.Empty())
+        end = time.monotonic() + 10
+        while srv.servicer.groups and time.monotonic() < end:  # idle past policy_idle_s: unloaded
+            time.sleep(0.2)
+        assert not srv.servicer.groups
+        for r in (a, b, c):
+            r.close()
+        served(srv.port)
+    finally:
+        srv.stop(0)
