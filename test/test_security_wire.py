@@ -407,16 +407,24 @@ def test_lerobot_session_belongs_to_its_creator(server):
     served(server.port)
 
 
-def test_lerobot_logs_escape_control_characters(server, caplog):
-    """A policy path, a peer's strings: every logged client string is escaped (a newline
-    in the path forged whole lines in the server log)."""
+def test_lerobot_logs_escape_control_characters(server, caplog, monkeypatch):
+    """A policy path, a peer's strings, an unforeseen exception's text: every logged client
+    string is escaped (a newline in the path forged whole lines in the server log)."""
     forged = "/policies/dp\n2026-01-01 00:00:00 robotserve.lerobot: client admin authenticated\x1b[2J"
     c = Client(server.port)
     c.stub.Ready(pb.Empty())
     with caplog.at_level(logging.INFO, logger="robotserve"):
         c.stub.SendPolicyInstructions(policy_setup(path=forged))
         _refused(lambda: c.stub.SendPolicyInstructions(pb.PolicySetup(data=b"\x80\x04\x8c\x03a\nb\x94.")), INVALID)
+        def boom(spec):
+            raise KeyError(spec.pretrained_name_or_path)  # a handler's fault, quoting the client
+
+        monkeypatch.setattr(server.servicer.policies, "resolve", boom)
+        _refused(lambda: c.stub.SendPolicyInstructions(policy_setup(path=forged)), grpc.StatusCode.INTERNAL)
+        monkeypatch.undo()
     msgs = [r.getMessage() for r in caplog.records if r.name.startswith("robotserve")]
+    assert any("KeyError" in m and "traceback" in m for m in msgs), msgs
+    assert not any(r.exc_info for r in caplog.records)  # the traceback is in the one escaped line
     assert any("authenticated" in m for m in msgs), msgs  # the path was logged, escaped
     assert not any(ch in m for m in msgs for ch in "\n\r\x1b"), msgs
     c.close()

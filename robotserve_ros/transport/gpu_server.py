@@ -41,7 +41,7 @@ from ..config import ConfigError, engine_config, relabel
 from ..params import parse_key_values
 from . import DEFAULT_MAX_MESSAGE, TOKEN_ENV, add_arguments, channel_options, stubs  # noqa: F401 (re-exported)
 from .call_guard import CallGuard, GuardLimits
-from .tensors import BadField, Limits, check_spec, request_from_pb, result_to_pb
+from .tensors import BadField, log_failure, Limits, check_spec, request_from_pb, result_to_pb
 
 log = logging.getLogger("robotserve.gpu_server")
 
@@ -173,7 +173,7 @@ class GpuServicer:
             code, msg = e.code, e.message
         except Exception:  # never a traceback (nor UNKNOWN) to the client
             self.counts["internal"] += 1
-            log.exception("InferBatch failed")
+            log_failure(log, "InferBatch failed")
             code, msg = grpc.StatusCode.INTERNAL, "internal error (see the server log)"
         context.abort(code, msg)
 
@@ -220,7 +220,7 @@ class GpuServicer:
             chunks = [result_to_pb(self.pb, q, r) for q, r in zip(sent, call.results)]
         except Exception:  # the engine's output, not the caller's input, is at fault
             self.counts["engine_failure"] += 1
-            log.exception("engine results cannot be sent")
+            log_failure(log, "engine results cannot be sent")
             raise _Refused(grpc.StatusCode.INTERNAL, "engine results cannot be sent (see the server log)") from None
         return self.pb.InferBatchReply(chunks=chunks, engine_s=time.perf_counter() - t0)
 

@@ -119,7 +119,9 @@ class CompatConfig:
         (a stalled stream or unary call) get the upload slots, never every thread."""
         from ..call_guard import GuardLimits
 
-        return GuardLimits(receive_timeout_s=self.receive_timeout_s, stream_timeout_s=self.upload_timeout_s,
+        # streams: the servicer's own upload reaper cancels them at upload_timeout_s (naming
+        # it); the guard's deadline is the backstop a second later
+        return GuardLimits(receive_timeout_s=self.receive_timeout_s, stream_timeout_s=self.upload_timeout_s + 1.0,
                            max_calls_per_peer=self.max_calls_per_peer, max_calls=self.max_calls or 2 * self.threads,
                            receive_slots=self.upload_slots)
 

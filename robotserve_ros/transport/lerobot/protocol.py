@@ -18,7 +18,7 @@ from ...core.observation import BadObservation, Observation
 from ...core.types import ExecInfo, HorizonChoice, InferenceRequest
 from .. import safe_pickle
 from ..call_guard import CallGuard
-from ..tensors import shown
+from ..tensors import log_failure, shown
 from .config import CompatConfig
 from .groups import PolicyGroups
 from .clients import Client
@@ -43,7 +43,7 @@ def _rpc(fn):
         except Refused as f:
             failure = f
         except Exception as e:  # noqa: BLE001 - the boundary: nothing escapes as UNKNOWN
-            log.exception("%s failed", fn.__name__)
+            log_failure(log, f"{fn.__name__} failed")
             failure = Refused("internal", grpc.StatusCode.INTERNAL,
                               f"{fn.__name__}: internal error ({type(e).__name__}); the server logged it")
         self._abort(context, failure)
