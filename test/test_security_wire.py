@@ -16,7 +16,7 @@ grpc = pytest.importorskip("grpc")
 pytest.importorskip("lerobot")
 
 from test_lerobot_compat import Client, _refused, policy_setup, timed_obs  # noqa: E402
-from test_security import in_observation, send, served  # noqa: E402
+from test_security import send, served  # noqa: E402
 
 from lerobot.transport import services_pb2 as pb  # noqa: E402
 

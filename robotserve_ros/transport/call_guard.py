@@ -19,6 +19,8 @@ So, for every method:
 - the total in flight is grpc's own `maximum_concurrent_rpcs` (`max_calls`, set by the server).
 
 A peer is what grpc reports (`ipv4:ADDR:PORT`): one connection. Counts: `counts`.
+A response-streaming method would leave the in-flight counts when its generator is
+returned, not when it ends: neither server has one.
 """
 from __future__ import annotations
 

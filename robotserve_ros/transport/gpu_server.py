@@ -25,7 +25,7 @@ import os
 from collections import Counter
 from concurrent import futures
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
 import grpc
 

@@ -294,15 +294,15 @@ class LeRobotCompatServicer:
         one that ended: no oracle for live ids)."""
         c = self.clients.get(key) if key is not None else None
         if c is None:
-            raise self._no_session(context)
+            raise self._no_session()
         c.lru = time.monotonic()
         return c
 
     @staticmethod
-    def _no_session(context) -> Refused:
+    def _no_session() -> Refused:
         return Refused("no_session", grpc.StatusCode.FAILED_PRECONDITION,
-                       f"no session for this call (it names no session this server issued, or it was silent too long): "
-                       f"call Ready and SendPolicyInstructions first")
+                       "no session for this call (it names no session this server issued, or it was silent too long): "
+                       "call Ready and SendPolicyInstructions first")
 
     def _start_client(self, key: str, peer: str) -> Client:
         """Under the lock: a new task for session `key`, ending the one it had; past
