@@ -29,7 +29,7 @@ EXAMPLES = int(os.environ.get("ROBOTSERVE_FUZZ_EXAMPLES", "200"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
 SLOW_S = 2.0  # one example's bound (the op limit keeps the worst far below it)
 LIM = safe_pickle.Limits(max_bytes=1 << 16, max_array_elements=1 << 14, max_depth=16, max_string_bytes=256,
-                         max_ops=5000)
+                         max_ops=5000, max_expanded_items=1 << 14, max_container_items=256)
 
 P = pickle
 NO_ARG = [P.MARK, P.POP, P.POP_MARK, P.DUP, P.NONE, P.NEWTRUE, P.NEWFALSE, P.EMPTY_TUPLE, P.TUPLE, P.TUPLE1,
@@ -84,7 +84,7 @@ def check_loads(data: bytes, lim: safe_pickle.Limits = LIM):
     try:
         out = safe_pickle.loads(data, limits=lim)
     except (safe_pickle.UnsafePickle, safe_pickle.PayloadTooLarge) as e:
-        assert e.message.startswith(("payload", "more than", "a string", "containers", "numpy array"))
+        assert e.message.startswith(("payload", "more than", "a string", "containers", "numpy array", "a dict or set"))
         out = None
     finally:
         peak = tracemalloc.get_traced_memory()[1]
@@ -92,6 +92,9 @@ def check_loads(data: bytes, lim: safe_pickle.Limits = LIM):
     assert time.perf_counter() - t < SLOW_S
     # what a payload may build is bounded by the limits, not by what its bytes claim
     assert peak < 4 * lim.max_bytes + 8 * lim.max_array_elements + (1 << 20), peak
+    if out is not None:  # what whoever walks the result sees is within the limits too
+        items, nbytes = _expanded(out)
+        assert items <= lim.max_expanded_items and nbytes <= lim.max_bytes, (items, nbytes)
     stack = [out]
     while stack:  # every array a fresh C-ordered one holding its own bytes
         o = stack.pop()
@@ -110,6 +113,76 @@ def test_fuzz_pickle_opcode_streams(proto, tokens):
     check_loads(bytes([P.PROTO[0], proto]) + b"".join(tokens) + P.STOP)
 
 
+def _expanded(out) -> tuple:
+    """(items, bytes) of `out` as a tree: a shared reference counted each time it is reached."""
+    memo: dict = {}
+
+    def size(o):
+        if id(o) in memo:
+            return memo[id(o)]
+        if isinstance(o, dict):
+            kids = [*o.keys(), *o.values()]
+        elif isinstance(o, (list, tuple, set, frozenset)):
+            kids = list(o)
+        else:
+            kids = [getattr(o, f) for f in getattr(o, "__dataclass_fields__", ())]
+            if not kids:
+                nb = len(o) if isinstance(o, (str, bytes, bytearray)) else int(getattr(o, "nbytes", 0))
+                memo[id(o)] = (0, nb)
+                return memo[id(o)]
+        sub = [size(k) for k in kids]  # depth is bounded by max_depth
+        memo[id(o)] = (len(kids) + sum(a for a, _ in sub), sum(b for _, b in sub))
+        return memo[id(o)]
+
+    return size(out)
+
+
+def shared_refs(width: int, levels: int, leaf: bytes) -> bytes:
+    """Lists of `width` references to the list below, `levels` deep, through the memo: a few
+    bytes of pickle for width**levels leaves."""
+    out = b"\x80\x04" + leaf + P.BINPUT + b"\x00"
+    for lvl in range(1, levels + 1):
+        out += P.EMPTY_LIST + P.MARK + (P.BINGET + bytes([lvl - 1])) * width + P.APPENDS + P.BINPUT + bytes([lvl])
+    return out + P.STOP
+
+
+@FUZZ
+@given(width=st.integers(1, 40), levels=st.integers(1, 12),
+       leaf=st.sampled_from([P.NONE, P.BININT1 + b"\x07", _short(P.SHORT_BINBYTES, b"x" * 200),
+                             _short(P.SHORT_BINUNICODE, b"y" * 100)]))
+def test_fuzz_shared_references(width, levels, leaf):
+    """Shared references: refused past the expansion budget, never expanded by the reader."""
+    out = check_loads(shared_refs(width, levels, leaf))
+    if out is None:
+        assert width ** levels > LIM.max_expanded_items // 2 or width ** levels * 200 > LIM.max_bytes // 2 or levels > 15
+
+
+HASH_MOD = (1 << 61) - 1  # CPython's int hash is n mod this: these all hash alike
+colliding = st.one_of(
+    st.lists(st.integers(0, 10**6).map(lambda i: i * HASH_MOD), min_size=1, max_size=300),
+    st.lists(st.integers(-50, 50).map(lambda i: float(i)), min_size=1, max_size=50),
+    st.lists(st.tuples(st.integers(0, 5), st.integers(0, 5)), min_size=1, max_size=50),
+)
+
+
+@FUZZ
+@given(keys=colliding, kind=st.sampled_from(["set", "frozenset", "dict", "dict_global", "set_global"]),
+       proto=st.integers(2, 5))
+def test_fuzz_colliding_keys(keys, kind, proto):
+    """Keys anyone can make collide (integers, floats, tuples) never go into a dict or set."""
+    if kind == "set" and proto >= 4:
+        obj = set(keys)
+    elif kind == "frozenset" and proto >= 4:
+        obj = frozenset(keys)
+    elif kind.startswith("dict"):
+        obj = {k: 0 for k in keys}
+    else:
+        obj = [set(keys)]
+    data = pickle.dumps(obj, protocol=proto)
+    with pytest.raises(safe_pickle.UnsafePickle, match="only str and bytes"):
+        safe_pickle.loads(data, limits=LIM)
+
+
 def _observation(proto: int) -> bytes:
     from robotserve_ros.engines.torch_env import import_lerobot_policies
 
@@ -117,7 +190,7 @@ def _observation(proto: int) -> bytes:
     from lerobot.async_inference.helpers import TimedObservation
 
     raw = {"j0.pos": 0.5, "j1.pos": np.float32(1.0), "cam0": np.arange(48, dtype=np.uint8).reshape(4, 4, 3),
-           "f": np.asfortranarray(np.ones((2, 3))), "task": "pick", "s": {1, 2}, "t": (1, b"x")}
+           "f": np.asfortranarray(np.ones((2, 3))), "task": "pick", "s": {"a", b"b"}, "t": (1, b"x")}
     return pickle.dumps(TimedObservation(1.5, 3, raw, True), protocol=proto)
 
 

@@ -338,17 +338,22 @@ def test_stale_observation_served_from_the_clients_newest():
         server.stop(0)
 
 
-def test_client_id_metadata_separates_clients_on_one_connection(sim_server):
+def test_issued_sessions_separate_clients_on_one_connection(sim_server):
+    """Two robots on one connection: each asks Ready for a new session and names the id the
+    server issued (Ready's initial metadata) on its calls; each is its own task."""
     ch = grpc.insecure_channel(f"127.0.0.1:{sim_server.port}")
     stub = pb_grpc.AsyncInferenceStub(ch)
-    for who in ("left-arm", "right-arm"):
-        md = [("robotserve-client", who)]
-        stub.Ready(pb.Empty(), metadata=md)
+    sids = []
+    for _ in ("left-arm", "right-arm"):
+        _, call = stub.Ready.with_call(pb.Empty(), metadata=[("robotserve-session", "new")])
+        (sid,) = [v for k, v in call.initial_metadata() if k == "robotserve-session"]
+        md = [("robotserve-session", sid)]
         stub.SendPolicyInstructions(policy_setup(), metadata=md)
         stub.SendObservations(send_bytes_in_chunks(pickle.dumps(timed_obs(0)), pb.Observation), metadata=md)
         assert len(pickle.loads(stub.GetActions(pb.Empty(), metadata=md).data)) == 4
-    peers = {c["peer"] for c in sim_server.servicer.stats()["clients"].values()}
-    assert peers == {"id:left-arm", "id:right-arm"}
+        sids.append(sid)
+    assert len(set(sids)) == 2 and all(len(s) >= 24 for s in sids)
+    assert len(sim_server.servicer.stats()["clients"]) == 2
     ch.close()
 
 

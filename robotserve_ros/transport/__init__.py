@@ -44,7 +44,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "e.g. device=cuda (repeatable)")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     p.add_argument("--latency-ms", type=float, nargs="+", help="engine profile, one per batch size (simulated engine)")
-    p.add_argument("--token-file", help=f"file holding the token every call must carry (default: ${TOKEN_ENV}; none: no check)")
+    p.add_argument("--token-file", help=f"file holding the token every call must carry, one per line for several holders "
+                   f"(default: ${TOKEN_ENV}; none: no check, logged as a WARNING); an empty file is an error")
     p.add_argument("--tls-cert", help="server certificate (PEM); with --tls-key turns TLS on")
     p.add_argument("--tls-key")
     p.add_argument("--max-message-mb", type=float, default=DEFAULT_MAX_MESSAGE / (1 << 20))
@@ -53,4 +54,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-id-bytes", type=int, default=256, help="longest task_id accepted (UTF-8 bytes)")
     p.add_argument("--max-text-bytes", type=int, default=4096, help="longest instruction accepted (UTF-8 bytes)")
     p.add_argument("--max-call-requests", type=int, default=1024, help="most requests in one InferBatch call")
+    p.add_argument("--receive-timeout", type=float, default=5.0,
+                   help="seconds a call's request may take to arrive; a stalled call is cancelled (its worker freed)")
+    p.add_argument("--max-calls-per-peer", type=int, help="calls in flight from one connection (default: 4 x workers, "
+                   "the total; per token holder: workers / 2)")
+    p.add_argument("--max-token-requests", type=int, default=4096,
+                   help="requests queued per token holder (one token per line of --token-file: fair share between them)")
     p.add_argument("--ready-file", help="write the bound address here once serving")

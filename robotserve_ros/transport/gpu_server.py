@@ -25,7 +25,7 @@ import os
 from collections import Counter
 from concurrent import futures
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 import grpc
 
@@ -40,29 +40,21 @@ from ..core.types import InferenceRequest
 from ..config import ConfigError, engine_config, relabel
 from ..params import parse_key_values
 from . import DEFAULT_MAX_MESSAGE, TOKEN_ENV, add_arguments, channel_options, stubs  # noqa: F401 (re-exported)
-from .tensors import BadField, Limits, check_spec, request_from_pb, result_to_pb
+from .call_guard import CallGuard, GuardLimits
+from .tensors import BadField, log_failure, Limits, check_spec, request_from_pb, result_to_pb
 
 log = logging.getLogger("robotserve.gpu_server")
 
 
-class TokenInterceptor(grpc.ServerInterceptor):
-    """Refuses every call whose metadata lacks `authorization: Bearer <token>`."""
-
-    def __init__(self, token: str, counter: Counter) -> None:
-        self._want = f"Bearer {token}".encode()
-        self._counter = counter
-
-        def deny(request, context):
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong token (metadata 'authorization: Bearer <token>')")
-
-        self._deny = grpc.unary_unary_rpc_method_handler(deny)
-
-    def intercept_service(self, continuation, details):
-        got = dict(details.invocation_metadata or ()).get("authorization", "")
-        if hmac.compare_digest(got.encode(), self._want):  # constant time: no token oracle
-            return continuation(details)
-        self._counter["unauthenticated"] += 1
-        return self._deny
+def token_holder(metadata, tokens) -> Optional[int]:
+    """Which of `tokens` (its index) the call's `authorization: Bearer <t>` carries, None if
+    none; each compared in constant time (no token oracle). Without tokens: 0, everyone."""
+    if not tokens:
+        return 0
+    got = dict(metadata or ()).get("authorization", "")
+    got = got.encode() if isinstance(got, str) else bytes(got)
+    match = [hmac.compare_digest(got, f"Bearer {t}".encode()) for t in tokens]  # all compared
+    return match.index(True) if any(match) else None
 
 
 @dataclasses.dataclass
@@ -72,7 +64,9 @@ class _Call:
     cond: threading.Condition
     results: list
     expires_at: float = math.inf  # on the core's clock; inf: the caller set no deadline
+    holder: int = 0  # the token it carried (its index): fair share between token holders
     keys: list = dataclasses.field(default_factory=list)  # its requests' task ids in the core
+    n_queued: int = 0  # counted in GpuServicer.queued for its holder until it ends
     left: int = 0
     error: Optional[str] = None  # the engine failed a batch holding one of its requests
     ended: bool = False  # answered, expired or cancelled: its tasks are gone from the core
@@ -93,10 +87,12 @@ class _CallRequest(InferenceRequest):
 
 
 class _LiveCallsFifo(Scheduler):
-    """FIFO over the requests whose call is still live: the edge server already ordered
-    its batch by its own scheduler (wait ratio, seed 000 §3.2.2) and holds the robots'
-    ledgers, so this server adds no policy of its own, only arrival order. A request whose
-    call expired is never picked, so it cannot start past its deadline."""
+    """Round-robin between token holders, FIFO within each, over the requests whose call is
+    still live: the edge server already ordered its batch by its own scheduler (wait ratio,
+    seed 000 §3.2.2) and holds the robots' ledgers, so this server adds no policy of its
+    own beyond arrival order and a fair share per token (one holder's large calls cannot
+    starve another's: each batch takes each holder's oldest request in turn). A request
+    whose call expired is never picked, so it cannot start past its deadline."""
 
     name = "fifo_live_calls"
 
@@ -104,7 +100,12 @@ class _LiveCallsFifo(Scheduler):
         self.fifo = make_scheduler("fifo")
 
     def select(self, pending, ctx, limit=None):
-        return self.fifo.select([p for p in pending if p.request.call.live(ctx.now)], ctx, limit)
+        by_holder: dict = {}
+        for p in self.fifo.select([p for p in pending if p.request.call.live(ctx.now)], ctx, None):
+            by_holder.setdefault(p.request.call.holder, []).append(p)
+        turns = itertools.zip_longest(*by_holder.values())
+        out = [p for turn in turns for p in turn if p is not None]
+        return out if limit is None else out[:limit]
 
 
 class _AsSent:
@@ -141,9 +142,12 @@ class GpuServicer:
     requeues them); any other fault is INTERNAL too, with no detail beyond the server log.
     """
 
-    def __init__(self, engine, limits: Limits = Limits(), poll_s: float = 0.5) -> None:
+    def __init__(self, engine, limits: Limits = Limits(), poll_s: float = 0.5, tokens: Sequence[str] = (),
+                 max_token_requests: int = 4096) -> None:
         self.pb, _ = stubs()
         self.engine, self.limits, self.poll_s = engine, limits, poll_s
+        self.tokens, self.max_token_requests = tuple(tokens), max_token_requests
+        self.queued: Counter = Counter()  # requests in the core per token holder
         self.spec: Optional[ObservationSpec] = getattr(engine, "observation_spec", None)
         self.counts: Counter = Counter()
         # One slot, or one per replica where the engine is a pool (`--engine ray`: transport/ray_pool.py).
@@ -173,7 +177,7 @@ class GpuServicer:
             code, msg = e.code, e.message
         except Exception:  # never a traceback (nor UNKNOWN) to the client
             self.counts["internal"] += 1
-            log.exception("InferBatch failed")
+            log_failure(log, "InferBatch failed")
             code, msg = grpc.StatusCode.INTERNAL, "internal error (see the server log)"
         context.abort(code, msg)
 
@@ -190,12 +194,19 @@ class GpuServicer:
                 check_spec(q.observation, self.spec, i)
         remaining = context.time_remaining()
         clock = self.core.clock
-        call = _Call(threading.Condition(self.lock), [None] * n, left=n)
+        call = _Call(threading.Condition(self.lock), [None] * n, left=n, holder=token_holder(context.invocation_metadata(), self.tokens) or 0)
         if remaining is not None:
             call.expires_at = clock.now() + remaining
         context.add_callback(lambda: self._end(call))  # cancelled or expired: wake and drop now
         cid = next(self._ids)
         with self.lock:
+            if self.queued[call.holder] + n > self.max_token_requests:
+                self.counts["token_overloaded"] += 1
+                raise _Refused(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                               f"this token has {self.queued[call.holder]} requests in flight; {n} more would pass "
+                               f"max_token_requests ({self.max_token_requests}): retry when some are answered")
+            self.queued[call.holder] += n
+            call.n_queued = n
             try:
                 for i, q in enumerate(sent):
                     key = f"call{cid}/{i}"
@@ -213,7 +224,7 @@ class GpuServicer:
             chunks = [result_to_pb(self.pb, q, r) for q, r in zip(sent, call.results)]
         except Exception:  # the engine's output, not the caller's input, is at fault
             self.counts["engine_failure"] += 1
-            log.exception("engine results cannot be sent")
+            log_failure(log, "engine results cannot be sent")
             raise _Refused(grpc.StatusCode.INTERNAL, "engine results cannot be sent (see the server log)") from None
         return self.pb.InferBatchReply(chunks=chunks, engine_s=time.perf_counter() - t0)
 
@@ -224,6 +235,7 @@ class GpuServicer:
             if call.ended:
                 return
             call.ended = True
+            self.queued[call.holder] -= call.n_queued
             for key in call.keys:
                 if key in self.core.pending and call.error is None:
                     self.counts["expired"] += 1
@@ -271,6 +283,16 @@ class GpuServicer:
         )
 
 
+def gpu_guard_limits(workers: int, **kw) -> GuardLimits:
+    """The call guard's defaults for `workers` workers: a token holder gets half of them
+    (fair share), calls still waiting for their request after the grace half; a connection
+    may have every call the server takes in flight (an edge server bursts on one channel)."""
+    half = max(1, workers // 2)
+    kw = {k: v for k, v in kw.items() if v is not None}
+    return GuardLimits(**{"max_calls": 4 * workers, "max_calls_per_peer": 4 * workers, "max_calls_per_token": half,
+                          "receive_slots": half, **kw})
+
+
 class GpuServer:
     """A started gRPC server; `port` is the bound one (0 asks for an ephemeral port)."""
 
@@ -279,24 +301,33 @@ class GpuServer:
         engine,
         address: str = "127.0.0.1:0",
         *,
-        token: Optional[str] = None,
+        token=None,  # a token, or a list: one per holder (fair share between them)
         tls_cert: Optional[str] = None,
         tls_key: Optional[str] = None,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE,
         workers: int = 8,
         limits: Optional[Limits] = None,
+        guard: Optional[GuardLimits] = None,
+        max_token_requests: int = 4096,
     ) -> None:
         _, pb_grpc = stubs()
         limits = limits or Limits()
         # No tensor can hold more elements than the message has bytes.
         limits = dataclasses.replace(limits, max_elements=min(limits.max_elements, int(max_message_bytes)))
-        self.servicer = GpuServicer(engine, limits)
+        tokens = [token] if isinstance(token, str) else list(token or ())
+        if any(not t or t != t.strip() or "\n" in t for t in tokens):
+            raise ValueError("a token must be non-empty, without spaces around it or newlines in it")
+        self.servicer = GpuServicer(engine, limits, tokens=tokens, max_token_requests=max_token_requests)
         self.counts = self.servicer.counts
-        interceptors = [TokenInterceptor(token, self.counts)] if token else []
+        # Authentication, in-flight caps and receive deadlines before any worker waits on a
+        # call's request (call_guard): a stalled or unauthenticated call cannot hold one.
+        guard = guard or gpu_guard_limits(workers)
+        self.guard = CallGuard(guard, (lambda md: token_holder(md, tokens)) if tokens else None, self.counts)
         self.server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="gpu-server"),
-            interceptors=interceptors,
+            interceptors=[self.guard],
             options=channel_options(max_message_bytes),
+            maximum_concurrent_rpcs=guard.max_calls,
         )
         pb_grpc.add_GpuServerServicer_to_server(self.servicer, self.server)
         if bool(tls_cert) != bool(tls_key):
@@ -313,6 +344,7 @@ class GpuServer:
 
     def stop(self, grace: Optional[float] = 0.5) -> None:
         self.server.stop(grace).wait()
+        self.guard.close()
         self.servicer.close()
 
     def __enter__(self) -> "GpuServer":
@@ -334,11 +366,15 @@ def gpu_server_setup(a):
     if bool(a.tls_cert) != bool(a.tls_key):
         raise ValueError("--tls-cert and --tls-key go together: TLS needs both the certificate and its key")
     try:
-        token = Path(a.token_file).read_text().strip() if a.token_file else os.environ.get(TOKEN_ENV) or None
+        text = Path(a.token_file).read_text() if a.token_file else os.environ.get(TOKEN_ENV) or None
     except (OSError, UnicodeDecodeError) as e:
         raise ValueError(f"--token-file {a.token_file!r} cannot be read: {e.strerror or e}") from None
-    if a.token_file and not token:
-        raise ValueError(f"--token-file {a.token_file!r} is empty: it must hold the token")
+    # one token per line, one line per holder (fair share between them); never fail-open:
+    # a file, or a non-empty $ROBOTSERVE_GPU_TOKEN, that holds no token is an error
+    token = [t.strip() for t in text.splitlines() if t.strip()] if text is not None else None
+    if token is not None and not token:
+        where = f"--token-file {a.token_file!r}" if a.token_file else f"${TOKEN_ENV}"
+        raise ValueError(f"{where} is empty: it must hold the token (one per line)")
     try:
         params = json.loads(a.engine_params)
     except ValueError:
@@ -348,7 +384,9 @@ def gpu_server_setup(a):
                          'parameters, e.g. \'{"device": "cuda"}\'')
     params.update(parse_key_values(a.engine_param))
     for flag, v in (("--max-message-mb", a.max_message_mb), ("--workers", a.workers), ("--max-id-bytes", a.max_id_bytes),
-                    ("--max-text-bytes", a.max_text_bytes), ("--max-call-requests", a.max_call_requests)):
+                    ("--max-text-bytes", a.max_text_bytes), ("--max-call-requests", a.max_call_requests),
+                    ("--receive-timeout", a.receive_timeout), ("--max-calls-per-peer", a.max_calls_per_peer or 1),
+                    ("--max-token-requests", a.max_token_requests)):
         if not v > 0:
             raise ValueError(f"{flag} {v} is not > 0")
     lat = a.latency_ms
@@ -377,13 +415,20 @@ def cli(a) -> int:
         srv = GpuServer(engine, a.address, token=token, tls_cert=a.tls_cert, tls_key=a.tls_key,
                         max_message_bytes=int(a.max_message_mb * (1 << 20)), workers=a.workers,
                         limits=Limits(max_id_bytes=a.max_id_bytes, max_text_bytes=a.max_text_bytes,
-                                      max_call_requests=a.max_call_requests))
+                                      max_call_requests=a.max_call_requests),
+                        guard=gpu_guard_limits(a.workers, receive_timeout_s=a.receive_timeout,
+                                               max_calls_per_peer=a.max_calls_per_peer),
+                        max_token_requests=a.max_token_requests)
     except (OSError, ValueError, RuntimeError, grpc.RpcError) as e:  # cannot bind, a certificate grpc refuses
         engine.close()
         print(f"robotserve gpu-server: cannot serve on {a.address}: {e}", file=sys.stderr, flush=True)
         return 2
-    log.info("serving %s on %s (%s, token %s)", a.engine, srv.address, "TLS" if a.tls_cert else "plaintext",
-             "required" if token else "NOT required")
+    log.info("serving %s on %s (%s, %s)", a.engine, srv.address, "TLS" if a.tls_cert else "plaintext",
+             f"{len(token)} token(s)" if token else "no token")
+    if not token:
+        log.warning("no token: anyone who can reach %s may use the engine (--token-file)", srv.address)
+    if not a.tls_cert:
+        log.warning("no TLS: the token and observations cross the network in the clear (--tls-cert, --tls-key)")
     if a.ready_file:
         Path(a.ready_file).write_text(srv.address + "\n")
     stop = threading.Event()

@@ -36,6 +36,11 @@ class Limits:
     max_depth: int = 32  # containers within containers
     max_string_bytes: int = 64 << 10  # one str (task, key, path); bytes are bounded by max_bytes
     max_ops: int = 200_000  # opcodes interpreted: bounds the time one payload takes
+    # What the result expands into, a shared reference counted each time it is reached (a
+    # few KB of lists referencing each other through the memo otherwise stand for gigabytes
+    # to whoever walks, prints or converts them): container items, and bytes of data.
+    max_expanded_items: int = 1 << 20
+    max_container_items: int = 4096  # one dict or set: far below max_ops, and keyed only by str/bytes
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -121,6 +126,14 @@ def _compat_tables():
 
 
 _COMPAT_NAMES, _COMPAT_MODULES = _compat_tables()
+
+
+def _key_ok(k) -> bool:
+    """A dict key or set member: str or bytes only, whose hashes Python randomises per
+    process, so no payload can choose keys that collide (integers, floats and tuples hash
+    to values anyone can compute: a set of them built by a client inserts in quadratic
+    time). LeRobot's messages key their dicts by strings only."""
+    return type(k) in (str, bytes)
 
 
 def _is_int(v) -> bool:

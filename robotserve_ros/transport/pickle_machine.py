@@ -9,8 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from .pickle_allowlist import (MAX_DIMS, PLAIN_DTYPES, Limits, PickleLimit, _field_ok, _Global, _is_int, _Pending,
-                               _refuse)
+from .pickle_allowlist import (MAX_DIMS, PLAIN_DTYPES, Limits, PickleLimit, _field_ok, _Global, _is_int, _key_ok,
+                               _Pending, _refuse)
 from .pickle_opcodes import _OPS, _STOP
 from .tensors import shown
 
@@ -98,6 +98,16 @@ class _Machine:
         self.depth[id(c)] = (c, d)
         return c
 
+    def keys(self, have: int, keys) -> None:
+        """Before keys go into a dict or set (hashing them is the cost): at most
+        max_container_items in one, each a str or bytes (pickle_allowlist._key_ok)."""
+        keys = list(keys)
+        for k in keys:
+            if not _key_ok(k):
+                _refuse(f"a dict key or set member of type {type(k).__name__} (only str and bytes are accepted)")
+        if have + len(keys) > self.lim.max_container_items:
+            raise PickleLimit(f"a dict or set of more than max_container_items ({self.lim.max_container_items})")
+
     def tuple_(self, items) -> tuple:
         return self.nest(tuple(items), items)
 
@@ -146,12 +156,13 @@ class _Machine:
             if len(args) > 1 or args and type(args[0]) not in (list, tuple):
                 _refuse(f"{g.name}: expected nothing or a list")
             items = args[0] if args else ()
-            try:
-                if k == "dict":
-                    return dict(items)
-                return set(items) if k == "set" else self.nest(frozenset(items), items)
-            except (TypeError, ValueError):
-                _refuse(f"{g.name}: items are not hashable plain data")
+            if k == "dict":
+                if not all(type(kv) in (list, tuple) and len(kv) == 2 for kv in items):
+                    _refuse(f"{g.name}: items are not (key, value) pairs")
+                self.keys(0, (kv[0] for kv in items))
+                return dict(items)
+            self.keys(0, items)
+            return set(items) if k == "set" else self.nest(frozenset(items), items)
         if k == "complex":
             if len(args) > 2 or not all(isinstance(a, (int, float)) and not isinstance(a, bool) for a in args):
                 _refuse("complex: expected up to two numbers")

@@ -194,22 +194,29 @@ def _target(m, kind: type):
     return m.stack[-1]
 
 
-def _setitems(d: dict, items: list) -> None:
+def _setitems(m, d: dict, items: list) -> None:
     if len(items) % 2:
         _refuse("odd number of items for a dict")
+    m.keys(len(d), items[0::2])  # before any is hashed
     for i in range(0, len(items), 2):
         d[items[i]] = items[i + 1]
+
+
+def _additems(m, s: set, items: list) -> None:
+    m.keys(len(s), items)
+    s.update(items)
 
 
 @_op(P.DICT)
 def _dict(m):
     d: dict = {}
-    _setitems(d, m.pop_mark())
+    _setitems(m, d, m.pop_mark())
     m.push(d)
 
 
-_ADD = {P.APPEND: (list, list.append), P.SETITEM: (dict, lambda d, kv: _setitems(d, list(kv)))}
-_ADD_MARKED = {P.APPENDS: (list, list.extend), P.SETITEMS: (dict, _setitems), P.ADDITEMS: (set, set.update)}
+_ADD = {P.APPEND: (list, lambda m, lst, v: lst.append(v)), P.SETITEM: (dict, lambda m, d, kv: _setitems(m, d, list(kv)))}
+_ADD_MARKED = {P.APPENDS: (list, lambda m, lst, items: lst.extend(items)), P.SETITEMS: (dict, _setitems),
+               P.ADDITEMS: (set, _additems)}
 
 
 @_op(*_ADD)
@@ -218,19 +225,20 @@ def _add(m):
     v = m.pop()
     if kind is dict:
         v = (m.pop(), v)  # SETITEM: key below value
-    add(_target(m, kind), v)
+    add(m, _target(m, kind), v)
 
 
 @_op(*_ADD_MARKED)
 def _add_marked(m):
     kind, add = _ADD_MARKED[m.op]
     items = m.pop_mark()
-    add(_target(m, kind), items)
+    add(m, _target(m, kind), items)
 
 
 @_op(P.FROZENSET)
 def _frozenset(m):
     items = m.pop_mark()
+    m.keys(0, items)
     m.push(m.nest(frozenset(items), items))
 
 

@@ -36,33 +36,59 @@ from .pickle_machine import _Machine
 __all__ = ["ALLOWED", "PLAIN_DTYPES", "Limits", "PayloadTooLarge", "PickleLimit", "UnsafePickle", "dumps", "loads"]
 
 
-def _check_shape(obj: Any, max_depth: int) -> None:
+def _kids(o):
+    if type(o) in (list, tuple, set, frozenset):
+        return o
+    if type(o) is dict:
+        return [*o.keys(), *o.values()]
+    if dataclasses.is_dataclass(o) and not isinstance(o, type):
+        return [getattr(o, f.name) for f in dataclasses.fields(o)]
+    return None
+
+
+def _data_bytes(o) -> int:
+    if type(o) in (str, bytes, bytearray):
+        return len(o)
+    return int(getattr(o, "nbytes", 0))  # numpy arrays and scalars
+
+
+def _check_shape(obj: Any, lim: Limits) -> None:
     """No cycles, nothing nested past max_depth (mutable containers could be linked into a
-    deep chain after they were made): checked without recursion."""
-    done: dict = {}
+    deep chain after they were made), and what the result expands into within
+    max_expanded_items and max_bytes, a shared reference counted every time it is reached
+    (the size of the tree whoever walks, prints or converts it sees, not of the DAG the
+    memo built). Without recursion, each object visited once: the sizes are summed bottom-up."""
+    size: dict = {}  # id -> (items, bytes) expanded below it
+    keep = []  # the objects whose ids key `size` stay alive while it is used
     stack = [(obj, 1, False)]
     path: set = set()
     while stack:
         o, d, leaving = stack.pop()
+        kids = _kids(o)
         if leaving:
             path.discard(id(o))
-            done[id(o)] = o
+            items = len(kids) + sum(size[id(k)][0] for k in kids)
+            nbytes = sum(size[id(k)][1] for k in kids)
+            if items > lim.max_expanded_items:
+                raise PickleLimit(f"payload expands past max_expanded_items ({lim.max_expanded_items} items, "
+                                  "each shared reference counted where it is used)")
+            if nbytes > lim.max_bytes:
+                raise PickleLimit(f"payload expands past max_bytes ({lim.max_bytes} bytes of data, "
+                                  "each shared reference counted where it is used)")
+            size[id(o)] = (items, nbytes)
             continue
-        if d > max_depth:
-            raise PickleLimit(f"containers nested deeper than max_depth ({max_depth})")
-        if type(o) in (list, tuple, set, frozenset):
-            kids = o
-        elif type(o) is dict:
-            kids = [*o.keys(), *o.values()]
-        elif dataclasses.is_dataclass(o) and not isinstance(o, type):
-            kids = [getattr(o, f.name) for f in dataclasses.fields(o)]
-        else:
-            continue
+        if d > lim.max_depth:
+            raise PickleLimit(f"containers nested deeper than max_depth ({lim.max_depth})")
         if id(o) in path:
             _refuse("a container that contains itself")
-        if id(o) in done:
+        if id(o) in size:
+            continue
+        if kids is None:
+            size[id(o)] = (0, _data_bytes(o))
+            keep.append(o)
             continue
         path.add(id(o))
+        keep.append(o)
         stack.append((o, d, True))
         stack.extend((k, d + 1, False) for k in kids)
 
@@ -77,7 +103,7 @@ def loads(data: bytes, max_bytes: Optional[int] = None, limits: Optional[Limits]
         raise PayloadTooLarge(f"payload of {len(data)} bytes; the server accepts at most {lim.max_bytes}")
     try:
         obj = _Machine(bytes(data), lim).run()
-        _check_shape(obj, lim.max_depth)
+        _check_shape(obj, lim)
         return obj
     except (UnsafePickle, PayloadTooLarge):
         raise

@@ -49,6 +49,17 @@ def shown(s, n: int = 32) -> str:
     return out if len(s) <= n else f"{out}... ({len(s)} long)"
 
 
+def log_failure(log, what: str) -> None:
+    """The exception being handled, logged on one line with its text escaped: an exception's
+    message may carry client-sent strings (a key, a path), which must not forge log lines."""
+    import sys
+    import traceback
+
+    e = sys.exc_info()[1]
+    tb = "".join(traceback.format_tb(e.__traceback__)) if e is not None else ""
+    log.error("%s: %s; traceback: %s", what, shown(repr(e), 300), ascii(tb))
+
+
 def encode(pb, a: np.ndarray):
     a = np.asarray(a)
     if a.dtype.name not in ALLOWED_DTYPES:

@@ -11,8 +11,12 @@ pickles, observation and action mapping), `groups` (one policy group per loaded 
 engine, ServingCore and the core's Runner that serves it), `protocol` (the servicer and
 gRPC server), `command` (`robotserve lerobot-server`).
 
-Protocol mapping (one client = one gRPC peer, or the `robotserve-client` metadata value):
-- Ready: starts the client's task (a new task id; a second Ready restarts it).
+Protocol mapping (one client = one session, issued by the server: docs/security.md):
+- Ready: starts the client's task (a new task id; a second Ready restarts it) in its
+  connection's session, or in the session its `robotserve-session` metadata names (only an
+  id this server issued; `new`: another session on the same connection); the session id
+  goes back in Ready's initial metadata. Every call goes through the call guard
+  (transport/call_guard.py): receive deadlines and in-flight caps.
 - SendPolicyInstructions: picks the engine for the RemotePolicyConfig it carries. Engines
   are cached per (policy type, resolved path) and shared by every client that names them,
   each with its own ServingCore driven by a core.runner.Runner (different models never

@@ -13,7 +13,10 @@ class Client:
     """One LeRobot client: its task, the rounds it sent and what it was handed."""
 
     def __init__(self, key: str, task_id: str, now: float, fps: float) -> None:
-        self.key, self.task_id = key, task_id
+        self.key, self.task_id = key, task_id  # key: the session id
+        self.peer = ""  # the connection that started it (shown in stats and logs)
+        self.lru = 0.0  # monotonic time of its last call: least recently used sessions are evicted first
+        self.held_bytes = 0  # observation bytes it holds (newest, held): max_session_bytes
         self.group: Optional[PolicyGroup] = None
         self.layout: Optional[Layout] = None
         self.actions_per_chunk = 1

@@ -28,6 +28,12 @@ def add_arguments(p) -> None:
     p.add_argument("--client-timeout", type=float, default=d.client_timeout_s, help="seconds of silence before a client's task is dropped")
     p.add_argument("--stale-obs", type=float, help="serve a round queued longer than this (s) from the client's newest observation")
     p.add_argument("--threads", type=int, default=d.threads)
+    p.add_argument("--receive-timeout", type=float, default=d.receive_timeout_s,
+                   help="seconds a call's request may take to arrive (a stalled call is cancelled)")
+    p.add_argument("--max-calls-per-peer", type=int, default=d.max_calls_per_peer, help="calls in flight from one connection")
+    p.add_argument("--max-sessions", type=int, default=d.max_sessions, help="sessions at once (least recently used evicted)")
+    p.add_argument("--max-policies", type=int, default=d.max_policy_groups,
+                   help="policies loaded at once (an idle one is unloaded to make room)")
     p.add_argument("--stats-every", type=float, default=0.0, help="print the server's stats as JSON every N seconds")
 
 
@@ -48,7 +54,8 @@ def config_from_args(a) -> CompatConfig:
         scheduler_params=parse_key_values(a.scheduler_param), engine=a.engine,
         engine_params=parse_key_values(a.engine_param), profile_ms=_latency_ms(a.latency_ms) if a.latency_ms else None,
         max_batch=a.max_batch, policy_dirs=tuple(a.policy_dir or ()), client_timeout_s=a.client_timeout,
-        stale_obs_s=a.stale_obs, threads=a.threads,
+        stale_obs_s=a.stale_obs, threads=a.threads, receive_timeout_s=a.receive_timeout,
+        max_calls_per_peer=a.max_calls_per_peer, max_sessions=a.max_sessions, max_policy_groups=a.max_policies,
     )
 
 

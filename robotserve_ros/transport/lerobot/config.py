@@ -34,11 +34,22 @@ class CompatConfig:
     max_nesting_depth: int = 32  # containers within containers
     max_string_bytes: int = 64 << 10  # one string (task, key, path)
     max_pickle_ops: int = 200_000  # pickle opcodes: bounds the time one payload takes
+    max_expanded_items: int = 1 << 20  # container items the payload expands into, shared references counted each use
+    max_container_items: int = 4096  # one dict or set (keys str/bytes only: no hash flooding)
     # Uploads (SendObservations streams): each holds a handler thread until it ends.
     upload_timeout_s: float = 10.0  # a stream still open after this is cancelled
     max_upload_pieces: int = 1024  # transfer pieces in one stream (LeRobot sends 2 MiB pieces)
     max_uploads: Optional[int] = None  # streams open at once; None: half the threads
     threads: int = 32  # gRPC handler threads; each client holds about two
+    # Calls (transport/call_guard.py): no client can hold the handler threads.
+    receive_timeout_s: float = 5.0  # a unary call's request must arrive by then (LeRobot sends it at once)
+    max_calls_per_peer: int = 8  # calls in flight from one connection (LeRobot's client has at most three)
+    max_calls: Optional[int] = None  # calls in flight in total; None: 2 x threads
+    # Bounded state: sessions and policy groups, each refused or evicted past its cap, counted.
+    max_sessions: int = 256  # sessions at once; a new one evicts the least recently seen
+    max_session_bytes: int = 512 << 20  # observations sessions hold (newest + held), all together: LRU eviction past it
+    max_policy_groups: int = 8  # policies loaded at once (each an engine and its runner's threads)
+    policy_idle_s: float = 300.0  # a policy no session has used this long is unloaded
     keep_trace: bool = False  # remember every delivered action per task (tests)
 
     def __post_init__(self) -> None:
@@ -56,9 +67,11 @@ class CompatConfig:
         positive("similarity_atol", self.similarity_atol, zero_ok=True)
         if self.stale_obs_s is not None:
             positive("stale_obs_s", self.stale_obs_s, zero_ok=True)
-        positive("upload_timeout_s", self.upload_timeout_s)
+        for name in ("upload_timeout_s", "receive_timeout_s", "policy_idle_s"):
+            positive(name, getattr(self, name))
         for name in ("max_payload_bytes", "threads", "max_array_elements", "max_nesting_depth", "max_string_bytes",
-                     "max_pickle_ops", "max_upload_pieces"):
+                     "max_pickle_ops", "max_upload_pieces", "max_expanded_items", "max_container_items",
+                     "max_calls_per_peer", "max_sessions", "max_session_bytes", "max_policy_groups"):
             positive(name, getattr(self, name), kind=int)
         if self.max_uploads is not None:
             positive("max_uploads", self.max_uploads, kind=int)
@@ -67,6 +80,8 @@ class CompatConfig:
                                  f"every handler thread; got {self.max_uploads}")
         if self.max_batch is not None:
             positive("max_batch", self.max_batch, kind=int)
+        if self.max_calls is not None:
+            positive("max_calls", self.max_calls, kind=int)
         for name in ("scheduler_params", "engine_params"):
             if not isinstance(getattr(self, name), dict):
                 raise ValueError(f"{name} must be a dict, got {type(getattr(self, name)).__name__}")
@@ -99,9 +114,21 @@ class CompatConfig:
         """Upload streams served at once: the other threads stay free for the other calls."""
         return self.max_uploads if self.max_uploads is not None else max(1, self.threads // 2)
 
+    def guard_limits(self):
+        """The call guard's limits: calls still waiting for their request after its grace
+        (a stalled stream or unary call) get the upload slots, never every thread."""
+        from ..call_guard import GuardLimits
+
+        # streams: the servicer's own upload reaper cancels them at upload_timeout_s (naming
+        # it); the guard's deadline is the backstop a second later
+        return GuardLimits(receive_timeout_s=self.receive_timeout_s, stream_timeout_s=self.upload_timeout_s + 1.0,
+                           max_calls_per_peer=self.max_calls_per_peer, max_calls=self.max_calls or 2 * self.threads,
+                           receive_slots=self.upload_slots)
+
     def pickle_limits(self):
         from ..safe_pickle import Limits
 
         return Limits(max_bytes=self.max_payload_bytes, max_array_elements=self.max_array_elements,
                       max_depth=self.max_nesting_depth, max_string_bytes=self.max_string_bytes,
-                      max_ops=self.max_pickle_ops)
+                      max_ops=self.max_pickle_ops, max_expanded_items=self.max_expanded_items,
+                      max_container_items=self.max_container_items)

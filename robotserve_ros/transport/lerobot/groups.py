@@ -24,6 +24,7 @@ TIER = "edge"  # each group serves on its own local engine: one tier
 class PolicyGroup:
     def __init__(self, key: tuple, engine, core: ServingCore, runner: Runner) -> None:
         self.key, self.engine, self.core, self.runner = key, engine, core, runner
+        self.last_used = time.monotonic()  # a session started on it last (policy_idle_s)
 
     def stats(self) -> dict:
         """Under the lock. `errors`: requests the core refused or failed (the core's counts)."""
@@ -48,6 +49,7 @@ class PolicyGroups:
         self.on_replies, self.refresher = on_replies, refresher
         self.groups: dict[tuple, PolicyGroup] = {}
         self._load_lock = threading.Lock()  # one policy load at a time; each loads once
+        self.unloaded = 0  # groups unloaded: idle past policy_idle_s, or to make room
 
     def resolve(self, spec) -> tuple:
         """Check a RemotePolicyConfig; its group (loaded once), layout and chunk length."""
@@ -94,10 +96,46 @@ class PolicyGroups:
         with self._load_lock:
             g = self.groups.get(key)
             if g is None:
+                self._make_room()
                 g = self._load(key, str(resolved), n_joints)
                 with self.lock:
                     self.groups[key] = g
+            g.last_used = time.monotonic()
         return g
+
+    def _make_room(self) -> None:
+        """Before a load, at max_policy_groups: unload the least recently used group no
+        session is on; none: refused (each group holds an engine and its runner's threads)."""
+        if len(self.groups) < self.cfg.max_policy_groups:
+            return
+        with self.lock:
+            in_use = self.in_use()
+            free = sorted((g for g in self.groups.values() if g not in in_use), key=lambda g: g.last_used)
+        if not free:
+            raise Refused("too_many_policies", grpc.StatusCode.RESOURCE_EXHAUSTED,
+                          f"{self.cfg.max_policy_groups} policies are loaded and in use (max_policy_groups); retry later")
+        self.unload(free[0])
+
+    def in_use(self) -> set:
+        """Under the lock: the groups a session is on (the servicer sets `sessions`)."""
+        return {c.group for c in self.sessions()} if self.sessions is not None else set()
+
+    sessions = None  # callable -> the servicer's live sessions
+
+    def idle(self, now: float, in_use: set) -> list:
+        """Under the lock: groups no session is on, unused for policy_idle_s."""
+        return [g for g in self.groups.values() if g not in in_use and now - g.last_used > self.cfg.policy_idle_s]
+
+    def unload(self, g: PolicyGroup) -> None:
+        """Free a group: its runner's threads end and its engine closes (outside the lock)."""
+        with self.lock:
+            if self.groups.get(g.key) is not g or g in self.in_use():  # a session took it meanwhile
+                return
+            del self.groups[g.key]
+            self.unloaded += 1
+        log.info("policy %s %s unloaded (no session on it)", shown(g.key[0]), shown(g.key[1], 200))
+        g.runner.close()
+        g.engine.close()
 
     def _load(self, key: tuple, path: str, n_joints: int) -> PolicyGroup:
         from ...core.profile import EngineProfile
@@ -118,7 +156,7 @@ class PolicyGroups:
         except (OSError, TypeError, ValueError, KeyError) as e:
             raise Refused("policy_load_failed", grpc.StatusCode.FAILED_PRECONDITION,
                           f"cannot load {key[0]} policy from {shown(path)}: {shown(str(e), 300)}") from None
-        log.info("loaded %s policy from %s in %.1f s", key[0], path, time.monotonic() - t)
+        log.info("loaded %s policy from %s in %.1f s", shown(key[0]), shown(path, 200), time.monotonic() - t)
         core = ServingCore(cfg.scheduler_config.build(),
                            [Tier(TIER, engine.profile, max_batch=cfg.max_batch)], self.clock,
                            refresher=self.refresher, stale_obs_s=cfg.stale_obs_s)

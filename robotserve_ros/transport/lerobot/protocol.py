@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import secrets
 import threading
 import time
 from typing import Any
@@ -16,13 +17,19 @@ from ...core.errors import RequestError
 from ...core.observation import BadObservation, Observation
 from ...core.types import ExecInfo, HorizonChoice, InferenceRequest
 from .. import safe_pickle
+from ..call_guard import CallGuard
+from ..tensors import log_failure, shown
 from .config import CompatConfig
 from .groups import PolicyGroups
 from .clients import Client
 from .payloads import Payloads, Refused, lerobot_modules
 
 log = logging.getLogger("robotserve.lerobot")
-CLIENT_ID_HEADER = "robotserve-client"
+SESSION_HEADER = "robotserve-session"  # a session id the server issued (Ready's initial metadata); "new" on Ready: another session
+
+
+def _obs_bytes(obs: Observation) -> int:
+    return sum(int(i.nbytes) for i in obs.images) + int(obs.joints.nbytes)
 
 
 def _rpc(fn):
@@ -36,7 +43,7 @@ def _rpc(fn):
         except Refused as f:
             failure = f
         except Exception as e:  # noqa: BLE001 - the boundary: nothing escapes as UNKNOWN
-            log.exception("%s failed", fn.__name__)
+            log_failure(log, f"{fn.__name__} failed")
             failure = Refused("internal", grpc.StatusCode.INTERNAL,
                               f"{fn.__name__}: internal error ({type(e).__name__}); the server logged it")
         self._abort(context, failure)
@@ -57,11 +64,15 @@ class LeRobotCompatServicer:
         self.payloads = Payloads(self.pb, self.helpers, cfg, self.clock)
         self.lock = threading.RLock()
         self.changed = threading.Condition(self.lock)  # a chunk is ready, or a client went
-        self.clients: dict[str, Client] = {}
+        self.clients: dict[str, Client] = {}  # by session id (issued here, unguessable)
         self.by_task: dict[str, Client] = {}
+        self.by_peer: dict[str, str] = {}  # connection -> its session (clients that name none: LeRobot's)
+        self.evictions: dict[str, int] = {}
+        self.guard = CallGuard(cfg.guard_limits())
         self.policies = PolicyGroups(cfg, self.clock, self.lock, tuple(constants.SUPPORTED_POLICIES),
                                      self._on_replies, self._refresh)
         self.groups = self.policies.groups
+        self.policies.sessions = lambda: list(self.clients.values())
         self.protocol_errors: dict[str, int] = {}  # calls refused before any core saw a request
         self.clients_reaped = 0
         self.uploads: dict = {}  # open SendObservations streams: token -> (deadline, context)
@@ -75,24 +86,40 @@ class LeRobotCompatServicer:
     # --- the four RPCs ------------------------------------------------------------------
     @_rpc
     def Ready(self, request, context):  # noqa: N802 - the service's method names
-        key = self._key(context)
+        """A new task: for the session the call names (an id this server issued), for a new
+        session (`robotserve-session: new`), or for the connection's own session (no header,
+        as LeRobot's RobotClient calls it). The session id goes back in the initial metadata."""
+        asked = self._session_header(context)
+        peer = context.peer()
         with self.lock:
-            self._start_client(key)
-        log.info("client %s ready", key)
+            if asked not in (None, "new"):
+                old = self._client(asked, context)  # only an id this server issued
+                c = self._start_client(old.key, old.peer)
+            elif asked == "new":
+                c = self._start_client(secrets.token_urlsafe(18), peer)
+            else:
+                c = self._connection_session(peer)
+        context.send_initial_metadata([(SESSION_HEADER, c.key)])
+        log.info("client %s ready: task %s", shown(peer, 80), shown(c.task_id, 120))
         return self.pb.Empty()
 
     @_rpc
     def SendPolicyInstructions(self, request, context):  # noqa: N802
-        key = self._key(context)
         spec = self.payloads.loads(request.data, self.helpers.RemotePolicyConfig, "policy setup")
+        with self.lock:
+            key = self._key(context)
+            if key is None:  # no Ready before: the connection's session starts here
+                key = self._connection_session(context.peer()).key
+            c = self._client(key, context)
         group, layout, apc = self.policies.resolve(spec)
         with self.lock:
-            c = self.clients.get(key)
-            if c is None or c.group is not None or c.next_round:  # no Ready, or a new policy: a fresh task
-                c = self._start_client(key)
+            if self.clients.get(c.key) is not c or c.group is not None or c.next_round:  # a new policy: a fresh task
+                c = self._start_client(c.key, c.peer)
             c.group, c.layout, c.actions_per_chunk = group, layout, apc
             c.last_seen = self.clock.now()
-        log.info("client %s: task %s on %s %s, %d actions per chunk", key, c.task_id, *group.key[:2], apc)
+            group.last_used = time.monotonic()
+        log.info("client %s: task %s on %s %s, %d actions per chunk", shown(c.peer, 80), shown(c.task_id, 120),
+                 shown(group.key[0]), shown(group.key[1], 200), apc)
         return self.pb.Empty()
 
     @_rpc
@@ -100,7 +127,7 @@ class LeRobotCompatServicer:
         key = self._key(context)
         tobs = self.payloads.loads(self._upload(request_iterator, context), self.helpers.TimedObservation, "observation")
         with self.lock:
-            c = self._client(key)
+            c = self._client(key, context)
             c.last_seen = self.clock.now()
             layout = c.layout
         if layout is None:
@@ -112,8 +139,9 @@ class LeRobotCompatServicer:
             c.group.runner.count_error(e)
             raise Refused(e.code, grpc.StatusCode.INVALID_ARGUMENT, e.message, counted=True) from None
         with self.lock:
-            if self.clients.get(key) is c:
+            if self.clients.get(c.key) is c:
                 self._offer(c, tobs, obs)
+                self._bound_bytes(c)
         return self.pb.Empty()
 
     def _upload(self, pieces, context) -> bytes:
@@ -148,17 +176,14 @@ class LeRobotCompatServicer:
 
     @_rpc
     def GetActions(self, request, context):  # noqa: N802
-        key = self._key(context)
         end = time.monotonic() + self.cfg.get_actions_timeout_s
         with self.lock:
-            c = self.clients.get(key)
-        if c is None:
-            raise self._no_session(key)
+            c = self._client(self._key(context), context)
         with self.changed:
             while c.ready is None:
                 c.last_seen = self.clock.now()
                 left = end - time.monotonic()
-                if left <= 0 or self._stop.is_set() or self.clients.get(key) is not c or not context.is_active():
+                if left <= 0 or self._stop.is_set() or self.clients.get(c.key) is not c or not context.is_active():
                     return self.pb.Actions()  # nothing yet: LeRobot's client simply asks again
                 self.changed.wait(min(left, 0.25))
             reply, t0, stamp = c.ready
@@ -244,41 +269,92 @@ class LeRobotCompatServicer:
                     try:
                         self._submit(c, step, stamp, obs)
                     except Refused as f:
-                        log.warning("held observation of %s refused: %s", c.key, f.message)
+                        log.warning("held observation of %s refused: %s", shown(c.peer, 80), f.message)
         self.changed.notify_all()
 
     # --- clients --------------------------------------------------------------------------
-    def _key(self, context) -> str:
+    @staticmethod
+    def _session_header(context):
         for k, v in context.invocation_metadata() or ():
-            if k == CLIENT_ID_HEADER and v:
-                return f"id:{v}"
-        return context.peer()
+            if k == SESSION_HEADER and v:
+                return v
+        return None
 
-    def _client(self, key: str) -> Client:
-        c = self.clients.get(key)
+    def _key(self, context):
+        """The call's session: the id it names (one this server issued: never taken on the
+        client's word), else its connection's session. None: no session."""
+        sid = self._session_header(context)
+        if sid is not None:
+            return sid
+        with self.lock:
+            return self.by_peer.get(context.peer())
+
+    def _client(self, key, context) -> Client:
+        """Under the lock: the session, or no_session (an id never issued reads the same as
+        one that ended: no oracle for live ids)."""
+        c = self.clients.get(key) if key is not None else None
         if c is None:
-            raise self._no_session(key)
+            raise self._no_session()
+        c.lru = time.monotonic()
         return c
 
     @staticmethod
-    def _no_session(key: str) -> Refused:
+    def _no_session() -> Refused:
         return Refused("no_session", grpc.StatusCode.FAILED_PRECONDITION,
-                       f"client {key} is not connected (or was silent too long): call Ready and SendPolicyInstructions first")
+                       "no session for this call (it names no session this server issued, or it was silent too long): "
+                       "call Ready and SendPolicyInstructions first")
 
-    def _start_client(self, key: str) -> Client:
-        """Under the lock: a new task for `key`, ending the one it had."""
+    def _start_client(self, key: str, peer: str) -> Client:
+        """Under the lock: a new task for session `key`, ending the one it had; past
+        max_sessions the least recently used other session is evicted (counted)."""
         old = self.clients.pop(key, None)
         if old is not None:
-            self._end(old)
+            self._end(old, unbind=False)  # the same session, a new task: still its connection's
+        while len(self.clients) >= self.cfg.max_sessions:
+            self._evict("sessions_evicted")
         self._n += 1
-        c = self.clients[key] = Client(key, f"lerobot/{key}#{self._n}", self.clock.now(), self.cfg.fps)
+        c = self.clients[key] = Client(key, f"lerobot/{peer}#{self._n}", self.clock.now(), self.cfg.fps)
+        c.peer, c.lru = peer, time.monotonic()
         self.by_task[c.task_id] = c
         self.changed.notify_all()
         return c
 
-    def _end(self, c: Client) -> None:
+    def _connection_session(self, peer: str) -> Client:
+        """Under the lock: a new session for the connection (a second Ready restarts it)."""
+        prev = self.by_peer.get(peer)
+        if prev is not None and prev in self.clients:
+            self._end(self.clients.pop(prev))
+        c = self._start_client(secrets.token_urlsafe(18), peer)  # unguessable: 144 random bits
+        self.by_peer[peer] = c.key
+        return c
+
+    def _evict(self, why: str, keep=None) -> None:
+        """Under the lock: end the least recently used session other than `keep`."""
+        lru = min((c for c in self.clients.values() if c is not keep), key=lambda c: c.lru)
+        log.warning("session of %s evicted (%s): task %s dropped", shown(lru.peer, 80), why, shown(lru.task_id, 120))
+        self._end(self.clients.pop(lru.key))
+        self.evictions[why] = self.evictions.get(why, 0) + 1
+        self.changed.notify_all()
+
+    def _bound_bytes(self, c: Client) -> None:
+        """Under the lock: the observations sessions hold within max_session_bytes, the least
+        recently used others evicted first; a session that alone passes it is refused."""
+        c.held_bytes = sum(_obs_bytes(o[2]) for o in (c.newest, c.held) if o is not None)
+        total = sum(x.held_bytes for x in self.clients.values())
+        while total > self.cfg.max_session_bytes and len(self.clients) > 1:
+            self._evict("session_bytes_evicted", keep=c)
+            total = sum(x.held_bytes for x in self.clients.values())
+        if total > self.cfg.max_session_bytes:
+            c.newest = c.held = None
+            c.held_bytes = 0
+            raise Refused("session_bytes", grpc.StatusCode.RESOURCE_EXHAUSTED,
+                          f"this session's observations pass max_session_bytes ({self.cfg.max_session_bytes})")
+
+    def _end(self, c: Client, unbind: bool = True) -> None:
         """Under the lock: drop the client's task, its queued round and its observation history."""
         self.by_task.pop(c.task_id, None)
+        if unbind and self.by_peer.get(c.peer) == c.key:
+            del self.by_peer[c.peer]
         if c.group is not None:
             c.group.core.cancel(c.task_id)
             forget = getattr(c.group.engine, "forget", None)
@@ -298,17 +374,21 @@ class LeRobotCompatServicer:
             cutoff = self.clock.now() - self.cfg.client_timeout_s
             with self.changed:
                 for key in [k for k, c in self.clients.items() if c.last_seen < cutoff]:
-                    log.info("client %s silent for %.0f s: its task is dropped", key, self.cfg.client_timeout_s)
-                    self._end(self.clients.pop(key))
+                    c = self.clients.pop(key)
+                    log.info("client %s silent for %.0f s: its task is dropped", shown(c.peer, 80), self.cfg.client_timeout_s)
+                    self._end(c)
                     self.clients_reaped += 1
                 self.changed.notify_all()
+                idle = self.policies.idle(time.monotonic(), {c.group for c in self.clients.values()})
+            for g in idle:  # outside the lock: its runner's threads are joined
+                self.policies.unload(g)
 
     # --- errors and stats -------------------------------------------------------------------
     def _abort(self, context, f: Refused):
         if not f.counted:
             with self.lock:
                 self.protocol_errors[f.key] = self.protocol_errors.get(f.key, 0) + 1
-        log.warning("refused: %s", f.message)
+        log.warning("refused %s: %s", shown(context.peer(), 80), f.message)
         context.abort(f.code, f.message)
 
     def stats(self) -> dict[str, Any]:
@@ -318,13 +398,15 @@ class LeRobotCompatServicer:
         with self.lock:
             now = self.clock.now()
             out = {"protocol_errors": dict(self.protocol_errors), "clients_reaped": self.clients_reaped,
+                   "evictions": dict(self.evictions), "policies_unloaded": self.policies.unloaded,
+                   "calls": {**dict(self.guard.counts), **self.guard.stats()},
                    "uploads_open": len(self.uploads), "uploads_cancelled": self.uploads_cancelled,
                    "uploads_abandoned": self.uploads_abandoned,
                    "clients": {}, "policies": {}}
             for c in self.clients.values():
                 ledger = c.group.core.ledger if c.group is not None else None
                 wr = ledger.wait_ratio(c.task_id, now) if ledger and c.task_id in ledger.tasks else 0.0
-                out["clients"][c.task_id] = {**c.counts, "peer": c.key, "control_hz": c.hz, "wait_ratio": wr,
+                out["clients"][c.task_id] = {**c.counts, "peer": c.peer, "control_hz": c.hz, "wait_ratio": wr,
                                              "policy": list(c.group.key[:2]) if c.group else None}
             for g in self.groups.values():
                 out["policies"]["%s:%s" % g.key[:2]] = g.stats()
@@ -337,6 +419,7 @@ class LeRobotCompatServicer:
 
     def close(self) -> None:
         self._stop.set()
+        self.guard.close()
         with self.changed:
             self.changed.notify_all()
         self.policies.close()
@@ -352,7 +435,9 @@ class LeRobotCompatServer:
         pb_grpc = lerobot_modules()[3]
         # A piece of an observation is at most 2 MiB (LeRobot's CHUNK_SIZE); the joined payload is capped separately.
         opts = [("grpc.max_receive_message_length", 8 << 20), ("grpc.max_send_message_length", 8 << 20)]
-        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=cfg.threads), options=opts)
+        # The call guard (transport/call_guard.py): per-connection and total caps, receive deadlines.
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=cfg.threads), options=opts,
+                                  interceptors=[self.servicer.guard], maximum_concurrent_rpcs=cfg.guard_limits().max_calls)
         pb_grpc.add_AsyncInferenceServicer_to_server(self.servicer, self.server)
         self.port = self.server.add_insecure_port(f"{cfg.host}:{cfg.port}")
         if self.port == 0:
