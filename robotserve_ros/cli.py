@@ -212,6 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .engines import profiling, tiny_policies
     from .engines.llm import convert as llm_convert, profile as llm_profile
     from .transport.lerobot import command as lerobot_command
+    from .transport.openpi import command as openpi_command
 
     p = _Parser(prog="robotserve", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -300,6 +301,8 @@ def build_parser() -> argparse.ArgumentParser:
         (b, "timely", "TimelyLLM trace replay: time utility, response and waiting time per scheduler", timely_bench),
         (sub, "lerobot-server", "serve unmodified LeRobot robot_clients (async inference) by the fleet scheduler",
          lerobot_command),
+        (sub, "openpi-server", "serve unmodified openpi clients (websocket, msgpack) by the fleet scheduler",
+         openpi_command),
         (sub, "profile", "engine latency vs batch size: the engine profile JSON + Markdown report", profiling),
         (sub, "llm-convert", "convert the packaged SmolLM2 GGUF once into a model folder (build step)", llm_convert),
         (sub, "llm-profile", "LLM engine: prefill vs prompt, decode step vs batch/context, KV handover "
