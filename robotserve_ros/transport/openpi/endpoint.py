@@ -58,7 +58,7 @@ class OpenPiEndpoint:
         self._stop: Optional[asyncio.Event] = None
         self._ready = threading.Event()
         self._error: Optional[BaseException] = None
-        self.port = 0
+        self.port, self.bound = 0, []
         self._thread = threading.Thread(target=self._run, name="openpi-endpoint", daemon=True)
 
     # --- life -------------------------------------------------------------------------------
@@ -84,7 +84,8 @@ class OpenPiEndpoint:
             self._error = e
             self._ready.set()
             return
-        self.port = server.sockets[0].getsockname()[1]
+        self.bound = [sk.getsockname()[:2] for sk in server.sockets]  # what it listens on
+        self.port = self.bound[0][1]
         self._ready.set()
         async with server:
             await self._stop.wait()
