@@ -87,7 +87,8 @@ class InferenceServerNode(Node):
                                     refresher=self.refresher, stale_obs_s=c.stale_obs_s)
         except (TypeError, ValueError) as e:  # a horizon knob the policy does not take: say which
             raise ParamError("horizon", str(e)) from e
-        self.lock = threading.Lock()  # guards core (through the runner), waiters, heard
+        # guards core (through the runner), waiters, heard; re-entrant: the LeRobot service submits under it
+        self.lock = threading.RLock()
         self.waiters: dict = {}
         self.heard = LastHeard(c.task_timeout_s, time.monotonic)
         self.finished = Counter()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import sys
 import time
@@ -43,6 +44,9 @@ def config_from_args(a) -> OpenPiConfig:
     """The command line as an OpenPiConfig; ValueError names what is wrong."""
     from ..policy_source import hub_patterns
 
+    for d in a.policy_dir or ():  # a typo would otherwise refuse every policy with the one answer
+        if not os.path.isdir(os.path.expanduser(d)):
+            raise ValueError(f"--policy-dir {d!r} is not a directory")
     keys = {}
     for item in a.key_map or ():
         k, sep, v = item.partition("=")

@@ -50,6 +50,7 @@ class OpenPiEndpoint:
                          "horizon": cfg.horizon or self.keys.feats.chunk_len}
         self.refused: Counter = Counter()  # refusals by limit/reason, before or after the core
         self.counts: Counter = Counter()  # connections, rounds, chunks
+        self.mix: Counter = Counter()  # batches with openpi robots, by the protocols in them
         self.active = 0
         self._waiting: dict = {}  # (task_id, round_id) -> (loop, future); under runner.lock
         self._n = 0
@@ -195,8 +196,12 @@ class OpenPiEndpoint:
             raise Refusal("rate_limited", f"more than max_rate_hz ({cfg.max_rate_hz}) infer calls per second")
         c.tokens -= 1.0
 
-    def _on_replies(self, replies, _d, _results) -> None:
-        """Runner listener, under its lock: wake this endpoint's waiting rounds."""
+    def _on_replies(self, replies, d, _results) -> None:
+        """Runner listener, under its lock: wake this endpoint's waiting rounds; count the
+        batches this endpoint's robots shared with robots of other protocols."""
+        kinds = {protocol_of(p.task_id) for p in d.requests}
+        if "openpi" in kinds:
+            self.mix["+".join(sorted(kinds))] += 1
         for r in replies:
             w = self._waiting.pop((r.task_id, r.round_id), None)
             if w is not None:
@@ -215,4 +220,12 @@ class OpenPiEndpoint:
             forget(c.task_id)
 
     def stats(self) -> dict:
-        return {"connected": self.active, "refused": dict(self.refused), **self.counts}
+        return {"connected": self.active, "refused": dict(self.refused), **self.counts,
+                "batches_by_protocols": dict(self.mix)}
+
+
+def protocol_of(task_id: str) -> str:
+    """Which front end a task came through, by its id: openpi/..., lerobot/... (the LeRobot
+    endpoint's), anything else the ROS service's."""
+    head = task_id.split("/", 1)[0]
+    return head if head in ("openpi", "lerobot") else "ros"
