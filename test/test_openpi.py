@@ -219,3 +219,15 @@ def test_unchanged_client_on_tiny_smolvla(smolvla_dir):
             c.infer(obs())
     finally:
         srv.stop()
+
+
+def test_bench_fed_rule_and_rows():
+    from robotserve_ros.bench.openpi import size_row
+
+    fed = [{"idle_s": 0.5, "task_s": 10.0, "rounds_ms": [20.0, 30.0]}, {"idle_s": 1.2, "task_s": 10.0, "rounds_ms": [40.0]}]
+    row, more = size_row(2, fed, 1.5)
+    assert set(row) == {"robots", "idle_fraction", "p50_ms", "p95_ms", "mean_batch"}
+    assert more["fed"] and row["idle_fraction"] == 0.085 and row["p50_ms"] == 30.0
+    one_starved = fed + [{"idle_s": 3.0, "task_s": 10.0, "rounds_ms": [90.0]}]  # mean 0.157, one at 0.3
+    assert not size_row(3, one_starved, 2.0)[1]["fed"]
+    assert not size_row(3, fed, 1.0)[1]["fed"]  # a robot whose figures never came back is not fed
