@@ -10,7 +10,8 @@ A robot is idle while infer() blocks. The fleet grows until robots go hungry: a 
 when the mean idle time is <= 10 % of task time and no robot is above 25 %; a server's
 capacity is the largest fed size. Per size: idle fraction (mean), P50/P95 round latency
 (client side, per infer()), mean batch (robotserve: the core's dispatched/batches over the
-run; reference: 1 by construction).
+run; reference: 1 by construction). Each size runs on the reference, then on robotserve, one
+right after the other, so both see the same load of a shared machine.
 
 Also measured, one client alone on robotserve: the websocket path's added latency over the
 engine call, per round (client round trip minus the engine's own time for that round's
@@ -127,6 +128,7 @@ class ReferenceServer:
         import asyncio
 
         from websockets.asyncio.server import serve
+        from websockets.exceptions import ConnectionClosed
 
         from ..core.types import HorizonChoice, InferenceRequest
         from ..transport.openpi.codec import Limits, pack, unpack
@@ -141,12 +143,17 @@ class ReferenceServer:
             self._n += 1
             task, rnd = f"ref{self._n}", 0
             await ws.send(meta)
-            async for msg in ws:
-                obs = keys.observation(unpack(msg, Limits()), time.monotonic())
-                req = InferenceRequest(task, rnd, None, HorizonChoice("static", None), obs)
-                (res,) = engine.infer([req])  # blocks the loop: openpi's server does the same
-                rnd += 1
-                await ws.send(pack({"actions": np.asarray(res.actions, np.float32)}))
+            try:
+                async for msg in ws:
+                    obs = keys.observation(unpack(msg, Limits()), time.monotonic())
+                    req = InferenceRequest(task, rnd, None, HorizonChoice("static", None), obs)
+                    (res,) = engine.infer([req])  # blocks the loop: openpi's server does the same
+                    rnd += 1
+                    await ws.send(pack({"actions": np.asarray(res.actions, np.float32)}))
+            except ConnectionClosed:  # openpi clients never close: a robot that stopped
+                pass
+            finally:
+                engine.forget(task)
 
         async def main():
             self._stop = asyncio.Event()
@@ -166,23 +173,38 @@ class ReferenceServer:
 
 
 # --- the run ------------------------------------------------------------------------------
-def _grow(name: str, port: int, a, obs: dict, mean_batch) -> dict:
-    rows, detail, capacity, cap_batch = [], [], 0, 0.0
-    for n in a.sizes:
-        before = mean_batch(None)
-        per = run_fleet(port, n, a.horizon, a.control_hz, a.seconds, obs)
-        mb = mean_batch(before)
+class _Grown:
+    """One server's fleet sizes so far: rows, per-size detail, capacity (the largest fed size
+    with every smaller size fed too) and the mean batch there."""
+
+    def __init__(self, name: str, port: int, mean_batch) -> None:
+        self.name, self.port, self.mean_batch = name, port, mean_batch
+        self.rows, self.detail, self.capacity, self.cap_batch, self.done = [], [], 0, 0.0, False
+
+    def run(self, n: int, a, obs: dict) -> None:
+        before = self.mean_batch(None)
+        per = run_fleet(self.port, n, a.horizon, a.control_hz, a.seconds, obs)
+        mb = self.mean_batch(before)
         row, more = size_row(n, per, mb)
-        rows.append(row)
-        detail.append(more)
-        print(f"{name:>10} robots {n:3d}: idle {row['idle_fraction']:.3f} (max {more['max_idle_fraction']:.3f}) "
+        self.rows.append(row)
+        self.detail.append({**more, "load_avg_1m": round(os.getloadavg()[0], 2)})
+        print(f"{self.name:>10} robots {n:3d}: idle {row['idle_fraction']:.3f} (max {more['max_idle_fraction']:.3f}) "
               f"p50 {row['p50_ms']:.1f} ms p95 {row['p95_ms']:.1f} ms mean batch {mb:.2f} -> "
-              f"{'fed' if more['fed'] else 'HUNGRY'}", flush=True)
-        if all(d["fed"] for d in detail):  # fed, and every smaller size was too
-            capacity, cap_batch = n, mb
-        if not more["fed"] and n >= MIN_ROWS_TO:
-            break
-    return {"capacity": capacity, "sizes": rows, "_detail": detail, "_cap_batch": cap_batch}
+              f"{'fed' if more['fed'] else 'HUNGRY'} (load {os.getloadavg()[0]:.1f})", flush=True)
+        if all(d["fed"] for d in self.detail):  # fed, and every smaller size was too
+            self.capacity, self.cap_batch = n, mb
+        self.done = not more["fed"] and n >= MIN_ROWS_TO
+
+
+def grow_side_by_side(servers: list, a, obs: dict) -> None:
+    """Each fleet size on every server still growing, one right after the other, so both see
+    the same load on a shared machine."""
+    for n in a.sizes:
+        live = [g for g in servers if not g.done]
+        if not live:
+            return
+        for g in live:
+            g.run(n, a, obs)
 
 
 def added_latency(srv, obs: dict, rounds: int = 60) -> dict:
@@ -243,31 +265,32 @@ def cli(a) -> int:
                     return now
                 return (now[0] - before[0]) / max(1, now[1] - before[1])
 
-            ours = _grow("robotserve", srv.port, a, obs, batches)
-            ref_srv = ReferenceServer(srv.engine)  # the same engine object, idle while the reference runs
+            ref_srv = ReferenceServer(srv.engine)  # the same engine object: each server runs while the other idles
             try:
-                ref = _grow("reference", ref_srv.port, a, obs, lambda before: 0 if before is None else 1.0)
+                ours = _Grown("robotserve", srv.port, batches)
+                ref = _Grown("reference", ref_srv.port, lambda before: 0 if before is None else 1.0)
+                grow_side_by_side([ref, ours], a, obs)
             finally:
                 ref_srv.stop()
         finally:
             srv.stop()
     report = {"horizon": a.horizon, "control_hz": a.control_hz,
-              "reference": {"capacity": ref["capacity"], "sizes": ref["sizes"]},
-              "robotserve": {"capacity": ours["capacity"], "mean_batch_at_capacity": round(ours["_cap_batch"], 2),
-                             "sizes": ours["sizes"]}}
-    ratio = ours["capacity"] / ref["capacity"] if ref["capacity"] else None
+              "reference": {"capacity": ref.capacity, "sizes": ref.rows},
+              "robotserve": {"capacity": ours.capacity, "mean_batch_at_capacity": round(ours.cap_batch, 2),
+                             "sizes": ours.rows}}
+    ratio = ours.capacity / ref.capacity if ref.capacity else None
     extra = {"method": __doc__.split("\n\n")[1:3],
              "policy": "tiny SmolVLA, the smolvla_tiny profile's shapes (64x64 image, chunk 50), random weights",
              "steps": a.steps, "seconds_per_size": a.seconds, "robots_per_process": ROBOTS_PER_PROCESS,
              "fed_rule": {"mean_idle_max": FED_MEAN, "any_idle_max": FED_MAX},
              "capacity_ratio": ratio, "target_ratio": 3.0, "added_latency": lat,
-             "per_size": {"robotserve": ours["_detail"], "reference": ref["_detail"]},
+             "per_size": {"robotserve": ours.detail, "reference": ref.detail},
              "load_avg_before": load_before, "load_avg_after": os.getloadavg(), "machine": machine_info(),
              "command": " ".join(["robotserve", *sys.argv[1:]])}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1) + "\n")
     Path(str(out) + ".meta.json").write_text(json.dumps(extra, indent=1) + "\n")
-    print(f"capacity: robotserve {ours['capacity']} vs reference {ref['capacity']} robots "
-          f"(x{ratio if ratio is None else round(ratio, 2)}, target x3); mean batch at capacity {ours['_cap_batch']:.2f}; "
+    print(f"capacity: robotserve {ours.capacity} vs reference {ref.capacity} robots "
+          f"(x{ratio if ratio is None else round(ratio, 2)}, target x3); mean batch at capacity {ours.cap_batch:.2f}; "
           f"added latency {lat['added_ms_p50']:.2f} ms median (target <= 2 ms). Report: {out}")
     return 0
