@@ -231,3 +231,13 @@ def test_bench_fed_rule_and_rows():
     one_starved = fed + [{"idle_s": 3.0, "task_s": 10.0, "rounds_ms": [90.0]}]  # mean 0.157, one at 0.3
     assert not size_row(3, one_starved, 2.0)[1]["fed"]
     assert not size_row(3, fed, 1.0)[1]["fed"]  # a robot whose figures never came back is not fed
+
+
+def test_failed_handshakes_give_their_slot_back(server):
+    for _ in range(6):  # more than max_connections plain HTTP requests that never upgrade
+        h = http.client.HTTPConnection("127.0.0.1", server.port, timeout=5)
+        h.request("GET", "/")
+        assert h.getresponse().status >= 400
+        h.close()
+    assert server.endpoint.active == 0
+    assert Client("127.0.0.1", server.port).infer(obs())["actions"].shape == (8, 6)

@@ -80,6 +80,7 @@ class OpenPiEndpoint:
         try:
             # max_size: websockets refuses a larger frame from its header, before reading it.
             server = await serve(self._handle, self.cfg.host, self.cfg.port, process_request=self._http,
+                                 process_response=self._http_done,
                                  max_size=self.cfg.max_message_bytes, compression=None, max_queue=4)
         except OSError as e:
             self._error = e
@@ -111,7 +112,15 @@ class OpenPiEndpoint:
             return connection.respond(http.HTTPStatus.SERVICE_UNAVAILABLE,
                                       f"{self.cfg.max_connections} robots connected already (max_connections); retry later\n")
         self.active += 1  # counted from the handshake, so two at once cannot both pass the last slot
+        connection.robotserve_counted = True
         return None
+
+    def _http_done(self, connection, request, response):
+        """A handshake admitted above that still failed (a bad upgrade) gives its slot back."""
+        if getattr(connection, "robotserve_counted", False) and response.status_code != http.HTTPStatus.SWITCHING_PROTOCOLS:
+            connection.robotserve_counted = False
+            self.active -= 1
+        return response
 
     # --- one connection ---------------------------------------------------------------------
     async def _handle(self, ws) -> None:
