@@ -151,3 +151,10 @@ def test_lerobot_endpoint_takes_allowed_hub_ids(offline_cache):
         c2.close()
     finally:
         srv.stop(0)
+
+
+def test_a_hub_id_is_pinned_once_per_process(offline_cache):
+    snap = lay_out(offline_cache, "lerobot/pinned", {"model.safetensors": _weights()})
+    first = resolve_policy("lerobot/pinned", allow_hub=("lerobot/*",))
+    (snap.parent.parent / "refs" / "main").write_text("f" * 40)  # main moves on the hub meanwhile
+    assert resolve_policy("lerobot/pinned", allow_hub=("lerobot/*",)) == first  # still the pinned revision

@@ -91,7 +91,19 @@ def resolve_policy(spec: str, policy_dirs: Sequence[str] = (), allow_hub: Sequen
     return PolicySource(real)
 
 
+_PINNED: dict = {}  # (hub id, revision asked, cache) -> PolicySource: resolved once per process, then pinned
+
+
 def _from_hub(hub_id: str, revision: Optional[str], cache_dir: Optional[str]) -> PolicySource:
+    from huggingface_hub import constants
+
+    key = (hub_id, revision, cache_dir or constants.HF_HUB_CACHE)
+    if key not in _PINNED:  # every client naming it gets the revision the first one pinned, no hub call each
+        _PINNED[key] = _snapshot(hub_id, revision, cache_dir)
+    return _PINNED[key]
+
+
+def _snapshot(hub_id: str, revision: Optional[str], cache_dir: Optional[str]) -> PolicySource:
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
