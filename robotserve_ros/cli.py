@@ -173,7 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .engines import profiling, tiny_policies
     from .engines.llm import convert as llm_convert, profile as llm_profile
     from .live import fleet_status, up as live_up
-    from .transport.lerobot import command as lerobot_command
+    from .transport.lerobot import command as lerobot_command, dataset as lerobot_dataset
 
     p = _Parser(prog="robotserve", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -272,6 +272,8 @@ def build_parser() -> argparse.ArgumentParser:
         (sub, "make-policy", "write a random-weight LeRobot policy directory (default or real size)", tiny_policies),
         (sub, "up", "start the nodes of a launch file as processes (no ros2 launch needed), with a live fleet status",
          live_up),
+        (sub, "record-dataset", "a recorded session (rosbag2) as a LeRobot dataset: camera, joints, commands, "
+                                "instruction", lerobot_dataset),
         (sub, "status", "read the inference server's /diagnostics once and print it", fleet_status),
         (sec, "keystore", "write the SROS 2 policy (an enclave per node) and the script making the keystore", sros),
     ):

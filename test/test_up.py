@@ -153,15 +153,13 @@ def test_a_newcomer_sees_the_fleet_work_within_10_s(tmp_path):
                 seen = float(m[1])
                 break
         status = subprocess.run([sys.executable, "-m", "robotserve_ros.cli", "status", "--timeout", "10", "--json"],
-                            cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60)
+                                cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60)
     finally:
         up.terminate()
         out, err = up.communicate(timeout=30)
     assert seen is not None, f"no status line with 2 robots and rounds served: {out[-2000:]} {err[-2000:]}"
     assert seen <= 10.0, f"the fleet showed it works only after {seen} s"
     assert status.returncode == 0, status.stderr
-
-
     d = json.loads(status.stdout)
     assert d["level"] in ("OK", "WARN") and int(d["served"]) > 0 and int(d["robots"]) == 2
 
