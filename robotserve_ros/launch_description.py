@@ -20,8 +20,8 @@ PACKAGE = "robotserve_ros"
 #: files add their own (robots, per_process, sim); `robotserve up` takes them as NAME:=VALUE.
 COMMON_ARGS = {
     "params_file": ("", "ROS params file (config/*.yaml, ros__parameters) every node reads"),
-    "namespace": ("", "namespace of the fleet: the server in /<namespace>, robot i in /<namespace>/robot_<i> "
-                      "(needs per_process:=1: a global remap renames every node of a process)"),
+    "namespace": ("", "namespace of the fleet's robots: robot i in /<namespace>/robot_<i> (needs per_process:=1: "
+                      "a remap applies to every node of a process); the server stays /inference_server"),
     "log_level": ("info", "ROS log level of every node: debug, info, warn, error or fatal"),
     "use_sim_time": ("false", "nodes follow /clock (true, e.g. a simulator or a bag played with --clock) or the wall clock"),
     "policy": ("", "a LeRobot policy directory the server serves (engine lerobot); '' keeps the params file's engine"),
@@ -78,8 +78,10 @@ class Common:
 
 
 def server(params_file: str, common: Common = Common()) -> list[NodeSpec]:
+    # Not namespaced: one server serves the fleet on absolute names (/robotserve/infer, /diagnostics),
+    # and params files key it as `inference_server`, which matches the root namespace only.
     return [NodeSpec("inference_server", "inference_server", (), params_file, node_name="inference_server",
-                     namespace=common.namespace, ros_args=common.server_args())]
+                     ros_args=common.server_args())]
 
 
 def robots(params_file: str, count: int, per_process: int = 25, sim: bool = True, common: Common = Common()) -> list[NodeSpec]:

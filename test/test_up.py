@@ -46,7 +46,7 @@ def test_common_arguments_reach_every_node(capsys):
         ros = " ".join(c[c.index("--ros-args"):])
         assert "--log-level debug" in ros and "-p use_sim_time:=true" in ros and f"--params-file {CONFIG}" in ros
     server, robot1 = " ".join(cmds[0]), " ".join(cmds[4])
-    assert "-r __node:=inference_server -r __ns:=/lab" in server
+    assert "-r __node:=inference_server --params-file" in server  # the server keeps /inference_server
     assert "-p engine.name:=lerobot -p engine.lerobot.policy_dir:=/models/act" in server
     assert "-r __node:=robot_client -r __ns:=/lab/robot_1" in robot1 and "policy_dir" not in robot1
 
