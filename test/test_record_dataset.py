@@ -83,16 +83,10 @@ def test_a_session_bag_loads_as_a_lerobot_dataset(bag, tmp_path, capsys, monkeyp
     assert float(ds[1]["timestamp"]) == pytest.approx(1 / FPS)
 
 
-@pytest.mark.parametrize("extra,wrong", [
-    (["--robot", "robot_9"], "robot_9"),
-    (["--fps", "0"], "0"),
-])
-def test_wrong_values_are_one_line(bag, tmp_path, extra, wrong, capsys):
-    with pytest.raises(SystemExit) if extra[0] == "--fps" else _nothing():
-        code = main(["record-dataset", str(bag), "--out", str(tmp_path / "ds"), *extra])
-        assert code == 2
+def test_an_unknown_robot_is_one_line(bag, tmp_path, capsys):
+    assert main(["record-dataset", str(bag), "--out", str(tmp_path / "ds"), "--robot", "robot_9"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and wrong in err[0] and not (tmp_path / "ds").exists()
+    assert len(err) == 1 and "robot_9" in err[0] and "/robot_0" in err[0] and not (tmp_path / "ds").exists()
 
 
 def test_a_bag_without_instruction_needs_task(tmp_path, capsys):
@@ -104,47 +98,3 @@ def test_a_bag_without_instruction_needs_task(tmp_path, capsys):
     out.mkdir()
     assert main(["record-dataset", str(bag), "--out", str(out), "--task", "x"]) == 2
     assert "exists" in capsys.readouterr().err
-
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
-def test_a_live_session_recorded_by_bag_recorder_becomes_a_dataset(tmp_path, monkeypatch):
-    """A real session: the inference server, a simulated SO-101 and its robot client, and
-    bag_recorder recording the robot's camera, joints and commands; then the dataset loads."""
-    pytest.importorskip("rclpy")
-    pytest.importorskip("lerobot")
-    import time
-
-    from rosutil import ros_env
-
-    from robotserve_ros.launch_description import NodeSpec, default_config, fleet
-    from robotserve_ros.live.processes import ProcessGroup
-
-    bag = tmp_path / "live"
-    topics = "['/robot_0/camera/image_raw', '/robot_0/joint_states', '/robot_0/command']"
-    recorder = NodeSpec("bag_recorder", "bag_recorder", ros_args=("-p", f"output:={bag}", "-p", f"topics:={topics}"))
-    group = ProcessGroup(fleet(default_config(), 1, 1) + [recorder], ros_env(), tmp_path / "logs").start()
-    try:
-        time.sleep(12)  # the robot connects within a few seconds (test_up) and then commands every tick
-        assert not group.failed(), group.failed()
-    finally:
-        codes = group.stop()
-    assert codes["bag_recorder"] == 0, (tmp_path / "logs" / "bag_recorder.log").read_text()[-2000:]
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    out = tmp_path / "ds"
-    assert main(["record-dataset", str(bag), "--out", str(out), "--task", "pick up the cube", "--fps", "15"]) == 0
-
-    from lerobot.datasets.lerobot_dataset import LeRobotDataset
-
-    ds = LeRobotDataset("local/live", root=out)
-    assert len(ds) >= 5 and ds.meta.total_episodes == 1
-    f = ds[len(ds) - 1]
-    assert f["observation.images.camera"].shape == (3, 96, 96) and f["task"] == "pick up the cube"
-    assert f["observation.state"].shape == (6,) and f["action"].shape == (6,)
-    assert ds.meta.features["action"]["names"] == ds.meta.features["observation.state"]["names"]  # named joints
