@@ -26,7 +26,7 @@ ISSUE_ARGS = {"use_sim_time", "namespace", "log_level", "params_file", "policy"}
 @pytest.mark.parametrize("name", ["fleet", "server", "robot"])
 def test_every_launch_argument_has_a_default_and_a_description(name):
     args = load_launch_file(name).ARGS
-    assert ISSUE_ARGS <= set(args) and (name == "server" or "robots" in args)
+    assert ISSUE_ARGS <= set(COMMON_ARGS) <= set(args) and (name == "server" or "robots" in args)
     for arg, (default, description) in args.items():
         assert isinstance(default, str) and len(description) > 15, arg
     assert args["params_file"][0] == default_config()
