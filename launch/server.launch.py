@@ -1,11 +1,11 @@
-"""The inference server alone: ros2 launch robotserve_ros server.launch.py params_file:=<yaml>"""
+"""The inference server alone: ros2 launch robotserve_ros server.launch.py params_file:=<yaml> policy:=<dir>"""
 from robotserve_ros import launch_description as rd
 
-ARGS = {"params_file": rd.default_config()}
+ARGS = rd.launch_args({})
 
 
-def specs(params_file=ARGS["params_file"]):
-    return rd.server(params_file)
+def specs(params_file=ARGS["params_file"][0], **common):
+    return rd.server(params_file, rd.Common.parse(**common))
 
 
 def generate_launch_description():

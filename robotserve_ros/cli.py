@@ -103,45 +103,6 @@ def cmd_workload(a) -> int:
     return 0
 
 
-def cmd_up(a) -> int:
-    import signal
-    import time
-
-    from .launch_description import load_launch_file
-    from .live.processes import ProcessGroup, ros_env
-
-    if not Path(a.config).is_file():
-        raise UsageError(f"config {a.config!r}: no such file (a ROS params file, e.g. config/fleet.yaml)")
-    mod = load_launch_file(a.launch)
-    values = {"params_file": str(Path(a.config).resolve())}
-    if a.robots is not None:
-        values["robots"] = str(a.robots)
-    if a.per_process is not None:
-        values["per_process"] = str(a.per_process)
-    specs = mod.specs(**values)
-    if a.dry_run:
-        for s in specs:
-            print(" ".join(s.command()))
-        return 0
-    group = ProcessGroup(specs, ros_env(a.domain_id), Path(a.log_dir)).start()
-    print(f"started {len(specs)} processes from launch/{a.launch}.launch.py (logs: {a.log_dir}); Ctrl-C stops them")
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops the group like Ctrl-C
-    end = time.monotonic() + a.duration if a.duration else float("inf")
-    code = 0
-    try:
-        while time.monotonic() < end:
-            bad = group.failed()
-            if bad:
-                print(f"robotserve up: {bad[0][0]} exited with code {bad[0][1]} (see its log)", file=sys.stderr)
-                code = 1
-                break
-            time.sleep(0.2)
-    except KeyboardInterrupt:
-        pass
-    group.stop()
-    return code
-
-
 def demo_scratch_dir() -> Path:
     """Where `robotserve demo` writes unless --out says otherwise: a scratch folder that exists
     wherever the command runs (a checkout or an installed package) and never dirties a git tree;
@@ -212,7 +173,8 @@ def build_parser() -> argparse.ArgumentParser:
     from .bench import openpi as bench_openpi
     from .engines import profiling, tiny_policies
     from .engines.llm import convert as llm_convert, profile as llm_profile
-    from .transport.lerobot import command as lerobot_command
+    from .live import fleet_status, up as live_up
+    from .transport.lerobot import command as lerobot_command, dataset as lerobot_dataset
     from .transport.openpi import command as openpi_command
 
     p = _Parser(prog="robotserve", description=__doc__)
@@ -316,6 +278,11 @@ def build_parser() -> argparse.ArgumentParser:
         (sub, "llm-profile", "LLM engine: prefill vs prompt, decode step vs batch/context, KV handover "
                              "-> the profile JSON every LLM scheduler reads", llm_profile),
         (sub, "make-policy", "write a random-weight LeRobot policy directory (default or real size)", tiny_policies),
+        (sub, "up", "start the nodes of a launch file as processes (no ros2 launch needed), with a live fleet status",
+         live_up),
+        (sub, "record-dataset", "a recorded session (rosbag2) as a LeRobot dataset: camera, joints, commands, "
+                                "instruction", lerobot_dataset),
+        (sub, "status", "read the inference server's /diagnostics once and print it", fleet_status),
         (sec, "keystore", "write the SROS 2 policy (an enclave per node) and the script making the keystore", sros),
     ):
         module_parser = parent.add_parser(name, help=help_)
@@ -337,16 +304,6 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--ablation", action="store_true", help="also run FIFO with the dynamic horizon")
     d.set_defaults(func=cmd_demo)
 
-    u = sub.add_parser("up", help="start the nodes of a launch file as processes (no ros2 launch needed)")
-    u.add_argument("config", help="ROS params file, e.g. config/fleet.yaml")
-    u.add_argument("--launch", default="fleet", choices=("fleet", "server", "robot"), help="launch/<name>.launch.py to read")
-    u.add_argument("--robots", type=positive(int))
-    u.add_argument("--per-process", type=positive(int))
-    u.add_argument("--domain-id", type=int)
-    u.add_argument("--duration", type=positive(), help="stop after this many seconds")
-    u.add_argument("--log-dir", default="log/up")
-    u.add_argument("--dry-run", action="store_true", help="print the commands instead")
-    u.set_defaults(func=cmd_up)
 
     from .study.commands import add_parser as add_study  # PushGust task and horizon study (robotserve_ros/study/)
 
