@@ -16,7 +16,9 @@ per line, a segment bounded by `max_segment_tokens`, a plan by `max_segments`.
 Parameters (the server's `planner` section): model ("" the converted SmolLM2 folder,
 "tiny" a random-weight tiny Llama for tests, or a folder), scheduler (timely, fcfs,
 fcfs_stream, seg_fcfs, seg_edf), max_batch, max_prompt_tokens, max_segment_tokens,
-max_segments, profile (an LLM profile of record), action, progress_topic, threads.
+max_segments, profile (an LLM profile of record), action, progress_topic, threads,
+engine ({name: vllm, vllm: {model, python, threads, ...}}: the plans run on a vLLM engine in
+its own process, engines/llm/vllm_backend.py, docs/vllm.md; default: the own engine).
 """
 from __future__ import annotations
 
@@ -41,7 +43,7 @@ class PlannerService:
                  max_prompt_tokens: int = 512, max_segment_tokens: int = 24, max_segments: int = 16,
                  profile: str = "smollm2_135m_llm", action: str = "/robotserve/plan_task",
                  progress_topic: str = "/robotserve/plan_progress",
-                 threads: int = 1) -> None:
+                 threads: int = 1, engine: dict | str = "") -> None:
         from rclpy.action import ActionServer, CancelResponse, GoalResponse
         from rclpy.callback_groups import ReentrantCallbackGroup
         from rclpy.qos import QoSProfile, ReliabilityPolicy
@@ -58,7 +60,10 @@ class PlannerService:
                              f"{', '.join(SEGMENT_SCHEDULERS.names())}")
         self.node, self.PlanTask = node, PlanTask
         self.max_segments = max_segments
-        self.engine = self._load_engine(model, threads)
+        from ...engines.llm.vllm_backend import vllm_config
+
+        vcfg = vllm_config(engine)
+        self.engine = self._load_vllm(vcfg) if vcfg else self._load_engine(model, threads)
         self.skill_time = default_skill_time()
         self.kinds = self.skill_time.kinds()
         for kind in self.kinds:
@@ -68,7 +73,10 @@ class PlannerService:
         self.clock = WallClock()
         self.core = TimelyCore(SEGMENT_SCHEDULERS.create(scheduler), prof, self.skill_time, self.clock,
                                max_batch=max_batch, seg_tokens_max=max_segment_tokens, timer=time.perf_counter)
-        self.live = LiveTimely(self.engine, self.core, self._on_event, stop_checker=StopChecker,
+        live_cls = LiveTimely
+        if vcfg:
+            from ...engines.llm.vllm_backend import VLLMTimely as live_cls
+        self.live = live_cls(self.engine, self.core, self._on_event, stop_checker=StopChecker,
                                max_segment_tokens=max_segment_tokens,
                                max_prompt_tokens=max_prompt_tokens).start()
         self._goals: dict = {}      # task id -> queue of core events
@@ -94,6 +102,12 @@ class PlannerService:
             return LLMEngine.load(model or None, threads=threads)
         except FileNotFoundError as e:
             raise ValueError(f"planner parameter 'model': {e}") from None
+
+    @staticmethod
+    def _load_vllm(cfg):
+        from ...engines.llm.vllm_backend import VLLMEngine
+
+        return VLLMEngine(**cfg.host_params())  # VLLMUnavailable (a ConfigError) names what is missing
 
     # ---- goals ----
     def _execute(self, goal_handle):
@@ -199,6 +213,7 @@ class PlannerService:
 
     def close(self) -> None:
         self.live.close()
+        getattr(self.engine, "close", lambda: None)()  # the vLLM process
         # goals still waiting see the driver stopped and answer SHUTTING_DOWN
         self.server.destroy()
 
