@@ -208,7 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
     from . import transport
     from .core.schedulers import SCHEDULERS
     from .bench import hybrid as bench_hybrid, nova as bench_nova, oxygen as bench_oxygen, peer as bench_peer
-    from .bench import slo as bench_slo, study_fleet, timely as timely_bench
+    from .bench import llm_backends as bench_llm_backends, slo as bench_slo, study_fleet, timely as timely_bench
     from .engines import profiling, tiny_policies
     from .engines.llm import convert as llm_convert, profile as llm_profile
     from .transport.lerobot import command as lerobot_command
@@ -298,6 +298,8 @@ def build_parser() -> argparse.ArgumentParser:
         (b, "oxygen", "SmolVLA actions + language: isolated vs KV sharing vs OxyGen batching (seed 001)", bench_oxygen),
         (b, "nova", "Nova VLM serving (seed 003): stage pipeline + adaptive partition vs baselines", bench_nova),
         (b, "timely", "TimelyLLM trace replay: time utility, response and waiting time per scheduler", timely_bench),
+        (b, "llm-backends", "the LLM services on the own engine vs vLLM: tok/s, TTFT/TPOT, utility, SLO attainment",
+         bench_llm_backends),
         (sub, "lerobot-server", "serve unmodified LeRobot robot_clients (async inference) by the fleet scheduler",
          lerobot_command),
         (sub, "profile", "engine latency vs batch size: the engine profile JSON + Markdown report", profiling),

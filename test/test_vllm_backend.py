@@ -246,3 +246,29 @@ def test_generate_requests_give_the_same_answers_on_both_backends(vllm, own):
         n = min(len(a.tokens), len(b.tokens))
         assert n >= 1 and a.tokens[:n] == b.tokens[:n], (rid, a.tokens, b.tokens)
         assert b.ttft_s > 0 and b.tpot_s is not None and b.n_gen == len(b.tokens)
+
+
+def test_segment_priorities_follow_the_schedulers_order():
+    """What reaches vLLM's `priority` (lower runs first): Eq. 4 for TimelyLLM, arrival for FCFS."""
+    from robotserve_ros.core.clock import VirtualClock
+    from robotserve_ros.core.timely import NORMAL, SEGMENT_SCHEDULERS, TUF, URGENT, Plan, TimelyCore
+    from robotserve_ros.engines.llm.vllm_backend import VLLMTimely
+    from robotserve_ros.profiles import load_llm_profile
+    from robotserve_ros.timely.skills import default_skill_time
+
+    class Eng:
+        max_context = 2048
+
+    prof, _ = load_llm_profile("smollm2_135m_llm")
+    clock = VirtualClock(0.0)
+    prios = {}
+    for name in ("timely", "fcfs"):
+        core = TimelyCore(SEGMENT_SCHEDULERS.create(name), prof, default_skill_time(), clock)
+        live = VLLMTimely(Eng(), core, lambda e: None, stop_checker=None)
+        normal = Plan("n", "r", "drone", 0.0, TUF(*NORMAL), 100, prefill_tokens=100)
+        urgent = Plan("u", "r", "drone", 0.5, TUF(*URGENT), 100, urgent=True, prefill_tokens=100)
+        prios[name] = (live._priority(normal, 0.6), live._priority(urgent, 0.6))
+    assert prios["timely"][1] < prios["timely"][0]   # the urgent one first
+    assert prios["fcfs"][0] < prios["fcfs"][1]       # the earlier one first
+    with pytest.raises(ValueError, match="admission"):
+        VLLMTimely(Eng(), core, lambda e: None, stop_checker=None, admission="any")

@@ -250,14 +250,26 @@ class _Running:
 
 class VLLMTimely:
     """The planner's live loop on vLLM (LiveTimely's interface: submit / progress / cancel /
-    close). The core's scheduler orders the waiting segments (Eq. 4, recomputed at every
-    decision, §4.3) and admits them (§4.4) as it does for the own engine; what it admits is
-    sent at once as one call each, priority = rank in that order (vLLM runs lower first and
-    batches whatever is in flight). Non-segmented schedulers (fcfs, fcfs_stream) send the
-    whole plan as one call, as vLLM serves a plan."""
+    close). A waiting segment is sent as one call with `priority` from the core's scheduler:
+    TimelyLLM's potential-utility density (Eq. 4) at the moment it is sent, EDF's deadline,
+    FCFS's arrival (vLLM runs the lowest first; ties in arrival order). Which segments are
+    sent, `admission`:
+    - "vllm" (default): every waiting segment at once; vLLM's continuous batching decides the
+      batch (up to max_num_seqs) and the priority decides who waits when it is full;
+    - "core": only what the scheduler's admission lets run (Timely: §4.4's latency-guided
+      batch size, predicted from the own engine's profile).
+    Non-segmented schedulers (fcfs, fcfs_stream) send the whole plan as one call, as vLLM
+    serves a plan. What does not survive: a priority is fixed once sent (§4.3's dynamic
+    update reaches only segments still waiting here), and "core" admission predicts with a
+    profile of another engine."""
 
     def __init__(self, engine: VLLMEngine, core, on_event: Callable[[Event], None], *, stop_checker: Callable,
-                 delimiter: str = "\n", max_segment_tokens: int = 32, max_prompt_tokens: Optional[int] = None) -> None:
+                 delimiter: str = "\n", max_segment_tokens: int = 32, max_prompt_tokens: Optional[int] = None,
+                 admission: str = "vllm") -> None:
+        if admission not in ("vllm", "core"):
+            raise ConfigError(f"admission {admission!r}: one of vllm, core")
+        self.admission = admission
+        self._epoch = core.clock.now()
         self.engine, self.core, self.on_event, self.stop_checker = engine, core, on_event, stop_checker
         self.delimiter, self.max_segment_tokens = delimiter, int(max_segment_tokens)
         self.max_prompt_tokens = int(max_prompt_tokens or engine.max_context // 2)
@@ -265,7 +277,6 @@ class VLLMTimely:
         self._ctx: dict = {}        # plan id -> {"ids": prompt + generated, "stop", "forced": [ids], "t0"}
         self._inflight: dict = {}   # plan id -> call id
         self._seq = itertools.count()
-        self._rank = itertools.count()
         self.failures = 0
         self.engine_s = 0.0
         self.stop_check_s = 0.0
@@ -321,16 +332,26 @@ class VLLMTimely:
             waiting = [p for p in core.plans.values() if p.state == WAITING]
             if waiting:
                 ordered = core.scheduler.order(waiting, now, core.ctx)
-                for p in core.scheduler.admit(core.running, ordered, now, core.ctx):
+                admitted = ordered if self.admission == "vllm" else core.scheduler.admit(core.running, ordered, now, core.ctx)
+                for p in admitted:
                     p.state = RUNNING
                     core.running.append(p)
             for p in core.running:
                 if p.id not in self._inflight and p.id in self._ctx:
                     call = f"{p.id}#{next(self._seq)}"
                     self._inflight[p.id] = call
-                    sends.append((p, call, next(self._rank)))
+                    sends.append((p, call, self._priority(p, now)))
         for p, call, rank in sends:
             self._send(p, call, rank)
+
+    def _priority(self, p, now: float) -> int:
+        """vLLM's integer priority (lower first) from the core's scheduler: Eq. 4's value
+        (x 1e4: Pri is capped at |alpha| / G_ref, ~20 here), EDF's deadline or the arrival (ms)."""
+        sch = self.core.scheduler
+        if hasattr(sch, "priority"):  # TimelyLLM: (-Pri, deadline, arrival)
+            return int(round(sch.priority(p, now, self.core.ctx, 1)[0] * 1e4))
+        t = p.arrival + p.tuf.ert if sch.name == "seg_edf" else p.arrival
+        return int(round((t - self._epoch) * 1000))
 
     def _send(self, p, call: str, rank: int) -> None:
         c = self._ctx.get(p.id)
@@ -451,8 +472,10 @@ class VLLMWorkers:
     order for fcfs_cb. vLLM's continuous batching decides the decode batch: the slack-guided
     decode batching (§3.2) has no public hook there."""
 
-    def __init__(self, core, engine: VLLMEngine, scheduler: str) -> None:
+    def __init__(self, core, engine: VLLMEngine, scheduler: str, stop_at_eos: bool = True) -> None:
+        """stop_at_eos False: exactly max_tokens each (benchmarks, as DisaggregatedWorkers')."""
         self.core, self.engine, self.scheduler = core, engine, scheduler
+        self._exact = {} if stop_at_eos else {"ignore_eos": True}
         self._epoch = core.clock.now()
         self._inflight: set = set()
         self.cached_tokens = self.prompt_tokens = 0
@@ -470,7 +493,8 @@ class VLLMWorkers:
         for r in todo:
             prio = r.seq if self.scheduler == "fcfs_cb" else int((r.ttft_deadline_s - self._epoch) * 1000)
             try:
-                self.engine.host.generate(r.req_id, r.prompt_tokens, r.max_tokens, priority=prio,
+                exact = {"min_tokens": r.max_tokens, **self._exact} if self._exact else {}
+                self.engine.host.generate(r.req_id, r.prompt_tokens, r.max_tokens, priority=prio, **exact,
                                           on_tokens=lambda t, r=r: self._tokens(r, t),
                                           on_done=lambda m, r=r: self._done(r, m))
             except RuntimeError:
