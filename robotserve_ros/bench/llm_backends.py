@@ -113,6 +113,7 @@ def run_timely(backend, engine, specs, skill_time, profile, args, est, mx, eos, 
             runs.append(("timely_core_admission", "timely", partial(VLLMTimely, admission="core")))
     out = {}
     for key, name, live_cls in runs:
+        _cold(engine)
         la = os.getloadavg()[0]
         ns = argparse_ns(live_window=args.live_window, prefix_cache=True, max_batch=16)
         res = run_live(specs, [name], profile, skill_time, ns, est, mx, eos, engine=engine, live_cls=live_cls)[name]
@@ -122,6 +123,14 @@ def run_timely(backend, engine, specs, skill_time, profile, args, est, mx, eos, 
         log(f"  {backend} timely-replay {key}: urgent {res['utility_urgent_mean']} normal {res['utility_normal_mean']} "
             f"response {res['response_time_mean_s']} s, waiting {res['waiting_time_total_s']} s, load {la:.1f}")
     return out
+
+
+def _cold(engine) -> None:
+    """Each run starts without the KV of the run before (the same prompts): vLLM's prefix
+    cache reset; the own engine keeps only its server-side system prefixes, as in service."""
+    host = getattr(engine, "host", None)
+    if host is not None and not host.reset_prefix_cache():
+        raise RuntimeError("vLLM did not reset its prefix cache")
 
 
 def argparse_ns(**kw):
@@ -154,6 +163,7 @@ def run_slo(backend, engines, args, log) -> tuple[dict, dict]:
                 return VLLMWorkers(core, pe, sched, stop_at_eos=False)
             return DisaggregatedWorkers(core, pe, de, stop_at_eos=False)
 
+        _cold(pe)
         la = os.getloadavg()[0]
         m, _ = run_live_once(pe, de, profile, sched, reqs[:3] if key == "warmup" else reqs, ttft, tpot, 16, vocab, 0,
                              workers=workers)

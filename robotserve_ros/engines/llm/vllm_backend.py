@@ -93,6 +93,7 @@ class VLLMHost:
         self._lock = threading.Lock()
         self._cbs: dict[str, tuple] = {}
         self._ready = threading.Event()
+        self._reset = threading.Event()
         self.info: dict = {}
         self.closed = False
         self._reader = threading.Thread(target=self._read, name="vllm-host-reader", daemon=True)
@@ -118,6 +119,14 @@ class VLLMHost:
         with self._lock:
             if not self.closed and rid in self._cbs:
                 self._send({"op": "abort", "id": rid})
+
+    def reset_prefix_cache(self, timeout_s: float = 60.0) -> bool:
+        """Drop vLLM's cached prefixes (idle engine): a benchmark's runs must not reuse the
+        KV of the same prompts from the run before."""
+        with self._lock:
+            self._reset.clear()
+            self._send({"op": "reset_prefix_cache"})
+        return self._reset.wait(timeout_s) and self.info.get("reset_ok", False)
 
     def alive(self) -> bool:
         return not self.closed and self.proc.poll() is None
@@ -157,6 +166,10 @@ class VLLMHost:
             if ev == "ready":
                 self.info = m
                 self._ready.set()
+                continue
+            if ev == "reset":
+                self.info["reset_ok"] = bool(m.get("ok"))
+                self._reset.set()
                 continue
             with self._lock:
                 cb = self._cbs.get(m.get("id")) if ev == "tokens" else self._cbs.pop(m.get("id"), None)
@@ -419,8 +432,9 @@ class VLLMTimely:
             elif c is not None:
                 st = c["stop"]
                 p = self.core.plans.get(pid)
-                if p is not None and p.state == RUNNING and (st.tokens or m.get("finish") == "length"):
-                    # the call ended (its bound, or vLLM's stop string) before the checker did
+                if p is not None and p.state == RUNNING and st.tokens:
+                    # the call ended (its bound, or vLLM's stop string) before the checker did;
+                    # a whole-plan call that ended at a segment's end is sent on by _pump
                     toks_seg, text, _ = st.take()
                     events += self._complete(pid, len(toks_seg), text, False)
         self._emit(events)

@@ -4,11 +4,11 @@ over its stdin/stdout, one JSON object a line (engines/llm/vllm_backend.py is th
 
   in:  {"op": "generate", "id": S, "prompt": [token ids], "max_tokens": N, "priority": P,
         "stop": ["\n"] | null, "min_tokens": M, "ignore_eos": bool}
-       {"op": "abort", "id": S}      {"op": "shutdown"}
+       {"op": "abort", "id": S}      {"op": "reset_prefix_cache"}      {"op": "shutdown"}
   out: {"ev": "ready", "load_s": x, "vllm": version}
        {"ev": "tokens", "id": S, "tokens": [new ids]}          (streamed, as generated)
        {"ev": "done", "id": S, "finish": "stop"|"length"|"abort", "prompt": n, "cached": n}
-       {"ev": "error", "id": S, "message": text}
+       {"ev": "error", "id": S, "message": text}      {"ev": "reset", "ok": bool}
 
 stdio and no port: nothing listens (vLLM's own engine-core link is ZMQ over IPC files in
 TMPDIR), token ids in and out, and vLLM's public per-request `priority` and prefix-cache
@@ -96,6 +96,8 @@ def main() -> int:
                 t.add_done_callback(lambda _t, rid=m["id"]: tasks.pop(rid, None))
             elif op == "abort":
                 await engine.abort(m["id"])
+            elif op == "reset_prefix_cache":  # benchmarks: each run starts with a cold cache
+                send({"ev": "reset", "ok": bool(await engine.reset_prefix_cache())})
             elif op == "shutdown":
                 break
         for t in list(tasks.values()):
