@@ -102,6 +102,17 @@ def _run(vllm_eng, ids, n):
     return out, box
 
 
+def test_the_prefix_cache_serves_a_repeated_prompt_until_reset(vllm):
+    ids = vllm.chat_prompt("Explain how a drone finds a cat in a large house with many rooms. " * 3)
+    assert len(ids) > 64
+    _, first = _run(vllm, ids, 2)
+    _, again = _run(vllm, ids, 3)
+    assert again["cached"] >= 32 and again["cached"] > first["cached"]
+    assert vllm.host.reset_prefix_cache()
+    _, cold = _run(vllm, ids, 4)
+    assert cold["cached"] == 0
+
+
 def test_greedy_tokens_equal_the_own_engine_in_fp32(vllm, own):
     prompts = ["What is the capital of France?", "List three colours.", "Write a haiku about robots."]
     for text in prompts:
