@@ -11,6 +11,7 @@ import threading
 
 import pytest
 
+from rosutil import ros_ctx  # noqa: F401
 from robotserve_ros.config import ConfigError
 from robotserve_ros.engines.llm.vllm_backend import (DEFAULT_MODEL, DEFAULT_PYTHON, cpu_support,
                                                      vllm_config)
@@ -283,3 +284,47 @@ def test_segment_priorities_follow_the_schedulers_order():
     assert prios["fcfs"][0] < prios["fcfs"][1]       # the earlier one first
     with pytest.raises(ValueError, match="admission"):
         VLLMTimely(Eng(), core, lambda e: None, stop_checker=None, admission="any")
+
+
+def test_generate_service_on_vllm_answers_and_refuses_like_the_own_engine(ros_ctx, tmp_path):
+    """srv/Generate end to end: the inference server (a subprocess, isolated ROS domain) with
+    `generate: {engine: {name: vllm, ...}}`; its vLLM process ends with the server."""
+    reason = _skip_reason()
+    if reason:
+        pytest.skip(reason)
+    psutil = pytest.importorskip("psutil")
+    import yaml
+
+    from robotserve_ros.srv import Generate
+
+    svc = {"engine": {"name": "vllm", "vllm": {"threads": 1, "max_num_seqs": 4}}, "ttft_slo_s": 60.0,
+           "tpot_slo_s": 5.0, "max_tokens": 6}
+    cfg = {"inference_server": {"ros__parameters": {"engine": {"batch_sizes": [1], "latency_ms": [10.0]},
+                                                    "services": ["generate"], "generate": svc}}}
+    path = tmp_path / "server.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    srv = ros_ctx.start_node(["robotserve_ros.nodes.inference_server", "--ros-args", "--params-file", str(path)])
+    cli = ros_ctx.node.create_client(Generate, "/robotserve/generate")
+    assert cli.wait_for_service(timeout_sec=300), srv.output()
+
+    def call(rid, prompt="What is the capital of France?", **kw):
+        r = Generate.Request()
+        r.request_id, r.task_id, r.prompt = rid, "operator", prompt
+        for k, v in kw.items():
+            setattr(r, k, v)
+        f = cli.call_async(r)
+        assert ros_ctx.wait_for(f.done, 120), srv.output()
+        return f.result()
+
+    ok = call("q0")
+    assert ok.status.reason == "ok", ok.status.message
+    assert "Paris" in ok.text and 1 <= ok.output_tokens <= 6 and 0 < ok.ttft_s <= ok.latency_s
+    assert call("b1", ttft_slo_s=-1.0).status.reason == "bad_deadline"
+    assert call("b2", prompt="  ").status.reason == "bad_prompt"
+    assert call("q1", prompt="Say hello.").status.reason == "ok"
+    hosts = [p for p in psutil.Process(srv.proc.pid).children(recursive=True) if "vllm_host.py" in " ".join(p.cmdline())]
+    assert len(hosts) == 1
+    procs = hosts + hosts[0].children(recursive=True)  # vLLM's engine core too
+    srv.stop()
+    gone, alive = psutil.wait_procs(procs, timeout=60)
+    assert not alive, "the server's vLLM process outlived it"
