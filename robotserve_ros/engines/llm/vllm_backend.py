@@ -86,6 +86,7 @@ class VLLMHost:
         # -I: the script's folder is not put on sys.path (its profile.py would shadow the stdlib's)
         cmd = [str(python), "-I", str(HOST), "--model", str(self.model), "--dtype", dtype, "--max-model-len",
                str(max_model_len), "--max-num-seqs", str(max_num_seqs), "--block-size", str(block_size)] + ([] if prefix_caching else ["--no-prefix-caching"])
+        self._work = work
         self.log_path = work / "host.log"
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, env=env,
@@ -150,6 +151,10 @@ class VLLMHost:
             self.proc.wait(10)
         self._fail_all("shutting_down")
         self._log.close()
+        import shutil
+
+        for d in ("tmp", "cache"):  # its IPC files and caches; the log stays for a post-mortem
+            shutil.rmtree(self._work / d, ignore_errors=True)
 
     # ---- internals ----
     def _send(self, obj) -> None:
