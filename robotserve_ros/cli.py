@@ -169,8 +169,8 @@ def build_parser() -> argparse.ArgumentParser:
     from . import sros, transport
     from .core.schedulers import SCHEDULERS
     from .bench import hybrid as bench_hybrid, nova as bench_nova, oxygen as bench_oxygen, peer as bench_peer
-    from .bench import ray as bench_ray, slo as bench_slo, study_fleet, timely as timely_bench
-    from .bench import openpi as bench_openpi
+    from .bench import llm_backends as bench_llm_backends, ray as bench_ray, slo as bench_slo, study_fleet
+    from .bench import openpi as bench_openpi, timely as timely_bench
     from .engines import profiling, tiny_policies
     from .engines.llm import convert as llm_convert, profile as llm_profile
     from .live import fleet_status, up as live_up
@@ -269,6 +269,8 @@ def build_parser() -> argparse.ArgumentParser:
         (b, "timely", "TimelyLLM trace replay: time utility, response and waiting time per scheduler", timely_bench),
         (b, "ray", "the fleet scheduler over 1/2/4 replicas: gRPC tiers vs a Ray Serve pool, and chaos (issue 24)",
          bench_ray),
+        (b, "llm-backends", "the LLM services on the own engine vs vLLM: tok/s, TTFT/TPOT, utility, SLO attainment",
+         bench_llm_backends),
         (sub, "lerobot-server", "serve unmodified LeRobot robot_clients (async inference) by the fleet scheduler",
          lerobot_command),
         (sub, "openpi-server", "serve unmodified openpi clients (websocket, msgpack) by the fleet scheduler",

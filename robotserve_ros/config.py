@@ -333,3 +333,30 @@ def relabel(e: ConfigError, names: Mapping[str, str]) -> ConfigError:
 
 __all__ = ["Config", "ConfigError", "EngineConfig", "PluginConfig", "SchedulerConfig", "bad", "check",
            "check_one_of", "defaults_of", "engine_config", "flatten", "from_tree", "param", "relabel", "unflatten"]
+
+
+@dataclass(frozen=True)
+class VLLMConfig(Config):
+    """The vLLM backend of the LLM services (engines/llm/vllm_backend.py, docs/vllm.md)."""
+
+    model: str = param("", "a vLLM-ready model folder ('' = .venv-vllm/models/smollm2-135m, made by `make vllm`)")
+    python: str = param("", "the vLLM venv's python ('' = .venv-vllm/bin/python)")
+    threads: int = param(1, "CPU threads of the vLLM engine (VLLM_CPU_OMP_THREADS_BIND: cores 0..N-1), >= 1")
+    max_num_seqs: int = param(16, "vLLM's running batch bound, >= 1")
+    kv_cache_gib: int = param(1, "KV cache space (VLLM_CPU_KVCACHE_SPACE), GiB, >= 1")
+    block_size: int = param(32, "KV block size: the prefix cache's granularity (a multiple of 16)")
+    max_model_len: int = param(2048, "context bound, >= 64")
+    dtype: str = param("bfloat16", "bfloat16 or float32")
+    start_timeout_s: float = param(300.0, "how long the engine may take to load, > 0")
+
+    def check(self) -> None:
+        for name in ("threads", "max_num_seqs", "kv_cache_gib"):
+            check(getattr(self, name) >= 1, name, getattr(self, name), "is not >= 1")
+        check(self.block_size >= 16 and self.block_size % 16 == 0, "block_size", self.block_size,
+              "is not a multiple of 16")
+        check(self.max_model_len >= 64, "max_model_len", self.max_model_len, "is not >= 64")
+        check_one_of("dtype", self.dtype, ("bfloat16", "float32"))
+        check(self.start_timeout_s > 0, "start_timeout_s", self.start_timeout_s, "is not > 0")
+
+    def host_params(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -199,7 +199,9 @@ def run_sim(profile: LLMProfile, a, log=print, setting: str = "sim", schedulers=
 # Live runs: the real engine as two disaggregated workers
 # --------------------------------------------------------------------------------------------
 def run_live_once(pe, de, profile: LLMProfile, sched: str, reqs, ttft: float, tpot: float, max_batch: int,
-                  vocab: int, seed: int, timeout_s: float = 600.0) -> tuple[dict, dict]:
+                  vocab: int, seed: int, timeout_s: float = 600.0, workers=None) -> tuple[dict, dict]:
+    """`workers(core)`: another backend's workers (bench llm-backends: vLLM's); default the
+    own engine's disaggregated pair."""
     from ..core.clock import WallClock
     from ..core.slo import SLODefaults, SLORequest, make_slo_core
     from ..core.slo.workers import DisaggregatedWorkers
@@ -215,7 +217,7 @@ def run_live_once(pe, de, profile: LLMProfile, sched: str, reqs, ttft: float, tp
     core = make_slo_core(sched, profile.fresh(), WallClock(), defaults=SLODefaults(ttft, tpot),
                          max_decode_batch=max_batch, chunk_tokens=0, context_limit=pe.max_context,
                          kv_handover_in_core=False, on_done=on_done)
-    w = DisaggregatedWorkers(core, pe, de, stop_at_eos=False).start()
+    w = (workers(core) if workers else DisaggregatedWorkers(core, pe, de, stop_at_eos=False)).start()
     rng = np.random.default_rng(seed)
     prompts = {r.req_id: rng.integers(100, min(vocab, 20000), r.prompt_len).tolist() for r in reqs}
     t0 = time.monotonic()

@@ -112,7 +112,9 @@ def run_sim(specs, names, profile, skill_time, args, est, mx) -> dict:
     return res
 
 
-def run_live(specs, names, profile, skill_time, args, est, mx, eos) -> dict:
+def run_live(specs, names, profile, skill_time, args, est, mx, eos, engine=None, live_cls=None) -> dict:
+    """`engine` / `live_cls`: another backend's (bench llm-backends: vLLM's VLLMEngine and
+    VLLMTimely); default the own engine, loaded here, and core/timely/live.py's loop."""
     from ..core.clock import WallClock
     from ..engines.llm import ForcedText, LLMEngine
     from ..core.timely.live import LiveTimely
@@ -120,14 +122,16 @@ def run_live(specs, names, profile, skill_time, args, est, mx, eos) -> dict:
 
     t_first = specs[0].trigger
     window = [s for s in specs if s.trigger - t_first <= args.live_window]
-    engine = LLMEngine.load(threads=1)
-    if args.prefix_cache:
+    live_cls = live_cls or LiveTimely
+    if engine is None:
+        engine = LLMEngine.load(threads=1)
+    if live_cls is LiveTimely and args.prefix_cache:  # vLLM's prefix caching needs no call
         for kind in sorted({s.kind for s in window}):
             engine.cache_prefix(engine.chat_prefix(SYSTEM[kind]))
-    # warm-up: the first forward passes are slow (allocations)
-    engine.prefill([("warm", window[0].prompt_ids)])
-    engine.decode(["warm"], 3)
-    engine.free("warm")
+    if live_cls is LiveTimely:  # warm-up: the first forward passes are slow (allocations)
+        engine.prefill([("warm", window[0].prompt_ids)])
+        engine.decode(["warm"], 3)
+        engine.free("warm")
     res = {}
     for name in names:
         clock = WallClock()
@@ -161,7 +165,7 @@ def run_live(specs, names, profile, skill_time, args, est, mx, eos) -> dict:
                 if left[0] == 0:
                     done.set()
 
-        server = LiveTimely(engine, core, on_event, stop_checker=StopChecker, max_segment_tokens=64).start()
+        server = live_cls(engine, core, on_event, stop_checker=StopChecker, max_segment_tokens=64).start()
         server_box.append(server)
         t0 = clock.now()
         for s in window:
@@ -184,15 +188,18 @@ def run_live(specs, names, profile, skill_time, args, est, mx, eos) -> dict:
                 wait = (timers[0][0] - clock.now()) if timers else 0.05
                 lock.wait(timeout=min(max(wait, 0.0), 0.05))
         server.close()
-        for pid in list(engine.requests()):
+        for pid in list(getattr(engine, "requests", list)()):
             engine.free(pid)
         res[name] = summarize(list(results.values()), core.decision_ms_median())
         res[name]["decision_ms_median_at_8"] = core.decision_ms_median(8)
         gen = server.engine_s
         res[name]["segmentation_overhead"] = {
-            "stop_check_s": round(server.stop_check_s, 4), "kv_move_s": round(engine.kv_move_s, 4),
+            "stop_check_s": round(server.stop_check_s, 4), "kv_move_s": round(getattr(engine, "kv_move_s", 0.0), 4),
             "engine_s": round(gen, 3), "segments": core.stats.segments,
-            "overhead_pct_of_generation": round(100 * (server.stop_check_s + engine.kv_move_s) / gen, 3) if gen else None}
+            "overhead_pct_of_generation": round(100 * (server.stop_check_s + getattr(engine, "kv_move_s", 0.0)) / gen, 3)
+            if gen else None}
+        if hasattr(server, "prefix_saving"):
+            res[name]["prefix_cache"] = server.prefix_saving()
         engine.kv_move_s, engine.kv_move_cpu_s, engine.kv_moves = 0.0, 0.0, 0
         res[name]["live_window_s"] = args.live_window
         print(f"  {name}: {json.dumps({k: v for k, v in res[name].items() if k != 'per_task_type'})}", flush=True)

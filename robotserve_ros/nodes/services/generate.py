@@ -5,8 +5,9 @@ slack-guided decode batching on another, the KV handed between them (core/slo/wo
 Parameters (the server's `generate` section, beside `services: [generate]`):
 - service: the srv/Generate name (default /robotserve/generate);
 - scheduler: urgency_slack | fcfs_cb | urgency_only | slack_only;
-- engine: "smollm2" (the converted SmolLM2-135M, `model_dir` or the build's folder) or
-  "tiny" (a random-weight tiny Llama: tests);
+- engine: "smollm2" (the converted SmolLM2-135M, `model_dir` or the build's folder),
+  "tiny" (a random-weight tiny Llama: tests) or {name: vllm, vllm: {model, python, threads,
+  ...}} (a vLLM engine in its own process: engines/llm/vllm_backend.py, docs/vllm.md);
 - profile: the LLM SLO profile of record (robotserve_ros/profiles/NAME.json) the schedulers
   predict with (corrected at run time from observed step times);
 - ttft_slo_s / tpot_slo_s / max_tokens: what a request naming 0 inherits;
@@ -57,7 +58,7 @@ def _engines(engine: str, model_dir: str, dtype: str, threads: int):
 
 class GenerateService:
     def __init__(self, node, *, service: str = "/robotserve/generate", scheduler: str = "urgency_slack",
-                 engine: str = "smollm2", model_dir: str = "", dtype: str = "", profile: str = "smollm2_135m_slo",
+                 engine: str | dict = "smollm2", model_dir: str = "", dtype: str = "", profile: str = "smollm2_135m_slo",
                  ttft_slo_s: float = 8.0, tpot_slo_s: float = 0.5, max_tokens: int = 64, max_decode_batch: int = 16,
                  max_queue: int = 256, context_limit: int = 0, chat_template: bool = True, torch_threads: int = 1,
                  timeout_s: float = 300.0, queue_depth: int = 1000, max_in_flight: int = 32) -> None:
@@ -67,7 +68,10 @@ class GenerateService:
 
         if scheduler not in SLO_SCHEDULERS:
             raise ValueError(f"scheduler {scheduler!r}: one of {', '.join(SLO_SCHEDULERS.names())}")
-        if engine not in ("smollm2", "tiny"):
+        from ...engines.llm.vllm_backend import VLLMEngine, VLLMWorkers, vllm_config
+
+        vcfg = vllm_config(engine)
+        if vcfg is None and engine not in ("smollm2", "tiny"):
             raise ValueError(f"engine {engine!r}: one of smollm2, tiny")
         pf = PROFILES / f"{profile}.json"
         if not pf.is_file():
@@ -82,7 +86,10 @@ class GenerateService:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
         defaults = SLODefaults(float(ttft_slo_s), float(tpot_slo_s), int(max_tokens))  # ValueError names a bad one
         self.node, self.chat_template, self.timeout_s = node, bool(chat_template), float(timeout_s)
-        self.pe, self.de = _engines(engine, model_dir, dtype, int(torch_threads))
+        if vcfg:
+            self.pe = self.de = VLLMEngine(**vcfg.host_params())
+        else:
+            self.pe, self.de = _engines(engine, model_dir, dtype, int(torch_threads))
         self._waiters: dict = {}
         self._lock = threading.Lock()
         self.max_in_flight = max_in_flight
@@ -93,7 +100,8 @@ class GenerateService:
                                   max_decode_batch=int(max_decode_batch), chunk_tokens=0, max_queue=int(max_queue),
                                   context_limit=int(context_limit) or self.pe.max_context - 1,
                                   kv_handover_in_core=False, on_done=self._on_done)
-        self.workers = DisaggregatedWorkers(self.core, self.pe, self.de).start()
+        self.workers = (VLLMWorkers(self.core, self.pe, scheduler) if vcfg
+                        else DisaggregatedWorkers(self.core, self.pe, self.de)).start()
         self.scheduler = scheduler
         self._srv = node.create_service(Generate, service, self._on_generate, qos_profile=service_qos(queue_depth),
                                         callback_group=ReentrantCallbackGroup())
@@ -187,6 +195,7 @@ class GenerateService:
     def close(self) -> None:
         self.core.close("shutting_down")
         self.workers.close()
+        getattr(self.pe, "close", lambda: None)()  # the vLLM process
         try:
             self.node.destroy_service(self._srv)
         except Exception:

@@ -20,7 +20,9 @@ max_segments, profile (an LLM profile of record), action, progress_topic, thread
 queue_depth (DDS history depth of the action's goal, cancel and result services and its
 feedback and status topics: the default 10 left 84 of 120 cancelled goals unanswered, issue
 29) and max_goals (goals served at once, each holding a server thread; the next is aborted
-with OVERLOADED at once).
+with OVERLOADED at once);
+engine ({name: vllm, vllm: {model, python, threads, ...}}: the plans run on a vLLM engine in
+its own process, engines/llm/vllm_backend.py, docs/vllm.md; default: the own engine).
 """
 from __future__ import annotations
 
@@ -46,7 +48,7 @@ class PlannerService:
                  max_prompt_tokens: int = 512, max_segment_tokens: int = 24, max_segments: int = 16,
                  profile: str = "smollm2_135m_llm", action: str = "/robotserve/plan_task",
                  progress_topic: str = "/robotserve/plan_progress",
-                 threads: int = 1, queue_depth: int = 1000, max_goals: int = 32) -> None:
+                 threads: int = 1, queue_depth: int = 1000, max_goals: int = 32, engine: dict | str = "") -> None:
         from rclpy.action import ActionServer, CancelResponse, GoalResponse
         from rclpy.callback_groups import ReentrantCallbackGroup
         from rclpy.qos import QoSProfile, ReliabilityPolicy
@@ -68,7 +70,10 @@ class PlannerService:
         self.max_goals = max_goals
         self._slots = threading.BoundedSemaphore(max_goals)
         self.max_segments = max_segments
-        self.engine = self._load_engine(model, threads)
+        from ...engines.llm.vllm_backend import vllm_config
+
+        vcfg = vllm_config(engine)
+        self.engine = self._load_vllm(vcfg) if vcfg else self._load_engine(model, threads)
         self.skill_time = default_skill_time()
         self.kinds = self.skill_time.kinds()
         for kind in self.kinds:
@@ -78,7 +83,10 @@ class PlannerService:
         self.clock = WallClock()
         self.core = TimelyCore(SEGMENT_SCHEDULERS.create(scheduler), prof, self.skill_time, self.clock,
                                max_batch=max_batch, seg_tokens_max=max_segment_tokens, timer=time.perf_counter)
-        self.live = LiveTimely(self.engine, self.core, self._on_event, stop_checker=StopChecker,
+        live_cls = LiveTimely
+        if vcfg:
+            from ...engines.llm.vllm_backend import VLLMTimely as live_cls
+        self.live = live_cls(self.engine, self.core, self._on_event, stop_checker=StopChecker,
                                max_segment_tokens=max_segment_tokens,
                                max_prompt_tokens=max_prompt_tokens).start()
         self._goals: dict = {}      # task id -> queue of core events
@@ -107,6 +115,12 @@ class PlannerService:
             return LLMEngine.load(model or None, threads=threads)
         except FileNotFoundError as e:
             raise ValueError(f"planner parameter 'model': {e}") from None
+
+    @staticmethod
+    def _load_vllm(cfg):
+        from ...engines.llm.vllm_backend import VLLMEngine
+
+        return VLLMEngine(**cfg.host_params())  # VLLMUnavailable (a ConfigError) names what is missing
 
     # ---- goals ----
     def _execute(self, goal_handle):
@@ -227,6 +241,7 @@ class PlannerService:
 
     def close(self) -> None:
         self.live.close()
+        getattr(self.engine, "close", lambda: None)()  # the vLLM process
         # goals still waiting see the driver stopped and answer SHUTTING_DOWN
         self.server.destroy()
 
