@@ -41,6 +41,7 @@ class ManagedNode(LifecycleNode):
         self.config = declare_config(self, self.config_class, writable=True)
         self.add_on_set_parameters_callback(self._on_set_config)
         self._built: dict = {}
+        self._starting = False
 
     # --- what a subclass does at each transition -----------------------------------------
     def configure(self, config) -> None:
@@ -64,7 +65,8 @@ class ManagedNode(LifecycleNode):
             self.configure(self.config)
         except Exception as e:  # refused, logged, kept for autostart (exit 2 / a traceback)
             self.config_error = e
-            self.get_logger().error(f"configure failed: {e}")
+            if not self._starting:  # at autostart the process prints it as its one line
+                self.get_logger().error(f"configure failed: {e}")
             self._free()
             return _FAILED
         return _OK
@@ -93,7 +95,10 @@ class ManagedNode(LifecycleNode):
         """configure + activate, when the autostart parameter says so; a configure that fails
         raises its error here (a ParamError: the one line and exit 2, as before lifecycle)."""
         if self.get_parameter(AUTOSTART).value:
-            if self.trigger_configure() != _OK:
+            self._starting = True
+            ok = self.trigger_configure() == _OK
+            self._starting = False
+            if not ok:
                 raise self.config_error or ParamError("configure failed (see the log)")
             self.trigger_activate()
         return self
