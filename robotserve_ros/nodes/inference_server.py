@@ -170,7 +170,8 @@ class InferenceServerNode(ManagedNode):
         with self.lock:
             for tid in list(self.core.ledger.tasks):
                 self._forget(tid, ("shutting_down", "the server was deactivated"))
-        self.get_logger().info(f"no longer serving {self.config.service} (deactivated)")
+        if self.context.ok():  # not at process shutdown: /rosout is gone then
+            self.get_logger().info(f"no longer serving {self.config.service} (deactivated)")
 
     def serve_language(self, handler) -> None:
         """The services' hook: `handler` (attach(req, prompt, max_tokens) -> language id,

@@ -42,6 +42,7 @@ class ManagedNode(LifecycleNode):
         self.add_on_set_parameters_callback(self._on_set_config)
         self._built: dict = {}
         self._starting = False
+        self._phase = "unconfigured"  # what our callbacks last did (close() works from it)
 
     # --- what a subclass does at each transition -----------------------------------------
     def configure(self, config) -> None:
@@ -69,19 +70,23 @@ class ManagedNode(LifecycleNode):
                 self.get_logger().error(f"configure failed: {e}")
             self._free()
             return _FAILED
+        self._phase = "inactive"
         return _OK
 
     def on_activate(self, state) -> TransitionCallbackReturn:
         self.activate()
+        self._phase = "active"
         return super().on_activate(state)
 
     def on_deactivate(self, state) -> TransitionCallbackReturn:
         self.deactivate()
+        self._phase = "inactive"
         return super().on_deactivate(state)
 
     def on_cleanup(self, state) -> TransitionCallbackReturn:
         self.cleanup()
         self._free()
+        self._phase = "unconfigured"
         return _OK
 
     def on_shutdown(self, state) -> TransitionCallbackReturn:
@@ -104,11 +109,14 @@ class ManagedNode(LifecycleNode):
         return self
 
     def close(self) -> None:
-        """run_nodes' shutdown and the shutdown transition: leave whatever state we are in."""
-        if self.state() == "active":
-            self.trigger_deactivate()
-        if self.state() == "inactive":
-            self.trigger_cleanup()
+        """run_nodes' shutdown and the shutdown transition: undo what we did. The callbacks are
+        called directly: after a SIGINT rclpy's context is gone, and a transition, which
+        publishes its event, would fail half way (the node left 'deactivating', nothing freed)."""
+        if self._phase == "active":
+            self.deactivate()
+        if self._phase in ("active", "inactive"):
+            self.cleanup()
+        self._phase = "unconfigured"
 
     # --- parameters and entities ---------------------------------------------------------
     def _on_set_config(self, params: list[Parameter]) -> SetParametersResult:

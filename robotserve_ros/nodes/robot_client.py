@@ -203,6 +203,7 @@ class RobotClientNode(ManagedNode):
         """The robot holds position; the open round's calls are dropped; a running goal ends."""
         self._end_goal("deactivated", "the robot client was deactivated")
         self._hold()
+        self.task_k += 1  # activated again, it starts a task the server has not seen
         for t in self.loop:
             self.destroy_timer(t)
         self.loop = []
@@ -217,7 +218,7 @@ class RobotClientNode(ManagedNode):
         self.outstanding = False
         self._drop_calls()
         self.queue.reset()
-        if self.config.command_type == "trajectory_chunk":
+        if self.config.command_type == "trajectory_chunk" and self.context.ok():  # (not at process shutdown)
             self.cmd.publish(JointTrajectory())
 
     # --- task lifecycle -------------------------------------------------------------
