@@ -107,6 +107,30 @@ def test_server_lifecycle_and_a_policy_reload_under_a_running_robot(ros_ctx):
     assert robot.stop() == 0, robot.output()
 
 
+def test_a_deactivated_robot_holds_and_resumes_under_a_new_task(ros_ctx):
+    from rclpy.qos import QoSProfile, ReliabilityPolicy
+    from std_msgs.msg import Float64MultiArray
+
+    from robotserve_ros.msg import ExecutionProgress
+
+    ros_ctx.start_node(server_args())
+    drive(ros_ctx, "/r3", NAMES)
+    progress = ros_ctx.collect(ExecutionProgress, "/robotserve/progress",
+                               QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE))
+    cmds = ros_ctx.collect(Float64MultiArray, "/r3/command", 10)
+    robot = ros_ctx.start_node(client_args("/r3", "command_type:=position", "task_actions:=100000"))
+    assert ros_ctx.wait_for(lambda: len(cmds) > 20, 30), robot.output()
+    assert transition(ros_ctx, "/r3/robot_client", "deactivate")
+    ros_ctx.spin(0.3)
+    n = len(cmds)
+    ros_ctx.spin(1.0)
+    assert len(cmds) == n, "moved while inactive"
+    assert transition(ros_ctx, "/r3/robot_client", "activate")
+    assert ros_ctx.wait_for(lambda: len(cmds) > n + 20, 20), robot.output()
+    assert any(m.task_id == "r3/task1" for m in progress), sorted({m.task_id for m in progress})
+    assert robot.stop() == 0, robot.output()
+
+
 def run_goal(ctx, ac, fb: list, cancel_after=None, **goal):
     from robotserve_ros.action import RunTask
 

@@ -135,6 +135,7 @@ class RobotClientNode(ManagedNode):
     def __init__(self, name: str = "robot_client", namespace: str = "", **kw) -> None:
         super().__init__(name, namespace=namespace, **kw)
         self.acct = None
+        self.task_k = 0  # kept across cleanup + configure: a task id is never sent twice
         self.autostart()
 
     def configure(self, c: RobotClientConfig) -> None:
@@ -175,7 +176,6 @@ class RobotClientNode(ManagedNode):
         self.fetch = self.create_service(FetchObservation, "~/fetch_observation", self._on_fetch)
         self.fetch_name = self.resolve_service_name("~/fetch_observation")  # the server needs it expanded
         self.cli = self.create_client(Infer, c.service, qos_profile=service_qos())
-        self.task_k = 0
         self.finished_tasks = 0
         self.tasks_continued = 0
         self.fut, self.futs = None, []  # the latest call, and every call open for the current round
