@@ -264,3 +264,29 @@ def test_diagnostics_level_follows_recent_errors_not_errors_ever():
     assert recent(3.0, 200, 100)[0] == S.ERROR  # most of the window's requests refused
     assert recent(12.5, 200, 300)[0] == S.WARN  # the window still holds the errors of t=3
     assert recent(14.0, 200, 400)[0] == S.OK  # recovered: ten seconds without an error
+
+
+def test_sim_robot_follows_a_multi_point_trajectory_and_holds_on_an_empty_one(ros_ctx):
+    """What trajectory_chunk sends, as a JointTrajectoryController takes it: every point in turn."""
+    from builtin_interfaces.msg import Duration
+    from sensor_msgs.msg import JointState
+    from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
+
+    sim = ros_ctx.start_node(["robotserve_ros.nodes.sim_robot", "--ros-args", "-p", "camera_hz:=0.0",
+                              "-p", "max_joint_speed:=1.0"])
+    js = ros_ctx.collect(JointState, "joint_states")
+    cmd = ros_ctx.publisher(JointTrajectory, "command")
+    assert ros_ctx.wait_for_subscriber(cmd, 15), sim.output()
+    lift = lambda: js[-1].position[1] if js else 0.0  # noqa: E731
+    points = [JointTrajectoryPoint(positions=[0.1 * (i + 1)], time_from_start=Duration(nanosec=int(1e8 * (i + 1))))
+              for i in range(5)]
+    cmd.publish(JointTrajectory(joint_names=["shoulder_lift"], points=points))
+    assert ros_ctx.wait_for(lambda: abs(lift() - 0.5) < 1e-9, 10), (lift(), sim.output())  # the last point
+    cmd.publish(JointTrajectory(joint_names=["shoulder_lift"], points=[JointTrajectoryPoint(positions=[-1.0])]))
+    ros_ctx.spin(0.3)
+    cmd.publish(JointTrajectory())  # stop where it is
+    ros_ctx.spin(0.3)
+    held = lift()
+    ros_ctx.spin(0.6)
+    assert held > -0.9 and lift() == pytest.approx(held, abs=1e-9), (held, lift())
+    assert sim.stop() == 0, sim.output()
