@@ -12,10 +12,11 @@ refresh a stale observation.
 robot_0..robot_{N-1}, each node named robot_client with its own parameter and lifecycle
 services (up to LEAN_ABOVE robots per process; past it only the first has them).
 
-A lifecycle node (nodes/managed.py): configure reads the parameters and makes the topics,
-the Infer client and the RunTask action server; activate starts the control loop (with
-task_source `parameters` the tasks start at once, as before lifecycle); deactivate ends the
-running task, drops its open round's calls and holds position; cleanup frees it all.
+A lifecycle node (rclpy.lifecycle.LifecycleNode, through nodes/managed.py): configure reads
+the parameters and makes the topics, the Infer client and (task_source `action`) the RunTask
+action server; activate starts the control loop (with task_source `parameters` the tasks
+start at once, as before lifecycle); deactivate ends the running task, drops its open
+round's calls and holds position; cleanup frees it all.
 `autostart` (default true) walks configure + activate at start.
 
 Tasks as actions (action/RunTask.action, `~/run_task`, task_source `action`): the robot holds
@@ -186,8 +187,11 @@ class RobotClientNode(ManagedNode):
         self.waiting_since = None
         self.last_latency_s = 0.0
         self.task_id, self.done, self.task_start, self.chunk_names = f"{self.robot}/task0", True, None, None
+        # Only where goals are taken: each action server is 3 services and 2 topics more for
+        # the executor of a process hosting many robots (see LEAN_ABOVE).
         self.actions = ActionServer(self, RunTask, "~/run_task", self._run_task,
-                                    cancel_callback=lambda _goal: CancelResponse.ACCEPT)
+                                    cancel_callback=lambda _goal: CancelResponse.ACCEPT) \
+            if c.task_source == "action" else None
         self.loop = []
 
     def activate(self) -> None:
@@ -209,7 +213,8 @@ class RobotClientNode(ManagedNode):
         self.loop = []
 
     def cleanup(self) -> None:
-        self.actions.destroy()
+        if self.actions is not None:
+            self.actions.destroy()
 
     def _hold(self) -> None:
         """Stop commanding: queued actions dropped, open calls dropped, a controller's
@@ -541,8 +546,6 @@ class RobotClientNode(ManagedNode):
         return res
 
     def _goal_error(self, g) -> str:
-        if self.config.task_source != "action":
-            return "this robot runs the tasks of its parameters (task_source: parameters, not action)"
         if self.state() != "active":
             return f"the robot client is {self.state()}, not active"
         if self.goal is not None:
