@@ -7,8 +7,6 @@ parameter and lifecycle services, the client's waiting/connected logs, and /diag
 levels following recent errors."""
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from rosutil import requires_rclpy, ros_ctx  # noqa: F401
@@ -65,11 +63,24 @@ def client_args(ns: str, *params: str) -> list:
     return args
 
 
-def test_server_lifecycle_and_a_policy_reload_under_a_running_robot(ros_ctx):
+def commanding_robot(ctx, ns: str):
+    """A driver and a position-commanding robot client in `ns`, running a long task;
+    returns (its process, its commands, every robot's progress), once it has moved."""
     from rclpy.qos import QoSProfile, ReliabilityPolicy
     from std_msgs.msg import Float64MultiArray
 
     from robotserve_ros.msg import ExecutionProgress
+
+    drive(ctx, ns, NAMES)
+    reliable = QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE)
+    progress = ctx.collect(ExecutionProgress, "/robotserve/progress", reliable)
+    cmds = ctx.collect(Float64MultiArray, f"{ns}/command", 10)
+    robot = ctx.start_node(client_args(ns, "command_type:=position", "task_actions:=100000"))
+    assert ctx.wait_for(lambda: len(cmds) > 20, 30), robot.output()
+    return robot, cmds, progress
+
+
+def test_server_lifecycle_and_a_policy_reload_under_a_running_robot(ros_ctx):
     from robotserve_ros.srv import Infer
 
     srv = ros_ctx.start_node(server_args("autostart:=false", f"joint_names:={NAMES}".replace("'", "")))
@@ -82,12 +93,7 @@ def test_server_lifecycle_and_a_policy_reload_under_a_running_robot(ros_ctx):
     # A configure-time parameter cannot change under an active node.
     assert not set_params(ros_ctx, "/inference_server", joint_names=["k"] * 6)[0].successful
 
-    drive(ros_ctx, "/r1", NAMES)
-    progress = ros_ctx.collect(ExecutionProgress, "/robotserve/progress",
-                               QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE))
-    cmds = ros_ctx.collect(Float64MultiArray, "/r1/command", 10)
-    robot = ros_ctx.start_node(client_args("/r1", "command_type:=position", "task_actions:=100000"))
-    assert ros_ctx.wait_for(lambda: len(cmds) > 20, 30), robot.output()
+    robot, cmds, progress = commanding_robot(ros_ctx, "/r1")
 
     # The reload a supervisor does: the robot process is never restarted.
     assert transition(ros_ctx, "/inference_server", "deactivate")
@@ -109,18 +115,8 @@ def test_server_lifecycle_and_a_policy_reload_under_a_running_robot(ros_ctx):
 
 
 def test_a_deactivated_robot_holds_and_resumes_under_a_new_task(ros_ctx):
-    from rclpy.qos import QoSProfile, ReliabilityPolicy
-    from std_msgs.msg import Float64MultiArray
-
-    from robotserve_ros.msg import ExecutionProgress
-
     ros_ctx.start_node(server_args())
-    drive(ros_ctx, "/r3", NAMES)
-    progress = ros_ctx.collect(ExecutionProgress, "/robotserve/progress",
-                               QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE))
-    cmds = ros_ctx.collect(Float64MultiArray, "/r3/command", 10)
-    robot = ros_ctx.start_node(client_args("/r3", "command_type:=position", "task_actions:=100000"))
-    assert ros_ctx.wait_for(lambda: len(cmds) > 20, 30), robot.output()
+    robot, cmds, progress = commanding_robot(ros_ctx, "/r3")
     assert transition(ros_ctx, "/r3/robot_client", "deactivate")
     ros_ctx.spin(0.3)
     n = len(cmds)

@@ -9,10 +9,10 @@ task_timeout_s with its queued round dropped. Diagnostics (server_diagnostics.py
 /diagnostics. Services beside srv/Infer (nodes/services) are built on this node; one that
 decodes language with the action rounds registers itself through serve_language().
 
-A lifecycle node (rclpy.lifecycle.LifecycleNode, through nodes/managed.py): configure builds the engine, scheduler and core from the
-parameters; activate offers srv/Infer; deactivate withdraws it and drops every task (their
-waiting calls answered SHUTTING_DOWN; robots go on under new task ids once it is back);
-cleanup frees the engine. `autostart` (default true) walks configure + activate at start.
+A lifecycle node (rclpy.lifecycle.LifecycleNode, through nodes/managed.py): configure builds
+the engine, scheduler and core from the parameters; activate offers srv/Infer; deactivate
+withdraws it and drops every task (their waiting calls answered SHUTTING_DOWN; robots go on
+under new task ids once it is back); cleanup frees the engine. `autostart` (default true) walks configure + activate at start.
 
 Parameters: the tree of InferenceServerConfig (server_config.py, docs/parameters.md), nested
 ROS parameters; a wrong key or value prints the one line naming it and exits 2.

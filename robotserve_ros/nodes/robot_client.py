@@ -196,7 +196,8 @@ class RobotClientNode(ManagedNode):
 
     def activate(self) -> None:
         c = self.config
-        self.loop = [self.create_timer(1.0 / self.hz, self._tick), self.create_timer(1.0 / c.progress_hz, self._publish_progress)]
+        self.loop = [self.create_timer(1.0 / self.hz, self._tick),
+                     self.create_timer(1.0 / c.progress_hz, self._publish_progress)]
         if c.task_source == "parameters":
             self._start_task()
         self.get_logger().info(f"active: {c.command_type} commands on {self.resolve_topic_name(c.command_topic)}, "
@@ -455,7 +456,8 @@ class RobotClientNode(ManagedNode):
         why = self._map_joints(list(resp.chunk.joint_names)) if resp.chunk.joint_names else ""
         if why:  # never executed on the wrong joints: the task ends and the robot holds
             self.acct.errors["unmapped_joints"] += 1
-            self._log_once("unmapped_joints", f"{self.task_id} round {self.round}: chunk refused: {why}; holding", error=True)
+            self._log_once("unmapped_joints", f"{self.task_id} round {self.round}: chunk refused: {why}; holding",
+                           error=True)
             self._end_goal("aborted", f"chunk refused: {why}")
             self._hold()
             return
