@@ -28,6 +28,8 @@ ENCLAVE_ROOT = "/robotserve"
 # What every rclpy node creates (rosout, parameter events and services, type descriptions).
 _PARAM_SERVICES = ("describe_parameters", "get_parameter_types", "get_parameters", "list_parameters",
                    "set_parameters", "set_parameters_atomically", "get_type_description")
+_LIFECYCLE_SERVICES = ("change_state", "get_state", "get_available_states", "get_available_transitions",
+                       "get_transition_graph")
 
 
 @dataclass
@@ -51,6 +53,12 @@ class Profile:
         self.publish |= {"/rosout", "/parameter_events"}
         self.subscribe |= {"/parameter_events", "/clock"}  # /clock: use_sim_time
         self.reply |= {f"{self.fqn}/{s}" for s in _PARAM_SERVICES}
+        return self
+
+    def managed(self) -> "Profile":
+        """A lifecycle node's (nodes/managed.py): its state services and transition events."""
+        self.reply |= {f"{self.fqn}/{s}" for s in _LIFECYCLE_SERVICES}
+        self.publish |= {f"{self.fqn}/transition_event"}
         return self
 
 
@@ -79,7 +87,7 @@ def fleet_profiles(robots: list, fetch_pattern: str = "/*/robot_client/fetch_obs
     pr, br = defaults_of(PlannerRobotConfig), defaults_of(BagRecorderConfig)  # they have required parameters
     gen, plan = _service_defaults("generate"), _service_defaults("planner")
     vlm, lang = _service_defaults("vlm"), _service_defaults("vla_language")
-    server = Profile("/", "inference_server").common()
+    server = Profile("/", "inference_server").common().managed()
     server.reply |= {s.service, gen["service"], vlm["service"], lang["generate_service"]}
     server.subscribe |= {s.progress_topic, plan["progress_topic"]}
     server.publish |= {"/diagnostics", lang["output_topic"]}
@@ -88,10 +96,11 @@ def fleet_profiles(robots: list, fetch_pattern: str = "/*/robot_client/fetch_obs
     out = {f"{ENCLAVE_ROOT}/inference_server": server}
     for r in robots:
         ns = "/" + r
-        client = Profile(ns, "robot_client").common()
+        client = Profile(ns, "robot_client").common().managed()
         client.subscribe |= {f"{ns}/{t}" for t in rc.image_topics} | {f"{ns}/{rc.joint_topic}"}
         client.publish |= {f"{ns}/{rc.command_topic}", rc.progress_topic}
         client.reply |= {f"{ns}/robot_client/fetch_observation"}
+        client.execute |= {f"{ns}/robot_client/run_task"}  # action/RunTask
         client.request |= {rc.service}
         out[f"{ENCLAVE_ROOT}/{r}/robot_client"] = client
         sim = Profile(ns, "sim_robot").common()

@@ -42,3 +42,11 @@ def test_overlap_is_blended_by_the_aggregate(agg, expected):
 def test_unknown_aggregate_is_refused():
     with pytest.raises(ValueError, match="unknown aggregate"):
         ActionQueue("median")
+
+
+def test_queued_is_what_is_left_in_order_without_popping():
+    q = ActionQueue("latest_only")
+    q.merge(0, chunk(0, 4))
+    q.pop()
+    left = q.queued()  # what trajectory_chunk sends as one trajectory
+    assert [a[0] for a in left] == [1.0, 2.0, 3.0] and len(q) == 3 and q.timestep == 1

@@ -42,6 +42,10 @@ class ActionQueue:
         self._q.extend(fresh[overlap:])
         return min(skip, len(actions)), overlap
 
+    def queued(self) -> list:
+        """The actions still to execute, in order (a trajectory of them goes to a controller)."""
+        return list(self._q)
+
     def pop(self) -> Optional[np.ndarray]:
         """The next action, or None when the queue ran dry (the robot must hold position)."""
         if not self._q:

@@ -54,7 +54,8 @@ NodeConfig = Config
 bad_param = bad
 
 # Set by ROS itself or by lean_node_kwargs on every node, not by our configs.
-_ROS_OWN = ("use_sim_time", "start_type_description_service", "start_parameter_services")
+_ROS_OWN = ("use_sim_time", "start_type_description_service", "start_parameter_services",
+            "autostart")  # the last: a lifecycle node's (nodes/managed.py), beside its config
 
 
 def node_options(kw: dict | None = None) -> dict:
@@ -63,13 +64,14 @@ def node_options(kw: dict | None = None) -> dict:
     return {**(kw or {}), "automatically_declare_parameters_from_overrides": True}
 
 
-def declare_config(node, config_class: type[C]) -> C:
+def declare_config(node, config_class: type[C], writable: bool = False) -> C:
     """Declare every leaf of config_class's default tree as a ROS parameter of the node
     (dotted names for nested sections, its help as description; dynamically typed so
     `rate:=2` can serve a float: the dataclass checks the type), then build the config from
     every parameter the node has: the given values over the defaults. A key the config does
     not have (seen when the node was made with node_options) or a bad value raises
-    ParamError naming it and what is allowed."""
+    ParamError naming it and what is allowed. Read-only unless `runtime` or `writable` (a
+    lifecycle node: settable while unconfigured, nodes/managed.py)."""
     from rclpy.exceptions import ParameterException
 
     try:
@@ -81,7 +83,7 @@ def declare_config(node, config_class: type[C]) -> C:
         if node.has_parameter(name):
             continue  # given (automatically declared from the overrides)
         desc = ParameterDescriptor(description=help, dynamic_typing=True,
-                                   read_only=not _field_meta(config_class, name).get("runtime", False))
+                                   read_only=not (writable or _field_meta(config_class, name).get("runtime", False)))
         initial = list(value) if isinstance(value, tuple) else value
         try:  # an empty list has no ROS type: declared unset, the default stands unless given
             node.declare_parameter(name, initial if initial != [] else None, desc)

@@ -67,7 +67,7 @@ def fill_status(status, code: str, message: str = "") -> None:
     status.message = message
 
 
-def fill_chunk(c, reply: ChunkReply, first_timestep: int, stamp: float) -> None:
+def fill_chunk(c, reply: ChunkReply, first_timestep: int, stamp: float, joint_names=()) -> None:
     a = np.ascontiguousarray(reply.actions, dtype=np.float32)
     c.header.stamp = to_time(stamp)
     c.task_id = reply.task_id
@@ -78,6 +78,8 @@ def fill_chunk(c, reply: ChunkReply, first_timestep: int, stamp: float) -> None:
     c.chunk_len = int(reply.chunk_len)
     c.actions = array.array("f", a.tobytes())
     c.horizon_reason = reply.reason
+    if len(joint_names) == c.action_dim:  # names that do not cover the columns would mislead: none then
+        c.joint_names = list(joint_names)
 
 
 def chunk_to_array(c) -> np.ndarray:

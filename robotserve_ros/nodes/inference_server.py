@@ -9,6 +9,11 @@ task_timeout_s with its queued round dropped. Diagnostics (server_diagnostics.py
 /diagnostics. Services beside srv/Infer (nodes/services) are built on this node; one that
 decodes language with the action rounds registers itself through serve_language().
 
+A lifecycle node (rclpy.lifecycle.LifecycleNode, through nodes/managed.py): configure builds
+the engine, scheduler and core from the parameters; activate offers srv/Infer; deactivate
+withdraws it and drops every task (their waiting calls answered SHUTTING_DOWN; robots go on
+under new task ids once it is back); cleanup frees the engine. `autostart` (default true) walks configure + activate at start.
+
 Parameters: the tree of InferenceServerConfig (server_config.py, docs/parameters.md), nested
 ROS parameters; a wrong key or value prints the one line naming it and exits 2.
 """
@@ -23,7 +28,6 @@ from pathlib import Path
 from typing import Optional
 
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
-from rclpy.node import Node
 from rclpy.qos import QoSProfile, ReliabilityPolicy
 from diagnostic_msgs.msg import DiagnosticArray
 
@@ -38,12 +42,12 @@ from ..core.types import ExecInfo
 from ..engines import make_engine
 from ..msg import ExecutionProgress
 from ..srv import Infer
-from .common import (declare_config, exit_process, node_options, NodeClock, ParamError, run_nodes, service_qos,
-                     to_ns, to_sec)
+from .common import exit_process, NodeClock, ParamError, run_nodes, service_qos, to_ns, to_sec
+from .managed import ManagedNode
 from .convert import fill_chunk, fill_status, request_from_msg
 from .refresh import ObservationRefresher
 from .server_config import InferenceServerConfig
-from .server_diagnostics import MemoryTrace, diagnostic_array, server_stats, trim_heap
+from .server_diagnostics import MemoryTrace, RecentErrors, diagnostic_array, server_stats, trim_heap
 from .services import SERVICES
 
 __all__ = ["InferenceServerConfig", "InferenceServerNode", "main"]
@@ -59,10 +63,16 @@ class _Waiter:
         self.first_timestep = first_timestep
 
 
-class InferenceServerNode(Node):
-    def __init__(self, **kw) -> None:
-        super().__init__("inference_server", **node_options(kw))
-        c = self.config = declare_config(self, InferenceServerConfig)
+class InferenceServerNode(ManagedNode):
+    config_class = InferenceServerConfig
+
+    def __init__(self, name: str = "inference_server", **kw) -> None:
+        super().__init__(name, **kw)
+        self.infer = None
+        self.autostart()
+
+    def configure(self, c: InferenceServerConfig) -> None:
+        """Build scheduler, engine(s), core and runner from the parameters (lifecycle configure)."""
         self.clock = NodeClock(self)
         try:
             scheduler = c.scheduler.build()
@@ -91,6 +101,11 @@ class InferenceServerNode(Node):
                 eng.close()
             where, what = e.args if len(e.args) == 2 else ("remote_tiers", str(e))
             raise ParamError(where, f"cannot build it: {what}") from e
+        dim = getattr(self.engine, "action_dim", None)
+        if c.joint_names and dim is not None and len(c.joint_names) != dim:
+            for eng in self.engines.values():
+                eng.close()
+            raise ParamError("joint_names", f"{len(c.joint_names)} names for the engine's {dim} action columns")
         self._group = ReentrantCallbackGroup()
         self.refresher = ObservationRefresher(self, self.spec, c.refresh_timeout_s, self._group)
         try:
@@ -119,12 +134,13 @@ class InferenceServerNode(Node):
         self.started_at = self.clock.now()  # engine time is measured on the core's clock too
         self.in_server_s: deque = deque(maxlen=1024)  # received -> answered, the last ok rounds
         self.language = None  # the service decoding language with the rounds (serve_language)
-        self.create_service(Infer, c.service, self._on_infer, qos_profile=service_qos(c.infer_queue.depth),
-                            callback_group=self._group)
+        # What the action columns command: configured, else the policy's action features.
+        self.joint_names = list(c.joint_names) or list(getattr(self.engine, "action_names", None) or [])
         reliable = QoSProfile(depth=1000, reliability=ReliabilityPolicy.RELIABLE)
         self.create_subscription(ExecutionProgress, c.progress_topic, self._on_progress, reliable,
                                  callback_group=MutuallyExclusiveCallbackGroup())
         self.diag = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
+        self.recent_errors = RecentErrors(time.monotonic(), c.diagnostics_window_s)
         self.create_timer(1.0 / c.diagnostics_hz, self._publish_diagnostics)
         self.create_timer(min(1.0, c.task_timeout_s / 4), self._reap)
         self.create_timer(30.0, trim_heap)
@@ -146,11 +162,28 @@ class InferenceServerNode(Node):
             try:
                 self.side_services[name] = SERVICES.create(name, node=self, **c.service_params(name))
             except (TypeError, ValueError, OSError) as e:
-                self.close()
+                self.cleanup()
                 raise ParamError(f"parameter '{name}': no {name} service with these: {e}") from e
         p = self.engine.profile
-        self.get_logger().info(f"serving on {c.service}: scheduler {c.scheduler.name}, engine {c.engine.name}, "
+        self.get_logger().info(f"configured for {c.service}: scheduler {c.scheduler.name}, engine {c.engine.name}, "
                                f"engine profile saturation batch {p.saturation_batch}")
+
+    def activate(self) -> None:
+        c = self.config
+        self.infer = self.create_service(Infer, c.service, self._on_infer, qos_profile=service_qos(c.infer_queue.depth),
+                                         callback_group=self._group)
+        self.get_logger().info(f"serving on {c.service}")
+
+    def deactivate(self) -> None:
+        """Stop serving: srv/Infer withdrawn, every task dropped (its waiting calls answered)."""
+        if self.infer is not None:
+            self.destroy_service(self.infer)
+            self.infer = None
+        with self.lock:
+            for tid in list(self.core.ledger.tasks):
+                self._forget(tid, ("shutting_down", "the server was deactivated"))
+        if self.context.ok():  # not at process shutdown: /rosout is gone then
+            self.get_logger().info(f"no longer serving {self.config.service} (deactivated)")
 
     def serve_language(self, handler) -> None:
         """The services' hook: `handler` (attach(req, prompt, max_tokens) -> language id,
@@ -223,7 +256,7 @@ class InferenceServerNode(Node):
             return response
         response.language_id = language_id
         fill_status(response.status, "ok")
-        fill_chunk(response.chunk, w.reply, w.first_timestep, self.clock.now())
+        fill_chunk(response.chunk, w.reply, w.first_timestep, self.clock.now(), self.joint_names)
         self.in_server_s.append(time.monotonic() - received)
         if self.trace is not None:
             self.trace("answered", [(req.task_id, req.round_id)])
@@ -296,9 +329,11 @@ class InferenceServerNode(Node):
         return server_stats(self)
 
     def _publish_diagnostics(self) -> None:
-        self.diag.publish(diagnostic_array(self.stats(), self.get_clock().now().to_msg(), self.get_name()))
+        self.diag.publish(diagnostic_array(self.stats(), self.get_clock().now().to_msg(), self.get_name(),
+                                           self.recent_errors, time.monotonic()))
 
-    def close(self) -> None:
+    def cleanup(self) -> None:
+        """Free the engine(s), the runner and the side services (lifecycle cleanup)."""
         if self.memory is not None:
             self.memory.close()
         for svc in getattr(self, "side_services", {}).values():

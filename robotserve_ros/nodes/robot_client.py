@@ -8,7 +8,25 @@ position (sends nothing, never runs past its chunk) while the next chunk is late
 that idle time, publishes execution progress, and serves FetchObservation so the server can
 refresh a stale observation.
 
-`--robots N` hosts N clients in one process, in namespaces robot_0..robot_{N-1}.
+`--robots N` hosts N clients in one process (one executor), in namespaces
+robot_0..robot_{N-1}, each node named robot_client with its own parameter and lifecycle
+services (up to LEAN_ABOVE robots per process; past it only the first has them).
+
+A lifecycle node (rclpy.lifecycle.LifecycleNode, through nodes/managed.py): configure reads
+the parameters and makes the topics, the Infer client and (task_source `action`) the RunTask
+action server; activate starts the control loop (with task_source `parameters` the tasks
+start at once, as before lifecycle); deactivate ends the running task, drops its open
+round's calls and holds position; cleanup frees it all.
+`autostart` (default true) walks configure + activate at start.
+
+Tasks as actions (action/RunTask.action, `~/run_task`, task_source `action`): the robot holds
+until a goal comes; the goal's instruction, horizon policy, time limit and success condition
+(core/task_success.py) are the task's; feedback at progress_hz; a cancel holds the robot.
+
+Named joints: a chunk's joint_names are mapped onto /joint_states by name (a position command
+is sent in /joint_states order); a chunk naming a joint the robot does not publish, or other
+names than the task's earlier chunks, is refused (the task ends, the robot holds), never
+executed on the wrong joints.
 
 Parameters: the fields of RobotClientConfig, each a ROS parameter with its help as
 description; a bad value prints the one line naming it and exits 2.
@@ -21,12 +39,14 @@ name (needed when a process hosts several robots).
 from __future__ import annotations
 
 import argparse
+import math
 import signal
 import sys
 from dataclasses import dataclass
 
 import numpy as np
-from rclpy.node import Node
+from rclpy.action import ActionServer, CancelResponse
+from rclpy.task import Future
 from rclpy.qos import QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
 from sensor_msgs.msg import Image, JointState
 from std_msgs.msg import Float64MultiArray
@@ -34,11 +54,14 @@ from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
 from ..core.action_queue import AGGREGATES, ActionQueue
 from ..core.robot_timing import OpenRound, trigger_actions
+from ..core.task_success import SUCCESS_CONDITIONS, TaskView
+from ..action import RunTask
 from ..sim.simulator import task_type_of
 from ..msg import ExecutionProgress
 from ..srv import FetchObservation, Infer
-from .common import (exit_process, NodeClock, NodeConfig, check, check_one_of, declare_config, lean_node_kwargs, node_options, param,
+from .common import (exit_process, NodeClock, NodeConfig, check, check_one_of, lean_node_kwargs, param,
                      ParamError, run_nodes, service_qos, to_ns, to_time)
+from .managed import ManagedNode
 from ..core.task_auth import read_key, task_mac
 from .client_account import ClientAccount
 from .convert import chunk_to_array
@@ -52,8 +75,12 @@ class RobotClientConfig(NodeConfig):
     image_topics: tuple[str, ...] = param(("camera/image_raw",), "camera topics, one image each per observation")
     joint_topic: str = param("joint_states", "the robot's sensor_msgs/JointState topic")
     command_topic: str = param("command", "where actions are sent")
-    command_type: str = param("trajectory", "trajectory (trajectory_msgs/JointTrajectory) or position "
-                              "(std_msgs/Float64MultiArray)")
+    command_type: str = param("trajectory", "trajectory (a one-point trajectory_msgs/JointTrajectory per tick), "
+                              "trajectory_chunk (the queued actions as one multi-point JointTrajectory, re-sent "
+                              "when a chunk is blended in: for a ros2_control JointTrajectoryController) or "
+                              "position (std_msgs/Float64MultiArray per tick)")
+    task_source: str = param("parameters", "parameters (tasks from instruction/task_actions/workload, started "
+                             "on activation) or action (only RunTask goals on ~/run_task; holds in between)")
     # Not checked here: a policy registered on the server (register_horizon_policy) is unknown to this process.
     horizon_policy: str = param("confidence", "the execution horizon policy the server applies to our rounds")
     horizon_param: float = param(-1.0, "the horizon policy's knob (< 0: the server's default)")
@@ -87,7 +114,8 @@ class RobotClientConfig(NodeConfig):
     def check(self) -> None:
         from ..sim.workloads import builtin_names
 
-        check_one_of("command_type", self.command_type, ("trajectory", "position"))
+        check_one_of("command_type", self.command_type, COMMAND_TYPES)
+        check_one_of("task_source", self.task_source, ("parameters", "action"))
         check_one_of("aggregate", self.aggregate, AGGREGATES)
         check_one_of("horizon_mode", self.horizon_mode, ("static", "dynamic"))
         if self.workload:
@@ -99,10 +127,20 @@ class RobotClientConfig(NodeConfig):
             check(getattr(self, name) >= 0, name, getattr(self, name), "is not >= 0")
 
 
-class RobotClientNode(Node):
+COMMAND_TYPES = ("trajectory", "trajectory_chunk", "position")
+
+
+class RobotClientNode(ManagedNode):
+    config_class = RobotClientConfig
+
     def __init__(self, name: str = "robot_client", namespace: str = "", **kw) -> None:
-        super().__init__(name, namespace=namespace, **node_options(kw))
-        c = self.config = declare_config(self, RobotClientConfig)
+        super().__init__(name, namespace=namespace, **kw)
+        self.acct = None
+        self.task_k = 0  # kept across cleanup + configure: a task id is never sent twice
+        self.autostart()
+
+    def configure(self, c: RobotClientConfig) -> None:
+        """Parameters read; topics, the Infer client and the RunTask action server made."""
         self.robot = c.robot_name or (self.get_namespace().strip("/") or self.get_name())
         # Whose tasks these are (diagnostics, and the server's key file: key_file_name); a
         # robot_name that is no ROS namespace is sent anonymous, or refused with a key.
@@ -132,32 +170,84 @@ class RobotClientNode(Node):
         for i, topic in enumerate(c.image_topics):
             self.create_subscription(Image, topic, lambda m, i=i: self._on_image(i, m), qos_profile_sensor_data)
         self.create_subscription(JointState, c.joint_topic, self._on_joints, qos_profile_sensor_data)
-        msg_type = JointTrajectory if c.command_type == "trajectory" else Float64MultiArray
+        msg_type = Float64MultiArray if c.command_type == "position" else JointTrajectory
         self.cmd = self.create_publisher(msg_type, c.command_topic, 10)
         reliable = QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE)
         self.progress = self.create_publisher(ExecutionProgress, c.progress_topic, reliable)
         self.fetch = self.create_service(FetchObservation, "~/fetch_observation", self._on_fetch)
         self.fetch_name = self.resolve_service_name("~/fetch_observation")  # the server needs it expanded
         self.cli = self.create_client(Infer, c.service, qos_profile=service_qos())
-        self.task_k = 0
         self.finished_tasks = 0
         self.tasks_continued = 0
         self.fut, self.futs = None, []  # the latest call, and every call open for the current round
-        self._start_task()
-        self.create_timer(1.0 / self.hz, self._tick)
-        self.create_timer(1.0 / c.progress_hz, self._publish_progress)
+        self.goal, self.goal_end = None, None  # the running RunTask goal, and the future its execute awaits
+        self.goals = 0
+        self.logged: set = set()  # what was logged once (waiting, connected, each kind of error)
+        self.connected = False
+        self.waiting_since = None
+        self.last_latency_s = 0.0
+        self.task_id, self.done, self.task_start, self.chunk_names = f"{self.robot}/task0", True, None, None
+        # Only where goals are taken: each action server is 3 services and 2 topics more for
+        # the executor of a process hosting many robots (see LEAN_ABOVE).
+        self.actions = ActionServer(self, RunTask, "~/run_task", self._run_task,
+                                    cancel_callback=lambda _goal: CancelResponse.ACCEPT) \
+            if c.task_source == "action" else None
+        self.loop = []
+
+    def activate(self) -> None:
+        c = self.config
+        self.loop = [self.create_timer(1.0 / self.hz, self._tick),
+                     self.create_timer(1.0 / c.progress_hz, self._publish_progress)]
+        if c.task_source == "parameters":
+            self._start_task()
+        self.get_logger().info(f"active: {c.command_type} commands on {self.resolve_topic_name(c.command_topic)}, "
+                               f"tasks from {c.task_source}" + (f" ({self.resolve_service_name('~/run_task')})"
+                                                                if c.task_source == "action" else ""))
+
+    def deactivate(self) -> None:
+        """The robot holds position; the open round's calls are dropped; a running goal ends."""
+        self._end_goal("deactivated", "the robot client was deactivated")
+        self._hold()
+        self.task_k += 1  # activated again, it starts a task the server has not seen
+        for t in self.loop:
+            self.destroy_timer(t)
+        self.loop = []
+
+    def cleanup(self) -> None:
+        if self.actions is not None:
+            self.actions.destroy()
+
+    def _hold(self) -> None:
+        """Stop commanding: queued actions dropped, open calls dropped, a controller's
+        trajectory replaced by an empty one (a JointTrajectoryController then holds position)."""
+        self.done = True
+        self.outstanding = False
+        self._drop_calls()
+        self.queue.reset()
+        if self.config.command_type == "trajectory_chunk" and self.context.ok():  # (not at process shutdown)
+            self.cmd.publish(JointTrajectory())
 
     # --- task lifecycle -------------------------------------------------------------
-    def _start_task(self) -> None:
+    def _start_task(self, goal=None) -> None:
+        c = self.config
         self.task_id = f"{self.robot}/task{self.task_k}"
+        self.horizon = (c.horizon_policy, c.horizon_param >= 0, float(max(0.0, c.horizon_param)))
+        self.budget = c.task_actions
+        self.chunk_names, self.cmd_index = None, None
         if self.mix is not None:  # the same robot, seed and k pick the same task every run
             rng = np.random.default_rng([self.config.mix_seed, self.robot_index, self.task_k])
             spec = self.mix[int(rng.integers(len(self.mix)))]
             self.rounds = list(spec.rounds[self.config.horizon_mode])
             self.instruction = task_type_of(spec.id)  # what the robot is asked to do: its task's type
             self.cum_rounds = np.concatenate([[0], np.cumsum(self.rounds)[:-1]])  # first action of each round
+        elif goal is not None:  # the task is the goal's
+            self.rounds = []
+            self.instruction = goal.instruction
+            if goal.has_horizon:
+                self.horizon = (goal.horizon.name, goal.horizon.has_param, float(goal.horizon.param))
+            self.budget = int(goal.max_actions) or c.task_actions
         else:
-            self.instruction = self.config.instruction
+            self.instruction = c.instruction
         self.round = 0
         self.outstanding = False
         self.open_round = OpenRound()
@@ -182,7 +272,7 @@ class RobotClientNode(Node):
     def _task_actions(self) -> int:
         # A replayed task is its motion: done when the trace's actions are executed, however
         # many rounds that takes (actions that went stale during generation are not motion).
-        return sum(self.rounds) if self.rounds else self.config.task_actions
+        return sum(self.rounds) if self.rounds else self.budget
 
     def _task_complete(self) -> bool:
         return self.queue.timestep >= self._task_actions()
@@ -209,6 +299,8 @@ class RobotClientNode(Node):
 
     # --- control loop -------------------------------------------------------------------
     def _tick(self) -> None:
+        if self.goal is not None:
+            self._check_goal()
         if self.done:
             return
         a = self.queue.pop()
@@ -229,20 +321,54 @@ class RobotClientNode(Node):
             self._send()
 
     def _command(self, a: np.ndarray) -> None:
-        names = list(self.joints.name) if self.joints is not None else []
-        if self.config.command_type == "trajectory":
+        kind = self.config.command_type
+        if kind == "trajectory_chunk":
+            return  # the controller executes the trajectory sent with the chunk (_send_trajectory)
+        if kind == "trajectory":
             m = JointTrajectory()
-            m.joint_names = names[: len(a)]
+            m.joint_names = self._command_names(len(a))
             pt = JointTrajectoryPoint(positions=[float(x) for x in a[: len(m.joint_names) or len(a)]])
             pt.time_from_start.nanosec = int(1e9 / self.hz)
             m.points = [pt]
-        else:
-            m = Float64MultiArray(data=[float(x) for x in a])
+        else:  # by name when the chunk names its columns: in /joint_states order
+            m = Float64MultiArray(data=[float(x) for x in (a[self.cmd_index] if self.cmd_index is not None else a)])
         self.cmd.publish(m)
 
+    def _command_names(self, n: int) -> list:
+        if self.chunk_names is not None:
+            return list(self.chunk_names)
+        return list(self.joints.name)[:n] if self.joints is not None else []  # unnamed chunk: by position
+
+    def _send_trajectory(self) -> None:
+        """trajectory_chunk: everything queued as one JointTrajectory, point i due (i+1) ticks from now."""
+        q = self.queue.queued()
+        if not q:
+            return
+        m = JointTrajectory()
+        m.header.stamp = to_time(self.clock.now())
+        m.joint_names = self._command_names(len(q[0]))
+        for i, a in enumerate(q):
+            pt = JointTrajectoryPoint(positions=[float(x) for x in a])
+            ns = int(round((i + 1) * 1e9 / self.hz))
+            pt.time_from_start.sec, pt.time_from_start.nanosec = ns // 1_000_000_000, ns % 1_000_000_000
+            m.points.append(pt)
+        self.cmd.publish(m)
+
+    def _map_joints(self, names: list) -> str:
+        """Map a chunk's joint names onto the robot's; '' when they map, else why not."""
+        if self.chunk_names is not None and names != self.chunk_names:
+            return f"joint names {names} differ from this task's earlier chunks' {self.chunk_names}"
+        have = list(self.joints.name) if self.joints is not None else []
+        missing = [n for n in names if n not in have]
+        if missing or len(set(names)) != len(names):
+            return (f"joint names {missing} are not in {self.config.joint_topic} ({have})" if missing
+                    else f"joint names {names} repeat a joint")
+        self.chunk_names = list(names)
+        self.cmd_index = np.array([names.index(n) for n in have if n in names])
+        return ""
     def _send(self) -> None:
         now = self.clock.now()
-        if now < self.retry_at or not self._sensors_ready() or not self.cli.service_is_ready():
+        if now < self.retry_at or not self._service_ready(now) or not self._sensors_ready():
             return
         r = Infer.Request()
         r.task_id, r.round_id = self.task_id, self.round
@@ -260,9 +386,7 @@ class RobotClientNode(Node):
             r.horizon.param = float(len(self.queue) + self.rounds[k])
             r.remaining_rounds = len(self.rounds) - k
         else:
-            r.horizon.name = self.config.horizon_policy
-            r.horizon.has_param = self.config.horizon_param >= 0
-            r.horizon.param = float(max(0.0, self.config.horizon_param))
+            r.horizon.name, r.horizon.has_param, r.horizon.param = self.horizon
         r.refresh_service = self.fetch_name
         r.robot_id = self.robot_id
         if self.task_key is not None:
@@ -296,8 +420,8 @@ class RobotClientNode(Node):
             return
         if act == "overdue":
             self.acct.errors["timeout"] += 1
-            self.get_logger().warning(f"{self.task_id} round {self.round}: no answer in {self.config.request_timeout_s} s; "
-                                      "still re-sending")
+            self._log_once("timeout", f"{self.task_id} round {self.round}: no answer in {self.config.request_timeout_s} s; "
+                                      "still re-sending (logged once; counted in the account)")
 
     def _drop_calls(self) -> None:
         """The calls still open for the current round are no longer wanted."""
@@ -312,6 +436,8 @@ class RobotClientNode(Node):
                 and resp.status.reason == "duplicate_request":
             return  # an earlier call of the round we sent again: the newer call gets the answer
         reply_ms = self.acct.on_answer((task, rnd), resp)
+        if resp is not None and math.isfinite(reply_ms):
+            self.last_latency_s = reply_ms / 1000
         if task != self.task_id or rnd != self.round:
             self.acct.left_task_answers += 1
             return  # an answer for a task we left, or a round we gave up on
@@ -321,12 +447,23 @@ class RobotClientNode(Node):
             self.retry_at = self.clock.now() + self.config.retry_s
             return
         if resp.status.code != 0:
-            self.get_logger().warning(f"{self.task_id} round {self.round}: {resp.status.reason}: {resp.status.message}")
+            self._log_once(resp.status.reason, f"{self.task_id} round {self.round}: {resp.status.reason}: "
+                                               f"{resp.status.message} (each kind logged once; counted in the account)")
             self.retry_at = self.clock.now() + self.config.retry_s
             if resp.status.reason in ("unknown_task", "task_dropped"):
                 self._continue_task()  # the server forgot us (restarted, or reaped the task)
             return
+        why = self._map_joints(list(resp.chunk.joint_names)) if resp.chunk.joint_names else ""
+        if why:  # never executed on the wrong joints: the task ends and the robot holds
+            self.acct.errors["unmapped_joints"] += 1
+            self._log_once("unmapped_joints", f"{self.task_id} round {self.round}: chunk refused: {why}; holding",
+                           error=True)
+            self._end_goal("aborted", f"chunk refused: {why}")
+            self._hold()
+            return
         dropped, _ = self.queue.merge(resp.chunk.first_timestep, chunk_to_array(resp.chunk))
+        if self.config.command_type == "trajectory_chunk":
+            self._send_trajectory()
         self.acct.on_chunk_used((task, rnd), reply_ms, len(self.queue))
         self.exec_start = self.clock.now()  # this round's execution phase starts with its chunk
         self.chunks += 1
@@ -336,6 +473,13 @@ class RobotClientNode(Node):
         self.done = True
         self.finished_tasks += 1
         self._publish_progress(task_done=True)
+        if self.goal is not None:
+            hook = self.goal.request.success_condition
+            self._end_goal(*(("succeeded", "the action budget is executed") if not hook else
+                             ("aborted", f"the action budget is spent before {hook!r} held")))
+            return
+        if self.config.task_source == "action":
+            return
         if self.config.tasks == 0 or self.finished_tasks < self.config.tasks:
             self.task_k += 1
             self._start_task()
@@ -360,6 +504,10 @@ class RobotClientNode(Node):
         if self.task_key is not None:
             m.auth_mac = task_mac(self.task_key, m.task_id, m.round_id, to_ns(m.header.stamp))
         self.progress.publish(m)
+        if self.goal is not None and not task_done:
+            self.goal.publish_feedback(RunTask.Feedback(
+                task_id=self.task_id, round=self.chunks, actions_executed=self.queue.timestep, idle_s=self.idle,
+                last_latency_s=self.last_latency_s))
 
     def _on_fetch(self, request, response):
         if request.task_id != self.task_id or not self._sensors_ready():
@@ -375,12 +523,100 @@ class RobotClientNode(Node):
         is one that was lost, not one that was merely in flight."""
         self.draining = True
 
+    # --- tasks as actions (action/RunTask) ------------------------------------------------
+    async def _run_task(self, gh):
+        """A goal: checked, run as the robot's task until it ends (_end_goal), answered."""
+        started = self.clock.now()
+        why = self._goal_error(gh.request)
+        if why:
+            self.acct.errors["goal_rejected"] += 1
+            self._log_once("goal_rejected", f"RunTask goal refused: {why}")
+            gh.abort()
+            return RunTask.Result(outcome="rejected", message=why)
+        self.goal, self.goal_end, self.goal_started = gh, Future(), started
+        self.task_k += self.goals > 0  # a task id is never used twice, however the last one ended
+        self.goals += 1
+        self._start_task(goal=gh.request)
+        self.get_logger().info(f"task {self.task_id}: {gh.request.instruction!r}")
+        outcome, message = await self.goal_end
+        self.goal = None
+        res = RunTask.Result(outcome=outcome, message=message, task_id=self.task_id, rounds=self.chunks,
+                             actions_executed=self.executed,
+                             idle_s=self.idle, elapsed_s=self.clock.now() - started)
+        {"succeeded": gh.succeed, "canceled": gh.canceled}.get(outcome, gh.abort)()
+        self.get_logger().info(f"task {self.task_id} {outcome}: {message}")
+        return res
+
+    def _goal_error(self, g) -> str:
+        if self.state() != "active":
+            return f"the robot client is {self.state()}, not active"
+        if self.goal is not None:
+            return f"task {self.task_id} is running: cancel it first"
+        if not math.isfinite(g.time_limit_s) or g.time_limit_s < 0:
+            return f"time_limit_s {g.time_limit_s} is not >= 0"
+        if g.success_condition and g.success_condition not in SUCCESS_CONDITIONS:
+            return f"success_condition {g.success_condition!r} is not one of {', '.join(SUCCESS_CONDITIONS.names())}"
+        if g.has_horizon and not g.horizon.name:
+            return "horizon.name is empty"
+        return ""
+
+    def _check_goal(self) -> None:
+        """Each tick of a goal's task: cancel, time limit, success condition."""
+        g, now = self.goal.request, self.clock.now()
+        elapsed = now - self.goal_started
+        if self.goal.is_cancel_requested:
+            self._end_goal("canceled", "canceled by the sender; the robot holds")
+        elif g.time_limit_s > 0 and now - self.goal_started >= g.time_limit_s:
+            self._end_goal("time_limit", f"{g.time_limit_s} s passed; the robot holds")
+        elif g.success_condition and SUCCESS_CONDITIONS.create(g.success_condition)(TaskView(
+                self.queue.timestep, self._task_actions(), elapsed, self.chunks,
+                list(self.joints.position) if self.joints is not None else None)):
+            self._end_goal("succeeded", f"{g.success_condition} held")
+            self.finished_tasks += 1
+            self._publish_progress(task_done=True)
+        else:
+            return
+        self._hold()
+
+    def _end_goal(self, outcome: str, message: str) -> None:
+        if self.goal_end is not None and not self.goal_end.done():
+            self.executed = self.queue.timestep  # before the hold resets the queue
+            self.goal_end.set_result((outcome, message))
+
+    # --- logging ----------------------------------------------------------------------
+    def _service_ready(self, now: float) -> bool:
+        """Log waiting for the server (after a second), connected, and a lost server, once each time."""
+        ready = self.cli.service_is_ready()
+        if ready and not self.connected:
+            self.get_logger().info(f"connected to {self.cli.srv_name}")
+        elif not ready and self.connected:
+            self.get_logger().warning(f"lost {self.cli.srv_name}; holding until it is back")
+            self.waiting_since = now
+        elif not ready and self.waiting_since is None:
+            self.waiting_since = now
+        elif not ready and now - self.waiting_since >= 1.0 and "waiting" not in self.logged:
+            self.logged.add("waiting")
+            self.get_logger().info(f"waiting for {self.cli.srv_name} (is the inference server up?)")
+        if ready:
+            self.logged.discard("waiting")
+        self.connected = ready
+        return ready
+
+    def _log_once(self, kind: str, message: str, error: bool = False) -> None:
+        if kind not in self.logged:
+            self.logged.add(kind)
+            if error:  # one call site per severity: rclpy refuses to change it at one
+                self.get_logger().error(message)
+            else:
+                self.get_logger().warning(message)
+
     def close(self) -> None:
-        """run_nodes calls this on shutdown: write the account, if asked for."""
-        if self.config.stats_file:
+        """run_nodes calls this on shutdown: write the account, if asked for; leave the lifecycle."""
+        if self.acct is not None and self.config.stats_file:
             self.acct.dump(self.config.stats_file.replace("{robot}", self.robot),
                            {"finished_tasks": self.finished_tasks, "task_id": self.task_id,
                             "tasks_continued": self.tasks_continued})
+        super().close()
 
 
 def _is_namespace(ns: str) -> bool:
@@ -392,6 +628,13 @@ def _is_namespace(ns: str) -> bool:
         return False
 
 
+# A process hosting many robots spends most of its executor's time rebuilding the wait set
+# over every node's services (py-spy: 70 % of a 25-robot client with parameter services on
+# each); a lifecycle node adds 5 more. Fleets of light robots per process (the live benches)
+# stay lean past this many.
+LEAN_ABOVE = 8
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv if argv is None else argv)
     ap = argparse.ArgumentParser(add_help=False)
@@ -401,8 +644,10 @@ def main(argv=None) -> int:
     nodes: list = []
 
     def make(names=None):
-        if names:  # the first node keeps its parameter services (to inspect the shared parameters)
-            nodes.extend(RobotClientNode(namespace=n, **(lean_node_kwargs() if i else {})) for i, n in enumerate(names))
+        if names:  # past LEAN_ABOVE robots, only the first keeps its parameter and lifecycle services
+            lean = len(names) > LEAN_ABOVE
+            nodes.extend(RobotClientNode(namespace=n, **(lean_node_kwargs({"lean": True}) if lean and i else {}))
+                         for i, n in enumerate(names))
         else:
             nodes.append(RobotClientNode())
         return nodes

@@ -175,11 +175,15 @@ class InferenceServerConfig(Config):
     obs_height: int = param(-1, "image height (<= 0: what the engine takes)")
     obs_encodings: tuple[str, ...] = param(("rgb8", "bgr8", "mono8"), "image encodings accepted (of those the engine takes)")
     obs_joints: int = param(-1, "joint positions per observation (< 0: what the engine takes)")
+    joint_names: tuple[str, ...] = param((), "what the action columns command, sent as ActionChunk.joint_names "
+                                         "(empty: the policy's action feature names, when it has them)")
     max_request_bytes: int = param(8 << 20, "largest observation payload accepted, > 0")
     max_task_id_bytes: int = param(256, "longest task id (and horizon name, refresh service) accepted, UTF-8 bytes, > 0")
     max_instruction_bytes: int = param(4096, "longest instruction accepted, UTF-8 bytes, > 0")
     max_images: int = param(16, "most images in one observation, > 0")
     diagnostics_hz: float = param(1.0, "/diagnostics publication rate, > 0")
+    diagnostics_window_s: float = param(30.0, "/diagnostics' level follows the share of requests refused in this "
+                                        "many recent seconds (OK: none, WARN: some, ERROR: half or more), > 0")
     threads: int = param(128, "Infer calls served at once, >= 4")
     infer_queue: QueueConfig = param(QueueConfig(), "srv/Infer's queues: DDS depth, calls waiting at once (OVERLOADED past)")
     task_auth: TaskAuthConfig = param(TaskAuthConfig(), "tasks bound to their robot by HMAC: key_dir, max_skew_s")
@@ -229,7 +233,7 @@ class InferenceServerConfig(Config):
         self.tiers()  # each tier's section checked now
         self.ray_tier_configs()
         for name in ("stale_obs_s", "refresh_timeout_s", "task_timeout_s", "max_request_bytes", "diagnostics_hz",
-                     "memory_trace_after_s", "max_task_id_bytes", "max_instruction_bytes", "max_images"):
+                     "diagnostics_window_s", "memory_trace_after_s", "max_task_id_bytes", "max_instruction_bytes", "max_images"):
             check(getattr(self, name) > 0, name, getattr(self, name), "is not > 0")
         check(self.max_batch >= 0, "max_batch", self.max_batch, "is not >= 0 (0: the saturation batch)")
         check(self.threads >= 4, "threads", self.threads, "is not >= 4")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import tracemalloc
+from collections import deque
 from pathlib import Path
 
 import numpy as np
@@ -76,8 +77,30 @@ def robot_wait_ratios(ledger, robots: dict, now: float) -> dict:
     return out
 
 
-def diagnostic_array(st: dict, stamp, hardware_id: str) -> DiagnosticArray:
-    """server_stats as one DiagnosticStatus; nested dicts as `group/key` values."""
+class RecentErrors:
+    """The diagnostics level from the share of requests refused in the last window_s, not
+    from errors ever: a fleet that recovered goes back to OK once a window passes clean."""
+
+    def __init__(self, now: float, window_s: float = 30.0, warn: float = 0.0, error: float = 0.5) -> None:
+        self.window_s, self.warn, self.error = window_s, warn, error
+        self.samples: deque = deque([(now, 0, 0)])  # (time, errors so far, answered so far)
+
+    def __call__(self, now: float, errors: int, answered: int) -> tuple:
+        """(level, share of refused requests in the window)."""
+        self.samples.append((now, errors, answered))
+        while len(self.samples) > 2 and self.samples[1][0] <= now - self.window_s:
+            self.samples.popleft()  # the oldest kept is the last one at or before the window's start
+        _, e0, a0 = self.samples[0]
+        de, da = errors - e0, answered - a0
+        share = de / (de + da) if de + da else 0.0
+        level = DiagnosticStatus.ERROR if share >= self.error and de else \
+            DiagnosticStatus.WARN if share > self.warn else DiagnosticStatus.OK
+        return level, share
+
+
+def diagnostic_array(st: dict, stamp, hardware_id: str, recent=None, now: float = 0.0) -> DiagnosticArray:
+    """server_stats as one DiagnosticStatus; nested dicts as `group/key` values. The level
+    follows `recent` (RecentErrors) when given, else any error ever."""
     nested = ("errors", "wait_ratio", "served_by_tier", "services", "progress_refused")
     kv = [KeyValue(key=k, value=str(v)) for k, v in st.items() if k not in nested]
     kv += [KeyValue(key=f"services/{n}/{k}", value=str(v)) for n, ss in sorted(st["services"].items())
@@ -87,6 +110,9 @@ def diagnostic_array(st: dict, stamp, hardware_id: str) -> DiagnosticArray:
     kv += [KeyValue(key=f"progress_refused/{k}", value=str(v)) for k, v in sorted(st["progress_refused"].items())]
     kv += [KeyValue(key=f"wait_ratio/{r}", value=f"{w:.4f}") for r, w in sorted(st["wait_ratio"].items())]
     level = DiagnosticStatus.WARN if st["errors"] else DiagnosticStatus.OK
+    if recent is not None:
+        level, share = recent(now, sum(st["errors"].values()), st["served"])
+        kv.append(KeyValue(key="recent_error_share", value=f"{share:.4f}"))
     msg = DiagnosticArray()
     msg.header.stamp = stamp
     msg.status = [DiagnosticStatus(level=level, name="robotserve: inference_server", hardware_id=hardware_id,

@@ -9,8 +9,11 @@ Publishes (relative names, so a namespace such as /robot_3 prefixes them):
                                               header.stamp = capture time, frame_id "camera"
   /clock             rosgraph_msgs/Clock      only with publish_clock:=true
 Subscribes:
-  command            trajectory_msgs/JointTrajectory (command_type "trajectory": the first
-                     point's positions, matched by joint_names, unknown names ignored) or
+  command            trajectory_msgs/JointTrajectory (command_type "trajectory": the
+                     positions matched by joint_names, unknown names ignored; several points
+                     are followed in time, each the target from the previous one's
+                     time_from_start on, as a JointTrajectoryController would; an empty
+                     one holds where the robot is) or
                      std_msgs/Float64MultiArray (command_type "position": one value per
                      joint, in JointState.name order)
 
@@ -136,6 +139,7 @@ class SimRobotNode(Node):
         self.images_published = 0
 
         names = list(self.robot.names)
+        self._traj = None  # a multi-point trajectory being followed: names, points, due times, current point
         self._js_msg = JointState()
         self._js_msg.name = names
         self._img_msg = Image()
@@ -180,6 +184,8 @@ class SimRobotNode(Node):
 
     def tick(self, now_ns: int) -> None:
         """Publish what is due at node-clock time now_ns (called by the driver)."""
+        if self._traj is not None:
+            self._follow(now_ns)
         if self._last_ns is None or now_ns < self._last_ns:
             self.advance_to(now_ns)
         limit = now_ns + self._slack_ns
@@ -228,18 +234,32 @@ class SimRobotNode(Node):
         self.commands_accepted += 1
 
     def _on_trajectory(self, msg: JointTrajectory) -> None:
-        if not msg.points:
-            self.commands_rejected += 1
-            self.get_logger().warning("command rejected: trajectory has no points", throttle_duration_sec=1.0)
+        self._traj = None  # a new trajectory replaces the rest of the old one
+        if not msg.points:  # a JointTrajectoryController's convention: stop where it is
+            self._apply(dict(zip(self._js_msg.name, self.robot.positions().tolist())))
             return
-        pos = msg.points[0].positions
-        if len(pos) != len(msg.joint_names):
+        bad = [len(p.positions) for p in msg.points if len(p.positions) != len(msg.joint_names)]
+        if bad:
             self.commands_rejected += 1
             self.get_logger().warning(
-                f"command rejected: {len(msg.joint_names)} joint_names but {len(pos)} positions",
+                f"command rejected: {len(msg.joint_names)} joint_names but {bad[0]} positions",
                 throttle_duration_sec=1.0)
             return
-        self._apply(dict(zip(msg.joint_names, pos)), ignore_unknown=True)
+        self._apply(dict(zip(msg.joint_names, msg.points[0].positions)), ignore_unknown=True)
+        if len(msg.points) > 1 and self.driver is not None and self.driver.now_ns() is not None:
+            t0 = self.driver.now_ns()
+            due = [t0 + p.time_from_start.sec * 1_000_000_000 + p.time_from_start.nanosec for p in msg.points]
+            self._traj = (list(msg.joint_names), [list(p.positions) for p in msg.points], due, 0)
+
+    def _follow(self, now_ns: int) -> None:
+        """Point i + 1 becomes the target once point i's time has come."""
+        names, points, due, i = self._traj
+        j = i
+        while j + 1 < len(points) and now_ns >= due[j]:
+            j += 1
+        if j != i:
+            self._apply(dict(zip(names, points[j])), ignore_unknown=True)
+        self._traj = None if j + 1 == len(points) else (names, points, due, j)
 
     def _on_position(self, msg: Float64MultiArray) -> None:
         self._apply(list(msg.data))
