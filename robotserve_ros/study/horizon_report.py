@@ -108,7 +108,7 @@ def markdown(rows: list, meta: dict) -> str:
     lines = [
         f"# Horizon study: {what[0]} with a trained {fam} policy (seed 000 §5.2, Figure 11)",
         "",
-        f"Task: {what[1]} ({meta['control_hz']:g} Hz, chunk of "
+        f"Task: {what[1]}, {meta['control_hz']:g} Hz, chunk of "
         f"{meta['chunk']} actions, {meta['max_steps']} steps per episode). {len(meta['seeds'])} seeds x "
         f"{meta['episodes_per_seed']} episodes per configuration; each round executes H actions open-loop, then "
         f"observes again. H_min = {meta['confidence_h_min']} for every dynamic policy. Study wall time "
