@@ -94,6 +94,7 @@ def test_bench_mixed_fleet_reports_every_protocol_and_mixed_batches(tmp_path):
         assert 0.0 <= p["idle_fraction"] <= 1.0
     for name in ("ros", "openpi"):
         assert 0 < res["protocols"][name]["p50_ms"] <= res["protocols"][name]["p95_ms"]
+    assert res["exit_codes"]["inference_server"] == 0, res["exit_codes"]  # the server stopped cleanly
     s = res["server"]
     assert s["batches"] > 0 and s["mean_batch"] >= 1.0 and 0 < s["engine_utilization"]
     assert s["mixed_batches_fraction"] > 0, s  # robots of different protocols shared batches

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import tempfile
 import threading
 import time
@@ -39,7 +40,7 @@ from ..launch_description import default_config, robots as robot_specs, server a
 from ..live.mixed import executed, start_robot_client
 from ..live.processes import ProcessGroup, pct, pick_free_domain, ros_env
 from ..machine import machine_info
-from .fleet_live import _Listener
+from .fleet_live import _Listener, engine_profile_ms, settle
 from .fleet_live_report import _num
 from .openpi import run_fleet
 
@@ -80,6 +81,19 @@ def _params(tmp: Path, openpi_port: int, lerobot_port: int, policies: Path) -> t
 def _num_diag(d: dict, k: str) -> float:
     v = _num(d.get(k, 0))
     return float(v) if isinstance(v, (int, float)) else 0.0
+
+
+def _stop(procs: list) -> None:
+    """SIGINT (LeRobot's client disconnects its robot), SIGKILL if it will not stop."""
+    for p, _ in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGINT)
+    for p, _ in procs:
+        try:
+            p.wait(10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
 
 
 def run_mixed_fleet(out: Path, ros: int = 4, lerobot: int = 2, openpi: int = 4, duration: float = 20.0,
@@ -136,20 +150,16 @@ def run_mixed_fleet(out: Path, ros: int = 4, lerobot: int = 2, openpi: int = 4, 
             window[edge] = (listener.series[-1][0], dict(listener.last),
                             [len(executed(r)) for _, r in lerobots])
         th.join(60)
+        _stop(lerobots)
+        # the ROS robot clients start no new round and see their open ones through, then stop
+        # (a SIGINT while one handles SIGUSR1 would cut it short of writing its account)
+        settle(listener, clients, 10.0, say, grace_s=2.0)
     finally:
-        for p, _ in lerobots:
-            if p.poll() is None:
-                p.send_signal(signal.SIGINT)
-        for p, _ in lerobots:
-            try:
-                p.wait(10)
-            except Exception:
-                p.kill()
-                p.wait()
-        clients.signal(signal.SIGUSR1)  # the ROS robot clients start no new round, then stop
+        _stop(lerobots)
         codes = clients.stop(timeout=20.0)
         codes.update(base.stop(timeout=20.0))
         listener.close()
+
     if "end" not in window or "r" not in fleet:
         raise RuntimeError(f"the run did not finish its window (logs in {tmp})")
     (m0, d0, e0), (m1, d1, e1) = window["start"], window["end"]
@@ -182,6 +192,7 @@ def run_mixed_fleet(out: Path, ros: int = 4, lerobot: int = 2, openpi: int = 4, 
         "command": f"robotserve bench mixed-fleet --out {out} --ros {ros} --lerobot {lerobot} --openpi {openpi} "
                    f"--duration {duration:g} --horizon {horizon} --control-hz {control_hz:g}",
         "engine": f"{engine} (config/fleet.yaml's engine: a simulated stand-in with a fixed-time profile, no model)",
+        "engine_profile_ms": engine_profile_ms(cfg["inference_server"]["ros__parameters"]),  # batch -> ms
         "window_s": round(span, 2),
         "run_dir": str(tmp),  # the processes' logs and the robots' accounts
         "protocols": {
