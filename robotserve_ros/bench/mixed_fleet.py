@@ -225,8 +225,20 @@ def run_mixed_fleet(out: Path, ros: int = 4, lerobot: int = 2, openpi: int = 4, 
     return res
 
 
+def _interrupt(*_) -> None:
+    raise KeyboardInterrupt
+
+
 def cli(a) -> int:
-    res = run_mixed_fleet(Path(a.out), a.ros, a.lerobot, a.openpi, a.duration, a.horizon, a.control_hz)
+    # Ctrl-C or SIGTERM: run_mixed_fleet's `finally` stops every process it started (a shell
+    # starts a background job with SIGINT ignored: set it back to raising here)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        res = run_mixed_fleet(Path(a.out), a.ros, a.lerobot, a.openpi, a.duration, a.horizon, a.control_hz)
+    except KeyboardInterrupt:
+        print("robotserve bench mixed-fleet: interrupted; every process it started is stopped, no report written")
+        return 130
     for name, p in res["protocols"].items():
         print(f"{name:8s} {p['robots']} robots: {p['rounds_served']} rounds, P50/P95 {p['p50_ms']}/{p['p95_ms']} ms, "
               f"idle {p['idle_fraction']:.1%}, errors {p['errors']}")
