@@ -72,7 +72,8 @@ def _params(tmp: Path, openpi_port: int, lerobot_port: int, policies: Path) -> t
     srv["openpi"] = {**srv.get("openpi", {}), "port": openpi_port, "host": "127.0.0.1"}
     srv["lerobot"] = {**srv.get("lerobot", {}), "port": lerobot_port, "host": "127.0.0.1",
                       "policy_dirs": [str(policies)]}
-    cfg["/**/robot_client"]["ros__parameters"].update({"tasks": 100000, "stats_file": str(tmp / "stats" / "{robot}.json")})
+    cfg["/**/robot_client"]["ros__parameters"].update({"tasks": 100000,
+                                                       "stats_file": str(tmp / "stats" / "{robot}.json")})
     path = tmp / "params.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return str(path), cfg
@@ -202,11 +203,13 @@ def run_mixed_fleet(out: Path, ros: int = 4, lerobot: int = 2, openpi: int = 4, 
                     "errors": ros_err},
             "lerobot": {"robots": lerobot, "rounds_served": int(served - len(ros_ms) - len(op_ms)),
                         "p50_ms": None, "p95_ms": None,
-                        "idle_fraction": round(float(np.mean([max(0.0, 1 - n / (LEROBOT_FPS * span)) for n in le_done])), 4),
+                        "idle_fraction": round(float(np.mean([max(0.0, 1 - n / (LEROBOT_FPS * span))
+                                                              for n in le_done])), 4),
                         "actions_executed": le_done, "errors": le_err},
             "openpi": {"robots": openpi, "rounds_served": len(op_ms), "p50_ms": round(pct(op_ms, 50), 2),
                        "p95_ms": round(pct(op_ms, 95), 2),
-                       "idle_fraction": round(float(np.mean([r["idle_s"] / r["task_s"] for r in per])) if per else 1.0, 4),
+                       "idle_fraction": round(float(np.mean([r["idle_s"] / r["task_s"] for r in per]))
+                                              if per else 1.0, 4),
                        "errors": op_err},
         },
         "server": {"batches": int(batches), "rounds_served": int(served),
