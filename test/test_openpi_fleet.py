@@ -79,6 +79,7 @@ def test_bench_mixed_fleet_reports_every_protocol_and_mixed_batches(tmp_path):
     """`robotserve bench mixed-fleet` at its smallest: one robot of each protocol (two openpi
     robots), a few seconds; every process it started is gone afterwards."""
     import json
+    import shutil
     import subprocess
     import sys
 
@@ -102,3 +103,4 @@ def test_bench_mixed_fleet_reports_every_protocol_and_mixed_batches(tmp_path):
     left = subprocess.run(["pgrep", "-f", f"robotserve_mixed_fleet_.*{res['run_dir'].rsplit('_', 1)[1]}"],
                           capture_output=True, text=True).stdout.split()
     assert not left, f"processes of the run still alive: {left}"
+    shutil.rmtree(res["run_dir"])  # the run's logs and accounts, kept by the bench for a person
