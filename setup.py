@@ -10,7 +10,9 @@ setup(
     # Data the code reads at run time: the measured workloads (sim/workloads.py MEASURED) and
     # the engine profiles of record (robotserve_ros/profiles).
     package_data={"robotserve_ros.sim": ["measured/*.json"], "robotserve_ros.profiles": ["*.json"],
-                  "robotserve_ros.timely": ["skill_times.json"]},  # the LLM planner's per-skill time model
+                  "robotserve_ros.timely": ["skill_times.json"],  # the LLM planner's per-skill time model
+                  # the fake LeRobot robot plugin (tests and `bench mixed-fleet`)
+                  "robotserve_ros.live": ["lerobot_plugins/*.py", "lerobot_plugins/*/*"]},
     install_requires=[
         "numpy>=1.24", "matplotlib>=3.7", "tqdm>=4.60", "PyYAML>=6",
         "grpcio>=1.85.1,<2", "protobuf>=7.35.1,<8",  # the remote GPU server (transport/)

@@ -170,7 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .core.schedulers import SCHEDULERS
     from .bench import hybrid as bench_hybrid, nova as bench_nova, oxygen as bench_oxygen, peer as bench_peer
     from .bench import llm_backends as bench_llm_backends, ray as bench_ray, slo as bench_slo, study_fleet
-    from .bench import openpi as bench_openpi, timely as timely_bench
+    from .bench import mixed_fleet as bench_mixed_fleet, openpi as bench_openpi, timely as timely_bench
     from .engines import profiling, tiny_policies
     from .engines.llm import convert as llm_convert, profile as llm_profile
     from .live import fleet_status, up as live_up
@@ -266,6 +266,8 @@ def build_parser() -> argparse.ArgumentParser:
         (b, "nova", "Nova VLM serving (seed 003): stage pipeline + adaptive partition vs baselines", bench_nova),
         (b, "openpi", "unchanged openpi clients: capacity of a one-at-a-time reference vs robotserve's batching",
          bench_openpi),
+        (b, "mixed-fleet", "one server, ROS 2 + unchanged LeRobot + unchanged openpi robots in the same batches",
+         bench_mixed_fleet),
         (b, "timely", "TimelyLLM trace replay: time utility, response and waiting time per scheduler", timely_bench),
         (b, "ray", "the fleet scheduler over 1/2/4 replicas: gRPC tiers vs a Ray Serve pool, and chaos (issue 24)",
          bench_ray),

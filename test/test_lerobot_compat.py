@@ -35,7 +35,7 @@ from rosutil import REPO_ROOT  # noqa: E402
 from robotserve_ros.transport.lerobot.protocol import LeRobotCompatServer  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-PLUGINS = REPO / "test" / "fixtures" / "lerobot_plugins"
+from robotserve_ros.live import mixed  # noqa: E402 (the fake robot plugin; bench mixed-fleet uses it too)
 JOINTS = [f"j{i}.pos" for i in range(6)]
 FEATURES = {
     "observation.state": {"dtype": "float32", "shape": (6,), "names": JOINTS},
@@ -437,24 +437,10 @@ def lerobot_server(policies):
 
 
 def start_robot_client(tmp_path: Path, i: int, port: int, kind: str, path: Path) -> tuple:
-    name = f"robot{i}"
-    rec = tmp_path / f"{name}.jsonl"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(PLUGINS), str(REPO)]), HF_HUB_OFFLINE="1",
-               HF_LEROBOT_HOME=str(tmp_path / "hf"), OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "lerobot.async_inference.robot_client", "--robot.type=rsfake", f"--robot.id={name}",
-           f"--robot.record_path={rec}", f"--robot.seed={i}", "--task=pick up the cube",
-           f"--server_address=127.0.0.1:{port}", f"--policy_type={kind}", f"--pretrained_name_or_path={path}",
-           "--actions_per_chunk=4", "--chunk_size_threshold=0.5", "--aggregate_fn_name=latest_only", "--fps=30"]
-    log = open(tmp_path / f"{name}.log", "w")
-    # cwd: LeRobot's client writes a logs/ folder where it starts
-    return subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT), rec
+    return mixed.start_robot_client(tmp_path, i, port, kind, path)
 
 
-def executed(rec: Path) -> np.ndarray:
-    if not rec.exists():
-        return np.zeros((0, 6), np.float32)
-    return np.array([json.loads(line)["action"] for line in rec.read_text().splitlines() if line.endswith("}")],
-                    np.float32).reshape(-1, 6)
+executed = mixed.executed
 
 
 def run_clients(srv, tmp_path, kinds: list, policies, want: int = 20, timeout: float = 60.0) -> list:

@@ -72,3 +72,35 @@ def test_ros_lerobot_and_openpi_robots_share_batches(ros_ctx, tmp_path):
         proc.wait(10)
         for t in robots:
             t.join(5)
+
+
+@requires_rclpy
+def test_bench_mixed_fleet_reports_every_protocol_and_mixed_batches(tmp_path):
+    """`robotserve bench mixed-fleet` at its smallest: one robot of each protocol (two openpi
+    robots), a few seconds; every process it started is gone afterwards."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+
+    out = tmp_path / "mixed.json"
+    r = subprocess.run([sys.executable, "-m", "robotserve_ros.cli", "bench", "mixed-fleet", "--out", str(out),
+                        "--ros", "1", "--lerobot", "1", "--openpi", "2", "--duration", "4"],
+                       capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    res = json.loads(out.read_text())
+    for name, n in (("ros", 1), ("lerobot", 1), ("openpi", 2)):
+        p = res["protocols"][name]
+        assert p["robots"] == n and p["rounds_served"] > 0 and p["errors"] == 0, (name, p)
+        assert 0.0 <= p["idle_fraction"] <= 1.0
+    for name in ("ros", "openpi"):
+        assert 0 < res["protocols"][name]["p50_ms"] <= res["protocols"][name]["p95_ms"]
+    assert res["exit_codes"]["inference_server"] == 0, res["exit_codes"]  # the server stopped cleanly
+    s = res["server"]
+    assert s["batches"] > 0 and s["mean_batch"] >= 1.0 and 0 < s["engine_utilization"]
+    assert s["mixed_batches_fraction"] > 0, s  # robots of different protocols shared batches
+    assert sum(v for k, v in s["batches_with_openpi_by_protocols"].items() if "+" in k) > 0
+    left = subprocess.run(["pgrep", "-f", f"robotserve_mixed_fleet_.*{res['run_dir'].rsplit('_', 1)[1]}"],
+                          capture_output=True, text=True).stdout.split()
+    assert not left, f"processes of the run still alive: {left}"
+    shutil.rmtree(res["run_dir"])  # the run's logs and accounts, kept by the bench for a person
