@@ -54,7 +54,7 @@ def test_infer_past_its_waiting_calls_is_overloaded_never_dropped(ros_ctx):
 
     from robotserve_ros.srv import Infer
 
-    ros_ctx.start_node(server_args("engine.latency_ms:=[200.0,210.0,220.0]", "infer_queue.max_waiting:=4",
+    ros_ctx.start_node(server_args("engine.latency_ms:=[200.0,210.0,220.0]", "infer_queue.max_waiting:=4", "infer_queue.depth:=100",
                                    "threads:=16"))
     diags = ros_ctx.collect(DiagnosticArray, "/diagnostics", 10)
     c = Caller(ros_ctx)
