@@ -11,6 +11,23 @@ DEFAULT_MAX_MESSAGE = 64 << 20
 TOKEN_ENV = "ROBOTSERVE_GPU_TOKEN"
 
 
+def serve_until_interrupted(stats, every: float) -> None:
+    """A server command's foreground loop: print stats() as JSON every `every` s (0: never)
+    until Ctrl-C or SIGTERM; the caller stops its server after."""
+    import json
+    import signal
+    import time
+
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        while True:
+            time.sleep(every or 3600)
+            if every:
+                print(json.dumps(stats()), flush=True)
+    except KeyboardInterrupt:
+        pass
+
+
 def channel_options(max_message_bytes: int) -> list:
     """gRPC message limits, the same on both ends; here so the client engine need not import the
     server module (which imports the engine registry, which names the client engine)."""

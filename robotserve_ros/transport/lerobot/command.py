@@ -2,14 +2,12 @@
 run, so building the CLI's parser stays cheap."""
 from __future__ import annotations
 
-import json
 import logging
-import signal
 import sys
-import time
 from pathlib import Path
 
 from ...params import parse_key_values
+from .. import serve_until_interrupted
 from ..policy_source import hub_patterns
 from .config import CompatConfig
 
@@ -80,13 +78,6 @@ def cli(a) -> int:
         return 2
     print(f"serving LeRobot async inference on {cfg.host}:{srv.port} (scheduler {cfg.scheduler}, engine {cfg.engine}); "
           f"Ctrl-C stops", flush=True)
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
-    try:
-        while True:
-            time.sleep(a.stats_every or 3600)
-            if a.stats_every:
-                print(json.dumps(srv.servicer.stats()), flush=True)
-    except KeyboardInterrupt:
-        pass
+    serve_until_interrupted(srv.servicer.stats, a.stats_every)
     srv.stop()
     return 0

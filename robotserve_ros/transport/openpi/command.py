@@ -2,15 +2,13 @@
 so building the CLI's parser stays cheap."""
 from __future__ import annotations
 
-import json
 import logging
 import os
-import signal
 import sys
-import time
 
 from ...cli_types import positive
 from ...params import parse_key_values
+from .. import serve_until_interrupted
 from .config import EndpointConfig, OpenPiConfig
 
 
@@ -85,13 +83,6 @@ def cli(a) -> int:
         return 2
     print(f"serving openpi clients on ws://{cfg.endpoint.host}:{srv.port} ({srv.source.describe()}, scheduler "
           f"{cfg.scheduler}); Ctrl-C stops", flush=True)
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
-    try:
-        while True:
-            time.sleep(a.stats_every or 3600)
-            if a.stats_every:
-                print(json.dumps(srv.stats()), flush=True)
-    except KeyboardInterrupt:
-        pass
+    serve_until_interrupted(srv.stats, a.stats_every)
     srv.stop()
     return 0
