@@ -96,6 +96,15 @@ def with_joint(value_ops: bytes) -> bytes:
     return out
 
 
+
+def _let_go(release, futs, chans) -> None:
+    """End an attack: its held calls released and cancelled, its channels closed."""
+    release.set()
+    for f in futs:
+        f.cancel()
+    for c in chans:
+        c.close()
+
 def test_shared_reference_amplification_refused(server):
     """A few hundred bytes whose lists share references through the memo: 8**7 = 2 Mi floats
     to whoever converts the joint (the probe's stall of every client, +3 GB). Refused by the
@@ -255,11 +264,7 @@ def test_gpu_stalled_calls_cannot_hold_the_workers(gpu, who):
             assert codes <= {EXHAUSTED, grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED}, codes
             assert gpu.counts["peer_calls_refused"] + gpu.counts["receive_slots_full"] >= 10
     finally:
-        release.set()
-        for f in futs:
-            f.cancel()
-        for c in chans:
-            c.close()
+        _let_go(release, futs, chans)
     assert len(gpu_call(gpu.address, TOKENS[0]).chunks) == 1  # and after
 
 
@@ -372,11 +377,7 @@ def test_lerobot_stalled_unary_calls_cannot_take_every_thread(server):
         codes = {f.exception().code() for f in futs if f.done() and f.exception() is not None}
         assert codes <= {EXHAUSTED, grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED}, codes
     finally:
-        release.set()
-        for f in futs:
-            f.cancel()
-        for c in chans:
-            c.close()
+        _let_go(release, futs, chans)
     served(server.port)
 
 
