@@ -14,6 +14,9 @@ class Engine(ABC):
 
     name = "?"
     profile: EngineProfile
+    # Whether infer() honours a request's rtc guide (core/rtc.py); engines that do not
+    # generate unguided and leave ChunkResult.rtc_delay_steps None.
+    supports_rtc = False
 
     @abstractmethod
     def infer(self, batch: Sequence[InferenceRequest]) -> list[ChunkResult]: ...

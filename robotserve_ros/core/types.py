@@ -64,6 +64,9 @@ class InferenceRequest:
     # 0: the request itself; j > 0: a self-consistency replica (same observation, the engine
     # draws other noise for it and keeps no history for it). Set by the server, never a client.
     sample: int = 0
+    # Real-time chunking (core/rtc.py RtcGuide): the robot's unexecuted leftover, and the
+    # delay d the server predicts at dispatch. None: the chunk is generated without guidance.
+    rtc: Any = None
 
     @property
     def kind(self) -> Optional[str]:
@@ -114,6 +117,8 @@ class ChunkResult:
     samples: Optional[np.ndarray] = None
     task_id: Optional[str] = None
     round_id: Optional[int] = None
+    # The RTC delay d (control steps) the engine inpainted with; None when it ran unguided.
+    rtc_delay_steps: Optional[int] = None
 
 
 @dataclass
