@@ -1,5 +1,5 @@
-"""`robotserve study collect | train | horizon`: the study's task families (PushGust, Meta-World)
-and the horizon study."""
+"""`robotserve study collect | train | horizon | rtc`: the study's task families (PushGust,
+Meta-World), the horizon study and the real-time chunking study."""
 from __future__ import annotations
 
 import sys
@@ -165,6 +165,39 @@ def cmd_workload(a) -> int:
     return 0
 
 
+def cmd_rtc(a) -> int:
+    import json
+    import os
+
+    from ..cli_types import UsageError
+    from .rtc import POLICY_DIR, RtcStudyConfig, run_study, write_study
+    from .rtc_fleet import fleet_on_rounds, write_fleet
+
+    dirs = {}
+    for spec in a.policy or []:
+        task, _, d = spec.partition("=")
+        if task not in POLICY_DIR or not d:
+            raise UsageError(f"--policy {spec!r}: give TASK=DIR with TASK one of {', '.join(POLICY_DIR)}")
+        dirs[task] = d
+    for t in a.tasks:
+        d = Path(dirs.get(t, POLICY_DIR[t]))
+        if not (d / "config.json").is_file() or json.loads((d / "config.json").read_text()).get("type") != "flow_matching":
+            raise UsageError(f"--policy: {str(d)!r} is not a flow-matching checkpoint (the {t} policy; give {t}=DIR)")
+    cfg = RtcStudyConfig(tasks=tuple(dict.fromkeys(a.tasks)), seeds=tuple(a.seeds), episodes=a.episodes,
+                         delays=tuple(sorted(set(a.delays))), rtc_form=a.rtc_form, max_steps=a.max_steps, policy_dirs=dirs)
+    load0 = os.getloadavg()
+    rows, meta = run_study(cfg, workers=a.workers)
+    meta = {"command": "robotserve " + " ".join(sys.argv[1:]), "loadavg_before": list(load0),
+            "loadavg_after": list(os.getloadavg()), "seeds": list(cfg.seeds), "episodes_per_seed": cfg.episodes,
+            "delays_s": list(cfg.delays), "rtc_form": cfg.rtc_form, "families": meta}
+    out = Path(a.out)
+    paths = write_study(rows, meta, out)
+    if not a.no_fleet:
+        paths += write_fleet(fleet_on_rounds(rows, meta), out)
+    print("wrote " + ", ".join(str(p) for p in paths))
+    return 0
+
+
 def add_parser(sub):
     """The `study` command group, added to the `robotserve` parser; returns its subcommands."""
     from ..cli_types import positive, seed
@@ -245,6 +278,22 @@ def add_parser(sub):
     mg.add_argument("--into", required=True, help="the run of record, e.g. reports/horizon/pushgust-diffusion.json")
     mg.add_argument("--add", nargs="+", required=True, help="runs written elsewhere with --out (their .meta.json beside)")
     mg.set_defaults(func=cmd_merge)
+    r = g.add_parser("rtc", help="real-time chunking under inference delay, closed loop: static / dynamic horizon, "
+                                 "with and without RTC, Meta-World and PushGust flow policies (docs/rtc.md)")
+    r.add_argument("--out", required=True, help="report folder: rtc_study.json (+ .meta.json, fleet.json)")
+    r.add_argument("--tasks", nargs="+", choices=FAMILIES, default=list(FAMILIES))
+    r.add_argument("--policy", nargs="*", metavar="TASK=DIR",
+                   help="flow checkpoint per task (default models/<task>_flow)")
+    r.add_argument("--seeds", type=seed, nargs="+", default=[0, 1, 2])
+    r.add_argument("--episodes", type=positive(int), default=34, help="episodes per seed and configuration")
+    r.add_argument("--delays", type=positive(float, zero_ok=True), nargs="+",
+                   default=[0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.6], help="inference delays in seconds")
+    r.add_argument("--rtc-form", choices=("paper", "lerobot"), default="paper",
+                   help="the guidance: the paper's (VJP through the denoiser) or LeRobot's cheaper form")
+    r.add_argument("--max-steps", type=positive(int), default=None, help="episode step limit (default: the task's)")
+    r.add_argument("--workers", type=positive(int), default=1, help="processes, one task family each")
+    r.add_argument("--no-fleet", action="store_true", help="skip the fleet simulator on the measured rounds")
+    r.set_defaults(func=cmd_rtc)
     return g  # the CLI adds `study fleet` (a benchmark: bench/study_fleet.py)
 
 
