@@ -49,6 +49,8 @@ class FlowEngine(Engine):
         self.device = torch.device(device)
         self.net, self.cfg = load_flow_policy(policy_dir)
         self.net.to(self.device)
+        # Served, never trained: RTC's vector-Jacobian product then records the x_t path only.
+        self.net.requires_grad_(False)
         self.policy_dir, self.seed, self.policy_type = str(policy_dir), int(seed), "flow_matching"
         self.state_dim, self.action_dim = int(self.cfg["state_dim"]), int(self.cfg["action_dim"])
         self.chunk_len, self.num_steps = int(self.cfg["chunk"]), int(self.cfg["num_steps"])

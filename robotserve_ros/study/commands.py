@@ -198,6 +198,33 @@ def cmd_rtc(a) -> int:
     return 0
 
 
+def cmd_rtc_profile(a) -> int:
+    import json
+
+    from ..cli_types import UsageError
+    from .rtc_profile import measure_rtc, write_rtc_block
+
+    cfg = Path(a.policy) / "config.json"
+    if not cfg.is_file() or json.loads(cfg.read_text()).get("type") != "flow_matching":
+        raise UsageError(f"--policy {a.policy!r}: not a flow-matching checkpoint directory")
+    block = {"policy_dir": a.policy, **measure_rtc(a.policy, tuple(sorted(set(a.batch_sizes))), delay=a.delay,
+                                                   repeats=a.repeats)}
+    for form in ("paper", "lerobot"):
+        print(f"  {form} / unguided per batch size: {block['ratio_vs_unguided'][form]}")
+    paths = []
+    if a.profile_file:
+        paths.append(write_rtc_block(a.profile_file, block))
+    if a.out:
+        out = Path(a.out)
+        rows = json.loads(out.read_text()) if out.is_file() else {}
+        rows[a.policy] = block
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(rows, indent=1) + "\n")
+        paths.append(out)
+    print("wrote " + (", ".join(str(p) for p in paths) or "nothing (no --profile-file, no --out)"))
+    return 0
+
+
 def add_parser(sub):
     """The `study` command group, added to the `robotserve` parser; returns its subcommands."""
     from ..cli_types import positive, seed
@@ -294,6 +321,16 @@ def add_parser(sub):
     r.add_argument("--workers", type=positive(int), default=1, help="processes, one task family each")
     r.add_argument("--no-fleet", action="store_true", help="skip the fleet simulator on the measured rounds")
     r.set_defaults(func=cmd_rtc)
+    rp = g.add_parser("rtc-profile", help="engine time of RTC guided denoising (paper and LeRobot forms) vs unguided, "
+                                          "per batch size, into the engine profile file's rtc block")
+    rp.add_argument("--policy", required=True, help="flow checkpoint directory")
+    rp.add_argument("--profile-file", help="engine profile JSON to add the rtc block to, e.g. "
+                                           "robotserve_ros/profiles/pushgust_flow.json")
+    rp.add_argument("--out", help="also merge the block into this JSON, keyed by policy (e.g. reports/rtc/rtc_profile.json)")
+    rp.add_argument("--batch-sizes", type=positive(int), nargs="+", default=[1, 2, 4, 8, 16, 32])
+    rp.add_argument("--delay", type=positive(int), default=4, help="d of every guided row (the leftover is H - d)")
+    rp.add_argument("--repeats", type=positive(int), default=15)
+    rp.set_defaults(func=cmd_rtc_profile)
     return g  # the CLI adds `study fleet` (a benchmark: bench/study_fleet.py)
 
 
