@@ -41,6 +41,7 @@ def test_prefix_weights_follow_the_paper_soft_mask():
     c = (6 - 2) / (6 - 2 + 1)  # §4.2 eq. 5 at i = d
     assert w[2] == pytest.approx(c * np.expm1(c) / np.expm1(1.0))
     assert np.all(np.diff(w[2:6]) < 0) and np.all(w[2:6] > 0)
+    assert np.array_equal(rtc_prefix_weights(2, 6, 8, "hard"), [1, 1, 0, 0, 0, 0, 0, 0])
     assert not rtc_prefix_weights(0, 0, 8).any() and np.array_equal(rtc_prefix_weights(9, 3, 8)[:3], [1, 1, 1])
     assert rtc_guidance_weight(0.0, 5.0) == 5.0 and rtc_guidance_weight(0.5, 5.0) == pytest.approx(2.0)
 

@@ -10,7 +10,8 @@ Real-time chunking (core/rtc.py; Black et al. 2025, §4): a request whose rtc gu
 leftover and a delay d >= 1 is generated as a guided inpainting of that leftover, each row
 with its own d and leftover inside one batch (flow_policy.sample_chunks_guided). `rtc_form`
 picks the paper's guidance ("paper", a vector-Jacobian product through the velocity network)
-or LeRobot's cheaper form ("lerobot", the prefix-weighted error alone). d = 0 (the chunk is
+or LeRobot's cheaper form ("lerobot", the prefix-weighted error alone); `rtc_mask` the
+paper's soft mask over the whole leftover or a hard one over the first d actions (§4.2). d = 0 (the chunk is
 there at once: nothing of the leftover runs meanwhile) or an empty leftover is unguided.
 """
 from __future__ import annotations
@@ -32,14 +33,16 @@ class FlowEngine(Engine):
 
     def __init__(self, profile: Optional[EngineProfile] = None, *, policy_dir: str, device: str = "cpu",
                  seed: int = 0, profile_file: Optional[str] = None, rtc_form: str = "paper",
-                 rtc_max_guidance: float = 5.0) -> None:
-        from .flow_policy import RTC_FORMS, Normaliser, load_flow_policy, read_flow_config
+                 rtc_max_guidance: float = 5.0, rtc_mask: str = "soft") -> None:
+        from .flow_policy import RTC_FORMS, RTC_MASKS, Normaliser, load_flow_policy, read_flow_config
 
         if rtc_form not in RTC_FORMS:
             raise ValueError(f"rtc_form {rtc_form!r}: known {', '.join(RTC_FORMS)}")
         if not rtc_max_guidance > 0:
             raise ValueError(f"rtc_max_guidance must be > 0, got {rtc_max_guidance}")
-        self.rtc_form, self.rtc_max_guidance = rtc_form, float(rtc_max_guidance)
+        if rtc_mask not in RTC_MASKS:
+            raise ValueError(f"rtc_mask {rtc_mask!r}: known {', '.join(RTC_MASKS)}")
+        self.rtc_form, self.rtc_max_guidance, self.rtc_mask = rtc_form, float(rtc_max_guidance), rtc_mask
 
         read_flow_config(policy_dir)  # a wrong directory fails before torch loads
         self.profile, self.profile_source = engine_profile(profile, profile_file)
@@ -91,7 +94,7 @@ class FlowEngine(Engine):
             if d >= 1:
                 # The leftover is in action space: the network denoises normalised actions.
                 tgt[i, :k] = self.an.norm(g.leftover[:k].astype(np.float32))
-                w[i] = rtc_prefix_weights(d, k, H)
+                w[i] = rtc_prefix_weights(d, k, H, self.rtc_mask)
         if not w.any():
             return None, used
         return (tgt, w), used

@@ -97,15 +97,21 @@ RTC_FORMS = ("paper", "lerobot")
 RTC_MAX_GUIDANCE = 5.0  # beta, the guidance weight clip (RTC paper §4.3 and App. A: beta = 5)
 
 
-def rtc_prefix_weights(d: int, k: int, horizon: int) -> np.ndarray:
+RTC_MASKS = ("soft", "hard")
+
+
+def rtc_prefix_weights(d: int, k: int, horizon: int, mask: str = "soft") -> np.ndarray:
     """RTC's soft mask W over a chunk of `horizon` actions (Black et al. 2025, §4.2, eq. 5), for a
     leftover of k actions of which the first d are executed while this chunk is generated:
     1 for i < d (frozen), c_i (e^c_i - 1) / (e - 1) with c_i = (k - i) / (k - d + 1) for
-    d <= i < k (the paper's H - s is the leftover's length k), 0 beyond the leftover."""
+    d <= i < k (the paper's H - s is the leftover's length k), 0 beyond the leftover.
+    mask "hard": 1 on the first d only (§4.2's hard-masking ablation)."""
     k = max(0, min(int(k), int(horizon)))
     d = max(0, min(int(d), k))
     w = np.zeros(int(horizon), np.float32)
     w[:d] = 1.0
+    if mask == "hard":
+        return w
     c = (k - np.arange(d, k, dtype=np.float64)) / (k - d + 1)
     w[d:k] = c * np.expm1(c) / np.expm1(1.0)
     return w

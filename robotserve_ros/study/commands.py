@@ -184,12 +184,14 @@ def cmd_rtc(a) -> int:
         if not (d / "config.json").is_file() or json.loads((d / "config.json").read_text()).get("type") != "flow_matching":
             raise UsageError(f"--policy: {str(d)!r} is not a flow-matching checkpoint (the {t} policy; give {t}=DIR)")
     cfg = RtcStudyConfig(tasks=tuple(dict.fromkeys(a.tasks)), seeds=tuple(a.seeds), episodes=a.episodes,
-                         delays=tuple(sorted(set(a.delays))), rtc_form=a.rtc_form, max_steps=a.max_steps, policy_dirs=dirs)
+                         delays=tuple(sorted(set(a.delays))), rtc_form=a.rtc_form, rtc_mask=a.rtc_mask,
+                         max_steps=a.max_steps, policy_dirs=dirs)
     load0 = os.getloadavg()
     rows, meta = run_study(cfg, workers=a.workers)
     meta = {"command": "robotserve " + " ".join(sys.argv[1:]), "loadavg_before": list(load0),
             "loadavg_after": list(os.getloadavg()), "seeds": list(cfg.seeds), "episodes_per_seed": cfg.episodes,
-            "delays_s": list(cfg.delays), "rtc_form": cfg.rtc_form, "families": meta}
+            "delays_s": list(cfg.delays), "rtc_form": cfg.rtc_form, "rtc_mask": cfg.rtc_mask,
+            "families": meta}
     out = Path(a.out)
     paths = write_study(rows, meta, out)
     if not a.no_fleet:
@@ -317,6 +319,8 @@ def add_parser(sub):
                    default=[0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.6], help="inference delays in seconds")
     r.add_argument("--rtc-form", choices=("paper", "lerobot"), default="paper",
                    help="the guidance: the paper's (VJP through the denoiser) or LeRobot's cheaper form")
+    r.add_argument("--rtc-mask", choices=("soft", "hard"), default="soft",
+                   help="RTC's prefix weights: the paper's soft mask over the leftover, or 1 on the first d only (§4.2)")
     r.add_argument("--max-steps", type=positive(int), default=None, help="episode step limit (default: the task's)")
     r.add_argument("--workers", type=positive(int), default=1, help="processes, one task family each")
     r.add_argument("--no-fleet", action="store_true", help="skip the fleet simulator on the measured rounds")

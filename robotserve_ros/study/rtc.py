@@ -53,6 +53,7 @@ class RtcStudyConfig:
     episodes: int = 34
     delays: tuple = (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.6)
     rtc_form: str = "paper"
+    rtc_mask: str = "soft"
     threads: int = 1
     max_steps: Optional[int] = None
     policy_dirs: dict = field(default_factory=dict)
@@ -233,7 +234,8 @@ def run_family(task: str, cfg: RtcStudyConfig, log=print) -> tuple[list, dict]:
         getattr(env, "close", lambda: None)()
     meta = {"task": fam.task, "task_family": task, "policy_dir": str(pdir), "control_hz": fam.control_hz,
             "chunk": int(engine.chunk_len), "max_steps": steps, "dynamic": {"policy": dyn, "t": t},
-            "static_s": STATIC_S, "rtc_form": cfg.rtc_form, "skipped": skipped, "wall_s": round(time.time() - t0, 1),
+            "static_s": STATIC_S, "rtc_form": cfg.rtc_form, "rtc_mask": cfg.rtc_mask, "skipped": skipped,
+            "wall_s": round(time.time() - t0, 1),
             "engine_profile_ms": profile}
     return rows, meta
 
@@ -243,7 +245,8 @@ def _engine(pdir, cfg: RtcStudyConfig):
     from ..engines.torch_env import import_torch
 
     import_torch().set_num_threads(cfg.threads)
-    return make_engine("flow", None, policy_dir=str(pdir), device="cpu", seed=0, rtc_form=cfg.rtc_form)
+    return make_engine("flow", None, policy_dir=str(pdir), device="cpu", seed=0, rtc_form=cfg.rtc_form,
+                       rtc_mask=cfg.rtc_mask)
 
 
 def _engine_profile_ms(engine) -> dict:
