@@ -9,7 +9,8 @@ import json
 import numpy as np
 import pytest
 
-from robotserve_ros.study.rtc import ROW_KEYS, RtcStudyConfig, boundary_jerk, delay_steps, run_family, write_study
+from robotserve_ros.study.rtc import (ROW_KEYS, RtcStudyConfig, boundary_jerk, delay_steps, run_family,
+                                     target_check, write_study)
 from robotserve_ros.study.rtc_fleet import fleet_on_rounds
 
 
@@ -25,6 +26,16 @@ def test_delay_steps_and_boundary_jerk():
     assert boundary_jerk(a, [0, 3, 5], _Unit()) == [0.0, 0.0]  # t < 3 has no third difference
     a[4] = a[4] + 1.0  # a jump of 1 at t = 4: jerk 1 there, 3 one step later
     assert boundary_jerk(a, [4, 5], _Unit()) == pytest.approx([1.0, 3.0])
+
+
+def test_target_check():
+    def row(delay, config, p, lo, h):
+        return {"task": "t", "delay_s": delay, "config": config, "success": p, "success_ci95": [lo, 1.0],
+                "mean_horizon": h}
+    rows = [row(0, "static", 0.9, 0.8, 1.0), row(0.2, "static+rtc", 0.85, 0.7, 1.6), row(0.1, "static+rtc", 0.95, 0.9, 3)]
+    assert target_check(rows, "t")["met"] and target_check(rows, "t")["meeting"] == [("static+rtc", 0.2)]
+    rows[1]["mean_horizon"] = 1.4  # below 1.5x; the 0.1 s row is below the delay floor
+    assert not target_check(rows, "t")["met"] and target_check(rows, "t")["closest"]["delay_s"] == 0.2
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +65,7 @@ def test_rows_and_semantics(study, tmp_path):
     assert {s["config"] for s in meta["skipped"]} == {"static+rtc", "dynamic:schedule+rtc"}
     assert by[0.9, "static"]["_extra"]["held_steps_per_episode"] > 9
     paths = write_study(rows, {"families": {"pushgust": meta}}, tmp_path)
+    assert "Target (delay >= 0.2 s" in paths[2].read_text()
     out = json.loads(paths[0].read_text())
     assert all(tuple(r) == ROW_KEYS for r in out) and len(out) == len(rows)
     assert all(0 <= r["success_ci95"][0] <= r["success"] <= r["success_ci95"][1] <= 1 for r in out)

@@ -275,11 +275,59 @@ def run_study(cfg: RtcStudyConfig, workers: int = 1, log=print) -> tuple[list, d
     return rows, meta
 
 
+def target_check(rows: list, task: str, min_delay: float = 0.2, ratio: float = 1.5) -> dict:
+    """Issue 28's target: at a delay >= 0.2 s some `+rtc` configuration reaches success >= the
+    lower CI bound of the best zero-delay static configuration at >= 1.5x its mean horizon."""
+    st = [r for r in rows if r["task"] == task and r["delay_s"] == 0 and r["config"] == "static"]
+    if not st:
+        return {"met": False, "why": "no zero-delay static row"}
+    base = max(st, key=lambda r: r["success"])
+    lo, h = base["success_ci95"][0], base["mean_horizon"]
+    cand = [r for r in rows if r["task"] == task and r["config"].endswith("+rtc") and r["delay_s"] >= min_delay]
+    ok = [r for r in cand if r["success"] >= lo and r["mean_horizon"] >= ratio * h]
+    best = max(cand, key=lambda r: (r["success"], r["mean_horizon"]), default=None)
+    return {"met": bool(ok), "baseline": {"success": base["success"], "ci_low": lo, "mean_horizon": h},
+            "meeting": [(r["config"], r["delay_s"]) for r in ok],
+            "closest": None if best is None else {k: best[k] for k in ("config", "delay_s", "success", "mean_horizon")},
+            "rtc_rows_at_delay": len(cand)}
+
+
+def markdown(rows: list, meta: dict) -> str:
+    lines = ["# RTC study: success, horizon and boundary jerk under inference delay", "",
+             f"`{meta.get('command', 'robotserve study rtc')}`: {len(meta.get('seeds', []))} seeds x "
+             f"{meta.get('episodes_per_seed')} episodes per configuration, RTC form {meta.get('rtc_form')}, mask "
+             f"{meta.get('rtc_mask', 'soft')}; load average {meta.get('loadavg_before', [0])[0]:.1f} before / "
+             f"{meta.get('loadavg_after', [0])[0]:.1f} after.", ""]
+    for fam, m in meta.get("families", {}).items():
+        chk = target_check(rows, m["task"])
+        lines += [f"## {m['task']} ({m['control_hz']:g} Hz, chunk {m['chunk']}, {m['policy_dir']})", "",
+                  "| delay s | d | config | success | 95 % CI | mean horizon | rounds/episode | boundary jerk |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for r in rows:
+            if r["task"] != m["task"]:
+                continue
+            lo, hi = r["success_ci95"]
+            lines.append(f"| {r['delay_s']:g} | {delay_steps(r['delay_s'], m['control_hz'])} | {r['config']} "
+                         f"| {r['success']:.3f} | {lo:.2f}-{hi:.2f} | {r['mean_horizon']:.2f} "
+                         f"| {r['rounds_per_episode']:.1f} | {r['boundary_jerk']:.3f} |")
+        if m.get("skipped"):
+            ds = sorted({s["delay_s"] for s in m["skipped"]})
+            lines += ["", f"No `+rtc` rows at {', '.join(f'{x:g}' for x in ds)} s: d > H / 2 = {m['chunk'] // 2}, so "
+                          f"RTC's d <= s <= H - d has no s."]
+        b = chk.get("baseline")
+        verdict = "MET" if chk["met"] else "MISSED"
+        lines += ["", f"Target (delay >= 0.2 s, a `+rtc` config with success >= {b['ci_low']:.3f} at mean horizon >= "
+                      f"{1.5 * b['mean_horizon']:.2f}): **{verdict}**" + (f" by {chk['meeting']}" if chk["met"] else
+                      f"; closest: {chk['closest']}") if b else f"Target: MISSED ({chk.get('why')})", ""]
+    return "\n".join(lines) + "\n"
+
+
 def write_study(rows: list, meta: dict, out: Path) -> list:
     import json
 
     out.mkdir(parents=True, exist_ok=True)
     (out / "rtc_study.json").write_text(json.dumps([{k: r[k] for k in ROW_KEYS} for r in rows], indent=1) + "\n")
     extra = [{"task": r["task"], "delay_s": r["delay_s"], "config": r["config"], **r["_extra"]} for r in rows]
-    (out / "rtc_study.meta.json").write_text(json.dumps({"families": meta, "rows": extra}, indent=1) + "\n")
-    return [out / "rtc_study.json", out / "rtc_study.meta.json"]
+    (out / "rtc_study.meta.json").write_text(json.dumps({**meta, "rows": extra}, indent=1) + "\n")
+    (out / "rtc_study.md").write_text(markdown(rows, meta))
+    return [out / "rtc_study.json", out / "rtc_study.meta.json", out / "rtc_study.md"]
