@@ -9,8 +9,8 @@ import json
 import numpy as np
 import pytest
 
-from robotserve_ros.study.rtc import (ROW_KEYS, RtcStudyConfig, boundary_jerk, delay_steps, run_family,
-                                     target_check, write_study)
+from robotserve_ros.study.rtc import (ROW_KEYS, RtcStudyConfig, boundary_jerk, delay_steps, merge_runs,
+                                     read_study, run_family, target_check, write_study)
 from robotserve_ros.study.rtc_fleet import fleet_on_rounds
 
 
@@ -40,7 +40,8 @@ def test_target_check():
 
 @pytest.fixture(scope="module")
 def study():
-    cfg = RtcStudyConfig(tasks=("pushgust",), seeds=(0,), episodes=3, delays=(0.0, 0.2, 0.9), max_steps=40)
+    cfg = RtcStudyConfig(tasks=("pushgust",), seeds=(0,), episodes=3, delays=(0.0, 0.2, 0.9, 1.8),
+                         max_steps=40)
     return run_family("pushgust", cfg, log=lambda *_: None)
 
 
@@ -64,11 +65,24 @@ def test_rows_and_semantics(study, tmp_path):
     assert (0.9, "static+rtc") not in by and (0.9, "dynamic:schedule+rtc") not in by
     assert {s["config"] for s in meta["skipped"]} == {"static+rtc", "dynamic:schedule+rtc"}
     assert by[0.9, "static"]["_extra"]["held_steps_per_episode"] > 9
+    # d = 18 > H: without RTC the robot runs whole chunks and holds the rest of each delay.
+    x = by[1.8, "static"]["_extra"]
+    assert x["s_range"] == [16, 16] and by[1.8, "static"]["mean_horizon"] <= 16
+    assert (1.8, "static+rtc") not in by
     paths = write_study(rows, {"families": {"pushgust": meta}}, tmp_path)
     assert "Target (delay >= 0.2 s" in paths[2].read_text()
     out = json.loads(paths[0].read_text())
     assert all(tuple(r) == ROW_KEYS for r in out) and len(out) == len(rows)
     assert all(0 <= r["success_ci95"][0] <= r["success"] <= r["success_ci95"][1] <= 1 for r in out)
+    # --append: a rerun of one row replaces it, the rest stays; extras survive the round trip.
+    back, bmeta = read_study(tmp_path)
+    assert back[0]["_extra"] == rows[0]["_extra"]
+    redo = {**by[0.2, "static"], "success": 0.5}
+    merged, mmeta = merge_runs(back, bmeta, [redo], {"families": {"pushgust": {**meta, "skipped": []}},
+                                                     "command": "again", "delays_s": [0.2]})
+    assert len(merged) == len(rows) and [r["success"] for r in merged if (r["delay_s"], r["config"]) ==
+                                         (0.2, "static")] == [0.5]
+    assert mmeta["appended"] == ["again"] and len(mmeta["families"]["pushgust"]["skipped"]) == len(meta["skipped"])
 
 
 def test_fleet_on_measured_rounds(study):

@@ -170,7 +170,7 @@ def cmd_rtc(a) -> int:
     import os
 
     from ..cli_types import UsageError
-    from .rtc import POLICY_DIR, RtcStudyConfig, run_study, write_study
+    from .rtc import POLICY_DIR, RtcStudyConfig, merge_runs, read_study, run_study, write_study
     from .rtc_fleet import fleet_on_rounds, write_fleet
 
     dirs = {}
@@ -193,6 +193,8 @@ def cmd_rtc(a) -> int:
             "delays_s": list(cfg.delays), "rtc_form": cfg.rtc_form, "rtc_mask": cfg.rtc_mask,
             "families": meta}
     out = Path(a.out)
+    if a.append and (out / "rtc_study.json").is_file():
+        rows, meta = merge_runs(*read_study(out), rows, meta)
     paths = write_study(rows, meta, out)
     if not a.no_fleet:
         paths += write_fleet(fleet_on_rounds(rows, meta), out)
@@ -324,6 +326,8 @@ def add_parser(sub):
     r.add_argument("--max-steps", type=positive(int), default=None, help="episode step limit (default: the task's)")
     r.add_argument("--workers", type=positive(int), default=1, help="processes, one task family each")
     r.add_argument("--no-fleet", action="store_true", help="skip the fleet simulator on the measured rounds")
+    r.add_argument("--append", action="store_true",
+                   help="add this run's rows to the run already in --out (same task, delay, config: replaced)")
     r.set_defaults(func=cmd_rtc)
     rp = g.add_parser("rtc-profile", help="engine time of RTC guided denoising (paper and LeRobot forms) vs unguided, "
                                           "per batch size, into the engine profile file's rtc block")

@@ -119,7 +119,9 @@ def run_rtc_config(engine, fam, config: str, delay_s: float, cfg: RtcStudyConfig
     H = int(engine.chunk_len)
     d = delay_steps(delay_s, fam.control_hz)
     hi = H - d if rtc else H
-    lo = max(d, 1)
+    # s >= d: the next request cannot leave before this chunk started, at index min(d, k); without
+    # RTC a d past the chunk means s = H, the robot holds the rest of the delay.
+    lo = max(d, 1) if rtc else max(min(d, H), 1)
     if lo > hi:
         return None  # §4's d <= s <= H - d has no s at this delay
     eps = [(s, e) for s in cfg.seeds for e in range(cfg.episodes)]
@@ -320,6 +322,39 @@ def markdown(rows: list, meta: dict) -> str:
                       f"{1.5 * b['mean_horizon']:.2f}): **{verdict}**" + (f" by {chk['meeting']}" if chk["met"] else
                       f"; closest: {chk['closest']}") if b else f"Target: MISSED ({chk.get('why')})", ""]
     return "\n".join(lines) + "\n"
+
+
+def read_study(out: Path) -> tuple[list, dict]:
+    """A run written by write_study, rows with their extras again (for --append)."""
+    import json
+
+    rows = json.loads((out / "rtc_study.json").read_text())
+    meta = json.loads((out / "rtc_study.meta.json").read_text())
+    extra = {(x["task"], x["delay_s"], x["config"]): x for x in meta.pop("rows")}
+    for r in rows:
+        x = dict(extra[r["task"], r["delay_s"], r["config"]])
+        r["_extra"] = {k: v for k, v in x.items() if k not in ("task", "delay_s", "config")}
+    return rows, meta
+
+
+def merge_runs(rows: list, meta: dict, new_rows: list, new_meta: dict) -> tuple[list, dict]:
+    """A run's rows added to a run of record (same (task, delay, config): the new one replaces it);
+    a family's skipped list and delays are the union; the command of each run is kept."""
+    key = lambda r: (r["task"], r["delay_s"], r["config"])  # noqa: E731
+    new = {key(r) for r in new_rows}
+    merged = [r for r in rows if key(r) not in new] + list(new_rows)
+    merged.sort(key=lambda r: (r["task"], r["delay_s"]))
+    fams = dict(meta.get("families", {}))
+    for f, m in new_meta.get("families", {}).items():
+        old = fams.get(f)
+        if old is not None:
+            done = {(x["delay_s"], x["config"]) for x in m["skipped"]} | {(r["delay_s"], r["config"]) for r in new_rows
+                                                                        if r["task"] == m["task"]}
+            m = {**m, "skipped": [x for x in old["skipped"] if (x["delay_s"], x["config"]) not in done] + m["skipped"]}
+        fams[f] = m
+    delays = sorted(set(meta.get("delays_s", [])) | set(new_meta.get("delays_s", [])))
+    appended = meta.get("appended", []) + [new_meta.get("command")]
+    return merged, {**meta, "families": fams, "delays_s": delays, "appended": appended}
 
 
 def write_study(rows: list, meta: dict, out: Path) -> list:
