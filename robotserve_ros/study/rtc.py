@@ -363,6 +363,9 @@ def write_study(rows: list, meta: dict, out: Path) -> list:
     out.mkdir(parents=True, exist_ok=True)
     (out / "rtc_study.json").write_text(json.dumps([{k: r[k] for k in ROW_KEYS} for r in rows], indent=1) + "\n")
     extra = [{"task": r["task"], "delay_s": r["delay_s"], "config": r["config"], **r["_extra"]} for r in rows]
-    (out / "rtc_study.meta.json").write_text(json.dumps({**meta, "rows": extra}, indent=1) + "\n")
+    # One line per row: the per-episode rounds would take a line per number with indent.
+    head = json.dumps({**meta, "rows": []}, indent=1)
+    body = ",\n".join("  " + json.dumps(x) for x in extra)
+    (out / "rtc_study.meta.json").write_text(head.replace('"rows": []', '"rows": [\n' + body + "\n ]") + "\n")
     (out / "rtc_study.md").write_text(markdown(rows, meta))
     return [out / "rtc_study.json", out / "rtc_study.meta.json", out / "rtc_study.md"]
