@@ -161,6 +161,9 @@ def test_the_inference_server_serves_robots_from_a_ray_pool(cluster, ros_ctx, tm
         "engine": {"batch_sizes": [1, 2, 4], "latency_ms": [300.0, 320.0, 340.0]},
         "obs_width": 96, "obs_height": 96, "obs_joints": 6, "obs_encodings": ["rgb8"], "diagnostics_hz": 5.0,
         "ray_tiers": ["pool"],
+        # The burst below sends 12 calls at once from one client; the server's default queue keeps
+        # the last 10 (robots re-send an unanswered round themselves, a test client does not).
+        "infer_queue": {"depth": 32},
         "pool": {"replicas": 2, "resources": {"arm_pool": 1}, "address": cluster["cluster"].address},
     }
     path = tmp_path / "server.yaml"
