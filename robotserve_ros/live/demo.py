@@ -270,7 +270,8 @@ POLICY = Path(__file__).resolve().parents[2] / "models" / "metaworld_flow"
 PROFILE = "pushgust_flow"
 
 
-def _metaworld_params(cfg: DemoConfig, robots: int, episodes: int, seed: int, episodes_file: str, out: Path) -> str:
+def metaworld_params(cfg: DemoConfig, robots: int, episodes: int, seed: int, episodes_file: str, out: Path) -> str:
+    """The params file of one configuration: the server's section and the robots'."""
     from ..profiles import profile_of_record
     from ..study.metaworld_task import CONTROL_HZ
 
@@ -296,6 +297,9 @@ def _metaworld_params(cfg: DemoConfig, robots: int, episodes: int, seed: int, ep
         "episodes_file": episodes_file,
         **cfg.robot,
     }
+    from ..nodes.metaworld_robot import MetaWorldRobotConfig
+
+    MetaWorldRobotConfig(**robot)  # a configuration's misspelt or wrong robot parameter fails here, not silently there
     out.write_text(yaml.safe_dump({"inference_server": {"ros__parameters": server},
                                    "/**/metaworld_robot": {"ros__parameters": robot}}))
     return str(out)
@@ -324,7 +328,7 @@ def run_metaworld_demo(out_dir: Path, robots: int = 10, episodes: int = EPISODES
         for cfg in configs:
             eps_file = Path(tmp) / cfg.slug() / "{robot}.jsonl"
             eps_file.parent.mkdir()
-            params = _metaworld_params(cfg, robots, episodes, seed, str(eps_file), Path(tmp) / f"{cfg.slug()}.yaml")
+            params = metaworld_params(cfg, robots, episodes, seed, str(eps_file), Path(tmp) / f"{cfg.slug()}.yaml")
             env = ros_env(domain_id=pick_free_domain(), log_dir=str(Path(tmp) / "ros_log"))
             print(f"[demo] {cfg.label}: server (flow policy, {cfg.scheduler}) + {robots} Meta-World robots ...", flush=True)
             t0 = time.monotonic()
