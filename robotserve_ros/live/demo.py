@@ -414,13 +414,13 @@ def why_closed_loop(runs: dict) -> str:
 
 def closed_loop_target(runs: dict) -> dict:
     """Issue 28's target: >= 20 % lower average episode time than FIFO + static, success not
-    lower within CI (the execution-aware success's CI reaches FIFO's success)."""
+    lower within CI: at or above the lower bound of FIFO's 95 % CI (the horizon study's rule)."""
     fifo, best = _fifo_and_best(runs)
     if best is None:
         return {"met": False, "why": "a run finished no episode"}
     f, b = runs[fifo]["summary"], runs[best]["summary"]
     red = (f["avg_latency_s"] - b["avg_latency_s"]) / f["avg_latency_s"]
-    success_ok = b["success_ci95"][1] >= f["success"]
+    success_ok = b["success"] >= f["success_ci95"][0]
     return {"fifo": fifo, "aware": best, "avg_latency_reduction": red, "latency_met": red >= 0.20,
             "success_not_lower": success_ok, "met": bool(red >= 0.20 and success_ok)}
 
@@ -460,7 +460,7 @@ def write_metaworld_report(results: dict, out_dir: Path) -> None:
         lines.append(f"| {label} | " + " | ".join(f"{by[k]:.2f}" if k in by else "-" for k in results["tasks"]) + " |")
     if "avg_latency_reduction" in t:
         lines += ["", f"Target (issue 28): {t['aware']} >= 20 % below {t['fifo']} in average episode time, success "
-                      f"not lower within CI: {t['avg_latency_reduction'] * 100:+.1f}% "
+                      f"not lower within CI (at or above FIFO's lower CI bound): {t['avg_latency_reduction'] * 100:+.1f}% "
                       f"({'met' if t['latency_met'] else 'MISSED'}), success "
                       f"{'not lower' if t['success_not_lower'] else 'LOWER'} -> **{'met' if t['met'] else 'MISSED'}**."]
     lines += ["", "Why: " + results["why"], "", "![episode times](live_demo.png)", ""]
