@@ -57,6 +57,8 @@ class MetaWorldRobot(LightRobot):
 
         self.fleet, self.index = fleet, index
         self.env = MetaWorldEnv(max_steps=fleet.c.max_steps)
+        for seed in range(len(self.env.tasks)):  # every task's MuJoCo model loaded now (~0.25 s each), not in
+            self.env.reset(seed)                 # a control tick mid-run, where it would stall the process's robots
         self.queue = ActionQueue(fleet.c.aggregate)
         super().__init__(name, fleet.hz)
 
