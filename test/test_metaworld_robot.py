@@ -85,3 +85,30 @@ def test_the_target_needs_20_percent_and_success_within_ci(aware_avg, aware_ok, 
     t = closed_loop_target(runs)
     assert t["met"] is met and t["fifo"] == "FIFO + static H=1"
     assert why_closed_loop(runs).startswith("Kairos + agreement won")
+
+
+@requires_rclpy
+@needs_metaworld
+def test_a_chunk_that_is_not_metaworld_actions_is_refused_and_counted():
+    """Bad input from the server: never executed, counted, the round asked again; a good chunk
+    after it is used."""
+    from collections import Counter
+    from types import SimpleNamespace
+
+    from robotserve_ros.core.action_queue import ActionQueue
+    from robotserve_ros.msg import ActionChunk
+    from robotserve_ros.nodes.metaworld_robot import MetaWorldFleetNode
+
+    logged = []
+    fleet = SimpleNamespace(bad_chunk_logged=False, node=SimpleNamespace(
+        get_logger=lambda: SimpleNamespace(error=logged.append)))
+    r = SimpleNamespace(task_id="robot_0/task0", queue=ActionQueue("latest_only"), acct=SimpleNamespace(errors=Counter()))
+
+    def chunk(h, dim, values=None):
+        return ActionChunk(first_timestep=0, horizon=h, action_dim=dim,
+                           actions=values if values is not None else [0.1] * (h * dim))
+
+    for bad in (chunk(2, 6), chunk(2, 4, [0.1] * 7), chunk(1, 4, [0.1, float("nan"), 0.0, 0.0])):
+        assert MetaWorldFleetNode.use_chunk(fleet, r, bad) is False
+    assert r.acct.errors["bad_chunk"] == 3 and len(logged) == 1 and len(r.queue) == 0
+    assert MetaWorldFleetNode.use_chunk(fleet, r, chunk(3, 4)) is True and len(r.queue) == 3

@@ -165,9 +165,11 @@ class LightFleetNode:
     def needs_more(self, r: LightRobot) -> bool:
         return r.queue_end < self.c.task_actions
 
-    def use_chunk(self, r: LightRobot, chunk) -> None:
-        """A chunk answered the robot's round: its actions join the robot's queue."""
+    def use_chunk(self, r: LightRobot, chunk) -> bool:
+        """A chunk answered the robot's round: its actions join the robot's queue (False: the
+        chunk is refused, the round is asked again after retry_s)."""
         r.queue_end = max(r.timestep, int(chunk.first_timestep) + int(chunk.horizon))
+        return True
 
     def fill_observation(self, r: LightRobot, o) -> None:
         from ..nodes.common import to_time
@@ -270,7 +272,9 @@ class LightFleetNode:
                 r.start_task(now, keep_motion=True)
                 self.by_task[r.task_id] = r
             return
-        self.use_chunk(r, resp.chunk)
+        if not self.use_chunk(r, resp.chunk):
+            r.retry_at = now + self.c.retry_s
+            return
         r.acct.on_chunk_used(key, reply_ms, r.left())
         r.exec_start = now
         r.chunks += 1

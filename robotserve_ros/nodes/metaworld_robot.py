@@ -85,6 +85,7 @@ class MetaWorldFleetNode(LightFleetNode):
         super().__init__(names, params, stats_dir, context)
         path = self.c.episodes_file.replace("{robot}", names[0] if names else "robot")
         self.episodes_out = open(path, "a") if path else None
+        self.bad_chunk_logged = False
 
     def make_robot(self, index: int, name: str) -> MetaWorldRobot:
         return MetaWorldRobot(self, int(name.rsplit("_", 1)[1]) if name.rsplit("_", 1)[-1].isdigit() else index, name)
@@ -103,10 +104,28 @@ class MetaWorldFleetNode(LightFleetNode):
     def needs_more(self, r: MetaWorldRobot) -> bool:
         return not r.env.done
 
-    def use_chunk(self, r: MetaWorldRobot, chunk) -> None:
+    def use_chunk(self, r: MetaWorldRobot, chunk) -> bool:
+        """A chunk that is not [H, 4] finite actions is never executed: counted (bad_chunk),
+        logged once, and the round is asked again."""
+        import numpy as np
+
+        from ..study.metaworld_task import ACTION_DIM
         from .convert import chunk_to_array
 
-        r.queue.merge(int(chunk.first_timestep), chunk_to_array(chunk))
+        try:
+            a = chunk_to_array(chunk)
+            why = "" if a.shape[1] == ACTION_DIM and np.all(np.isfinite(a)) else \
+                f"{a.shape[1]} values per action (Meta-World takes {ACTION_DIM}), or a value that is not finite"
+        except ValueError as e:
+            why = str(e)
+        if why:
+            r.acct.errors["bad_chunk"] += 1
+            if not self.bad_chunk_logged:
+                self.bad_chunk_logged = True
+                self.node.get_logger().error(f"{r.task_id}: chunk refused: {why} (logged once; counted)")
+            return False
+        r.queue.merge(int(chunk.first_timestep), a)
+        return True
 
     def fill_observation(self, r: MetaWorldRobot, o) -> None:
         from sensor_msgs.msg import JointState
