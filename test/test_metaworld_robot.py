@@ -4,7 +4,6 @@ rclpy or Meta-World."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
