@@ -414,7 +414,8 @@ def why_closed_loop(runs: dict) -> str:
     f, b = runs[fifo]["summary"], runs[best]["summary"]
     red = (f["avg_latency_s"] - b["avg_latency_s"]) / f["avg_latency_s"] * 100
     winner, loser, ws, ls = (best, fifo, b, f) if red > 0 else (fifo, best, f, b)
-    return (f"{winner} won ({red:+.1f}% average episode time for {best} vs {fifo}): its robots executed "
+    return (f"{winner} won ({abs(red):.1f}% {'lower' if red > 0 else 'higher'} average episode time for {best} than "
+            f"{fifo}): its robots executed "
             f"{ws['actions_per_round']:.1f} actions per round vs {ls['actions_per_round']:.1f} "
             f"({ws['rounds_per_episode']:.1f} vs {ls['rounds_per_episode']:.1f} rounds per episode), so they waited "
             f"{ws['mean_idle_s']:.2f} s vs {ls['mean_idle_s']:.2f} s per episode for chunks, at success "
