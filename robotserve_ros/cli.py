@@ -235,6 +235,8 @@ def build_parser() -> argparse.ArgumentParser:
     fl.add_argument("--trace-server", action="store_true", help="run the server with per-round marks (where lost rounds went)")
     fl.add_argument("--light", action="store_true", help="light load generator (live/light_fleet.py): many robots per "
                     "process, no rendering; the server's numbers are the headline")
+    fl.add_argument("--image-transport", choices=("raw", "jpeg", "png"), help="how every robot sends its cameras "
+                    "(robot_client image_transport; default: the config's, else raw; docs/transport.md)")
     fl.set_defaults(func=cmd_bench_fleet_live)
 
     so = b.add_parser("soak", help="the server under a steady light fleet for minutes: RSS growth, lost chunks, ledger freed")

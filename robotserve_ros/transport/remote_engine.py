@@ -53,8 +53,12 @@ class RemoteEngine(Engine):
         ping_interval_s: float = 1.0,
         link: Optional[LinkEstimate] = None,
         clock=time.monotonic,
+        image_transport: str = "raw",
+        image_quality: int = 90,
     ) -> None:
         self.pb, pb_grpc = stubs()
+        # jpeg/png: cameras cross the link compressed (transport/images.py), where bandwidth matters most
+        self.image_transport, self.image_quality = image_transport, int(image_quality)
         if token is None and token_file:
             token = Path(token_file).read_text().strip()
         self.address, self.deadline_s = address, float(deadline_s)
@@ -109,7 +113,8 @@ class RemoteEngine(Engine):
 
     # --- Engine --------------------------------------------------------------------
     def infer(self, batch: Sequence[InferenceRequest]) -> list[ChunkResult]:
-        msg = self.pb.InferBatchRequest(requests=[request_to_pb(self.pb, r) for r in batch])
+        msg = self.pb.InferBatchRequest(requests=[request_to_pb(self.pb, r, self.image_transport, self.image_quality)
+                                                  for r in batch])
         self.calls += 1
         t = time.perf_counter()
         try:
