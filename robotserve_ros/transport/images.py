@@ -100,7 +100,9 @@ def decode_frame(what: str, fmt: str, data, spec: ObservationSpec) -> np.ndarray
     try:  # Pillow reads the header only (lazy): the size a file claims, before any decoding
         with PILImage.open(io.BytesIO(data), formats=list(_FORMATS)) as head:
             found, (w, h), mode = _FORMATS[head.format], head.size, head.mode
-    except Exception:  # not an image, a truncated header, Pillow's own bomb guard
+    except PILImage.DecompressionBombError:  # Pillow's own guard: far past any policy's size
+        raise PayloadTooLarge(f"{what}: claims over {2 * PILImage.MAX_IMAGE_PIXELS} pixels (not decoded)") from None
+    except Exception:  # not an image, a truncated or unreadable header
         raise BadObservation(f"{what}: {len(data)} bytes that are not a readable {kind} file") from None
     if found != kind:
         raise BadObservation(f"{what}: format says {kind} but the data is {found}")
