@@ -264,6 +264,16 @@ def test_robot_client_refuses_a_wrong_image_transport():
     assert RobotClientConfig(image_transport="png", image_quality=0).image_quality == 0
 
 
+def test_a_remote_tier_takes_image_transport_to_its_engine():
+    from robotserve_ros.config import ConfigError
+    from robotserve_ros.nodes.server_config import RemoteTierConfig
+
+    kw = RemoteTierConfig(address="10.0.0.2:50051", image_transport="jpeg", image_quality=75).engine_params()
+    assert (kw["image_transport"], kw["image_quality"]) == ("jpeg", 75)
+    with pytest.raises(ConfigError, match="image_quality.*12 is not in 0..9 for png"):
+        RemoteTierConfig(address="10.0.0.2:50051", image_transport="png", image_quality=12)
+
+
 # --- the CLI option of bench fleet-live ---------------------------------------------------
 def test_fleet_live_image_transport_option_is_checked(capsys):
     from robotserve_ros.cli import main
