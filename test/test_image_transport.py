@@ -82,6 +82,33 @@ def test_bad_frames_are_refused_with_the_reason(what, fmt, data, text):
         decode_frame("compressed_images[0]", fmt, data, SPEC)
 
 
+@pytest.mark.parametrize("kind", ["jpeg", "png"])
+def test_damaged_files_give_the_policys_array_or_a_clear_refusal(kind):
+    """Bytes changed or cut anywhere in a real file: decoded to the policy's shape, or refused
+    as a RequestError naming the field; never another exception, never another shape."""
+    from hypothesis import HealthCheck, given, settings, strategies as st
+
+    from robotserve_ros.core.errors import RequestError
+
+    fmt, data = encode_frame(scene(3), "rgb8", kind, 90 if kind == "jpeg" else 3)
+
+    @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(st.lists(st.tuples(st.integers(0, len(data) - 1), st.integers(0, 255)), max_size=6),
+           st.integers(1, len(data)))
+    def check(edits, keep):
+        b = bytearray(data)
+        for at, v in edits:
+            b[at] = v
+        try:
+            got = decode_frame("compressed_images[0]", fmt, bytes(b[:keep]), SPEC)
+        except RequestError as e:
+            assert e.message.startswith("compressed_images[0]: ")
+        else:
+            assert got.shape == (32, 32, 3) and got.dtype == np.uint8
+
+    check()
+
+
 # --- the gRPC link to a remote GPU server ---------------------------------------------------
 def test_the_grpc_link_carries_compressed_frames_and_refuses_a_bad_one():
     import grpc
