@@ -148,6 +148,7 @@ def test_the_grpc_link_carries_compressed_frames_and_refuses_a_bad_one():
             finally:
                 remote.close()
             assert got.actions.shape == (8, 3)
+            assert remote.link.ratio_samples == 1 and remote.link.wire_ratio < 0.5  # the placement sees the saving
             if exact:
                 np.testing.assert_array_equal(seen[-1], img)
             else:

@@ -18,7 +18,7 @@ from typing import Optional, Sequence
 import grpc
 
 from ..core.engine import Engine
-from ..core.placement import LinkEstimate
+from ..core.placement import LinkEstimate, payload_bytes
 from ..core.profile import EngineProfile
 from ..core.types import ChunkResult, InferenceRequest
 from . import DEFAULT_MAX_MESSAGE, channel_options, stubs
@@ -130,6 +130,8 @@ class RemoteEngine(Engine):
             if c.task_id != q.task_id or c.round_id != q.round_id:
                 raise RemoteEngineError(f"GPU server {self.address} answered ({c.task_id}, {c.round_id}) for ({q.task_id}, {q.round_id})")
         self.link.observe_call(msg.ByteSize() + rep.ByteSize(), wall - rep.engine_s)
+        if self.image_transport != "raw":  # the placement prices requests at their compressed size
+            self.link.observe_payload(msg.ByteSize(), sum(payload_bytes(r) for r in batch))
         self.link.mark_up()
         return [result_from_pb(c, i) for i, c in enumerate(rep.chunks)]
 
