@@ -175,6 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .bench import hybrid as bench_hybrid, nova as bench_nova, oxygen as bench_oxygen, peer as bench_peer
     from .bench import llm_backends as bench_llm_backends, ray as bench_ray, slo as bench_slo, study_fleet
     from .bench import mixed_fleet as bench_mixed_fleet, openpi as bench_openpi, timely as timely_bench
+    from .bench import image_transport as bench_image_transport
     from .engines import profiling, tiny_policies
     from .engines.llm import convert as llm_convert, profile as llm_profile
     from .live import fleet_status, up as live_up
@@ -239,6 +240,8 @@ def build_parser() -> argparse.ArgumentParser:
     fl.add_argument("--trace-server", action="store_true", help="run the server with per-round marks (where lost rounds went)")
     fl.add_argument("--light", action="store_true", help="light load generator (live/light_fleet.py): many robots per "
                     "process, no rendering; the server's numbers are the headline")
+    fl.add_argument("--image-transport", choices=("raw", "jpeg", "png"), help="how every robot sends its cameras "
+                    "(robot_client image_transport; default: the config's, else raw; docs/transport.md)")
     fl.set_defaults(func=cmd_bench_fleet_live)
 
     so = b.add_parser("soak", help="the server under a steady light fleet for minutes: RSS growth, lost chunks, ledger freed")
@@ -272,6 +275,8 @@ def build_parser() -> argparse.ArgumentParser:
          bench_openpi),
         (b, "mixed-fleet", "one server, ROS 2 + unchanged LeRobot + unchanged openpi robots in the same batches",
          bench_mixed_fleet),
+        (b, "image-transport", "camera frames raw vs JPEG/PNG: bytes per round, decode time, the action difference "
+                               "on the tiny SmolVLA (issue 26)", bench_image_transport),
         (b, "timely", "TimelyLLM trace replay: time utility, response and waiting time per scheduler", timely_bench),
         (b, "ray", "the fleet scheduler over 1/2/4 replicas: gRPC tiers vs a Ray Serve pool, and chaos (issue 24)",
          bench_ray),

@@ -65,6 +65,8 @@ from .managed import ManagedNode
 from ..core.task_auth import read_key, task_mac
 from .client_account import ClientAccount
 from .convert import chunk_to_array
+from ..config import check_image_transport
+from ..transport.images import FrameEncoder
 
 @dataclass(frozen=True)
 class RobotClientConfig(NodeConfig):
@@ -108,6 +110,9 @@ class RobotClientConfig(NodeConfig):
                                        "(0: 20 x expected_latency_s, at least 2 s)")
     retry_s: float = param(0.2, "pause before resending after an error, > 0")
     stats_file: str = param("", "write the client's account here on shutdown; '{robot}' -> the robot's name; '' = off")
+    image_transport: str = param("raw", "how camera frames go in srv/Infer: raw (sensor_msgs/Image as received), "
+                                 "jpeg or png (sensor_msgs/CompressedImage, encoded here; docs/transport.md)")
+    image_quality: int = param(90, "jpeg quality 1..100 (png: compression level 0..9)")
     task_key_file: str = param("", "this robot's task key, the file the server has as <robot id>.key in its "
                                    "task_auth.key_dir: requests and progress carry its HMAC; '' = unsigned")
 
@@ -117,6 +122,7 @@ class RobotClientConfig(NodeConfig):
         check_one_of("command_type", self.command_type, COMMAND_TYPES)
         check_one_of("task_source", self.task_source, ("parameters", "action"))
         check_one_of("aggregate", self.aggregate, AGGREGATES)
+        check_image_transport(self.image_transport, self.image_quality)
         check_one_of("horizon_mode", self.horizon_mode, ("static", "dynamic"))
         if self.workload:
             check_one_of("workload", self.workload, builtin_names())
@@ -166,6 +172,7 @@ class RobotClientNode(ManagedNode):
         self.queue = ActionQueue(c.aggregate)
         self.acct = ClientAccount(self.robot, self.hz)
         self.images = [None] * len(c.image_topics)
+        self.encoder = FrameEncoder(c.image_transport, c.image_quality) if c.image_transport != "raw" else None
         self.joints: JointState | None = None
         for i, topic in enumerate(c.image_topics):
             self.create_subscription(Image, topic, lambda m, i=i: self._on_image(i, m), qos_profile_sensor_data)
@@ -373,6 +380,8 @@ class RobotClientNode(ManagedNode):
         r = Infer.Request()
         r.task_id, r.round_id = self.task_id, self.round
         self._fill_observation(r.observation)
+        if self.encoder is not None:  # the cameras as JPEG/PNG instead (the refresh service still sends raw)
+            r.compressed_images, r.observation.images = self.encoder.encode(r.observation.images), []
         r.has_exec_info = self.round > 0
         r.exec_info.exec_start = to_time(self.exec_start)
         r.exec_info.actions_left = len(self.queue)

@@ -188,7 +188,7 @@ class GpuServicer:
             raise BadField("requests: empty batch")
         if n > lim.max_call_requests:
             raise BadField(f"requests: {n} in one call, at most {lim.max_call_requests}")
-        sent = [request_from_pb(m, i, lim) for i, m in enumerate(request.requests)]
+        sent = [request_from_pb(m, i, lim, self.spec) for i, m in enumerate(request.requests)]
         if self.spec is not None:
             for i, q in enumerate(sent):
                 check_spec(q.observation, self.spec, i)

@@ -18,6 +18,7 @@ from ..core.errors import RequestError
 from ..core.observation import ENCODINGS, BadObservation, Observation, ObservationSpec
 from ..core.types import ChunkResult, InferenceRequest
 from . import DEFAULT_MAX_MESSAGE
+from .images import compressible, decode_frame, encode_frame
 
 ALLOWED_DTYPES = ("bool", "uint8", "int8", "uint16", "int16", "int32", "int64", "float16", "float32", "float64")
 MAX_DIMS = 8
@@ -90,13 +91,19 @@ def decode(t, what: str = "tensor", limits: Limits = Limits()) -> np.ndarray:
     return np.frombuffer(t.data, dtype=dt).reshape(shape)
 
 
-def request_to_pb(pb, req: InferenceRequest):
+def request_to_pb(pb, req: InferenceRequest, image_transport: str = "raw", quality: int = 90):
+    """image_transport jpeg/png: uint8 cameras of 1 or 3 channels go as CompressedFrame
+    (their channel order kept), the rest as raw Tensors; one kind per observation."""
     m = pb.Request(task_id=req.task_id, round_id=int(req.round_id))
     obs = req.observation
     if obs is not None:
         m.has_observation = True
         o = m.observation
-        o.images.extend(encode(pb, im) for im in obs.images)
+        if image_transport != "raw" and all(compressible(im) for im in obs.images):
+            o.compressed_images.extend(pb.CompressedFrame(format=f, data=d) for f, d in (
+                encode_frame(im, "rgb8" if im.shape[2] == 3 else "mono8", image_transport, quality) for im in obs.images))
+        else:
+            o.images.extend(encode(pb, im) for im in obs.images)
         o.joints.CopyFrom(encode(pb, np.asarray(obs.joints)))
         o.instruction = obs.instruction
         o.timestep = int(obs.timestep)
@@ -109,8 +116,9 @@ def _text(s: str, what: str, cap: int) -> None:
         raise BadField(f"{what}: {n} bytes, at most {cap}")
 
 
-def request_from_pb(m, index: int = 0, limits: Limits = Limits()) -> InferenceRequest:
-    """The index-th request of a call, validated; errors name `requests[index].<field>`."""
+def request_from_pb(m, index: int = 0, limits: Limits = Limits(), spec: Optional[ObservationSpec] = None) -> InferenceRequest:
+    """The index-th request of a call, validated; errors name `requests[index].<field>`.
+    `spec`: the policy's observation spec, which compressed frames are checked against."""
     at = f"requests[{index}]"
     if not m.task_id:
         raise BadField(f"{at}.task_id: empty")
@@ -123,7 +131,15 @@ def request_from_pb(m, index: int = 0, limits: Limits = Limits()) -> InferenceRe
         _text(o.instruction, f"{at}.observation.instruction", limits.max_text_bytes)
         if len(o.images) > limits.max_images:
             raise BadField(f"{at}.observation.images: {len(o.images)} images, at most {limits.max_images}")
-        images = []
+        if len(o.compressed_images) > limits.max_images:
+            raise BadField(f"{at}.observation.compressed_images: {len(o.compressed_images)} images, at most {limits.max_images}")
+        if len(o.images) and len(o.compressed_images):
+            raise BadField(f"{at}.observation: images and compressed_images both carry cameras; send one or the other")
+        # Decoded against the policy's spec (size checked from the header first); without one,
+        # no frame may claim more elements than a message of the server's limit could carry.
+        bound = spec or ObservationSpec(encodings=("rgb8", "mono8"), max_bytes=limits.max_elements)
+        images = [decode_frame(f"{at}.observation.compressed_images[{i}]", c.format, c.data, bound)
+                  for i, c in enumerate(o.compressed_images)]
         for i, t in enumerate(o.images):
             where = f"{at}.observation.images[{i}]"
             im = decode(t, where, limits)
