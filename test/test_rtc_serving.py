@@ -141,3 +141,24 @@ def test_a_bad_leftover_is_refused_counted_and_costs_no_one_else(why, req):
     assert core.stats.errors["bad_rtc"] == 1
     (d,) = core.dispatch()
     assert [p.task_id for p in d.requests] == ["b"]
+
+
+def test_a_spliced_chunk_keeps_the_frozen_leftover_and_replaces_the_rest():
+    from robotserve_ros.core.action_queue import ActionQueue
+
+    q = ActionQueue("weighted_average")
+    q.merge(0, np.zeros((10, 1), np.float32))  # the current chunk, timesteps 0..9
+    for _ in range(4):
+        q.pop()  # request sent at timestep 4 with 6 left; then 2 more executed while waiting
+    sent_at = q.timestep
+    q.pop(), q.pop()
+    new = np.full((8, 1), 7.0, np.float32)  # row i is timestep sent_at + i
+    assert q.splice(sent_at, new, 3) == (3, 1)  # timestep 6 executed: 1 frozen action still to run
+    assert [float(a[0]) for a in q.queued()] == [0.0] + [7.0] * 5
+    # the chunk came after the robot passed d (later than predicted): resume where it is
+    q2 = ActionQueue()
+    q2.merge(0, np.zeros((10, 1), np.float32))
+    for _ in range(6):
+        q2.pop()
+    assert q2.splice(2, new, 1) == (4, 0)
+    assert len(q2.queued()) == 4

@@ -65,6 +65,7 @@ from .managed import ManagedNode
 from ..core.task_auth import read_key, task_mac
 from .client_account import ClientAccount
 from .convert import chunk_to_array
+from .rtc_client import RtcAccount, fill_leftover
 
 @dataclass(frozen=True)
 class RobotClientConfig(NodeConfig):
@@ -108,6 +109,8 @@ class RobotClientConfig(NodeConfig):
                                        "(0: 20 x expected_latency_s, at least 2 s)")
     retry_s: float = param(0.2, "pause before resending after an error, > 0")
     stats_file: str = param("", "write the client's account here on shutdown; '{robot}' -> the robot's name; '' = off")
+    rtc: bool = param(False, "real-time chunking: send the unexecuted leftover with each request and start each "
+                              "chunk at the action d the server inpainted from (docs/rtc_serving.md)")
     task_key_file: str = param("", "this robot's task key, the file the server has as <robot id>.key in its "
                                    "task_auth.key_dir: requests and progress carry its HMAC; '' = unsigned")
 
@@ -165,6 +168,7 @@ class RobotClientNode(ManagedNode):
         self.clock = NodeClock(self)
         self.queue = ActionQueue(c.aggregate)
         self.acct = ClientAccount(self.robot, self.hz)
+        self.rtc = RtcAccount() if c.rtc else None
         self.images = [None] * len(c.image_topics)
         self.joints: JointState | None = None
         for i, topic in enumerate(c.image_topics):
@@ -388,6 +392,8 @@ class RobotClientNode(ManagedNode):
         else:
             r.horizon.name, r.horizon.has_param, r.horizon.param = self.horizon
         r.refresh_service = self.fetch_name
+        if self.rtc is not None:
+            fill_leftover(r, self.queue.queued())
         r.robot_id = self.robot_id
         if self.task_key is not None:
             r.auth_stamp = to_time(now)
@@ -461,7 +467,10 @@ class RobotClientNode(ManagedNode):
             self._end_goal("aborted", f"chunk refused: {why}")
             self._hold()
             return
-        dropped, _ = self.queue.merge(resp.chunk.first_timestep, chunk_to_array(resp.chunk))
+        if self.rtc is not None:  # from action d on, under RTC
+            self.rtc.place(self.queue, resp.chunk, chunk_to_array(resp.chunk))
+        else:
+            self.queue.merge(resp.chunk.first_timestep, chunk_to_array(resp.chunk))
         if self.config.command_type == "trajectory_chunk":
             self._send_trajectory()
         self.acct.on_chunk_used((task, rnd), reply_ms, len(self.queue))
@@ -615,7 +624,8 @@ class RobotClientNode(ManagedNode):
         if self.acct is not None and self.config.stats_file:
             self.acct.dump(self.config.stats_file.replace("{robot}", self.robot),
                            {"finished_tasks": self.finished_tasks, "task_id": self.task_id,
-                            "tasks_continued": self.tasks_continued})
+                            "tasks_continued": self.tasks_continued,
+                            **({"rtc": self.rtc.snapshot()} if self.rtc is not None else {})})
         super().close()
 
 
