@@ -162,3 +162,22 @@ def test_a_spliced_chunk_keeps_the_frozen_leftover_and_replaces_the_rest():
         q2.pop()
     assert q2.splice(2, new, 1) == (4, 0)
     assert len(q2.queued()) == 4
+
+
+def test_the_fleet_rtc_account_and_the_bench_summary_count_what_the_robots_saw():
+    from robotserve_ros.bench.rtc_live import summarize
+    from robotserve_ros.nodes.rtc_client import merge_rtc
+
+    robots = [{"guided": 3, "unguided": 1, "held": 1, "delays": {"2": 2, "4": 1}, "d_error": {"-1": 1, "0": 1, "2": 1},
+               "horizons": [(2, 10, 50), (4, 4, 50), (2, 49, 50)]},
+              {"guided": 1, "unguided": 0, "held": 0, "delays": {"3": 1}, "d_error": {"0": 1}, "horizons": [(3, 20, 50)]}]
+    rtc = merge_rtc(robots)
+    assert (rtc["robots"], rtc["guided"], rtc["held"]) == (2, 4, 1)
+    assert rtc["delays"] == {2: 2, 3: 1, 4: 1} and rtc["d_error"] == {-1: 1, 0: 2, 2: 1}
+    assert rtc["clamp_held"] == 3  # (2, 49, 50): s > H - d
+    side = {"idle_fraction": 0.2, "chunks_served": 10}
+    s = summarize(side, {**side, "idle_fraction": 0.1, "rtc": rtc})
+    r = s["rtc"]
+    assert r["late_fraction"] == 0.25 and r["early_fraction"] == 0.25 and r["held_fraction"] == 0.25
+    assert r["d_p50"] == 2.5 and r["clamp_held_fraction"] == 0.75
+    assert s["idle_fraction_ratio_rtc_over_without"] == 0.5
