@@ -384,7 +384,12 @@ class LeRobotEngine(Engine):
         proc, dt = self.policy.model.rtc_processor, -1.0 / self.cfg.num_steps
         unguided = proc.denoise_step
 
+        torch = self.torch
+
         def denoise_step(*args, **kwargs):
+            plain = kwargs.get("original_denoise_step_partial")
+            if plain is not None:  # its correction needs no graph through the denoiser: none is built
+                kwargs["original_denoise_step_partial"] = lambda x: torch.no_grad()(plain)(x)
             self._in_rtc = True
             try:
                 v_t = unguided(*args, **kwargs)
