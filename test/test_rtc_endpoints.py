@@ -73,3 +73,30 @@ def test_lerobot_leftover_rebuilt_from_the_sessions_timestep():
         a.close()
     finally:
         srv.stop(0)
+
+
+def test_the_guide_travels_to_a_remote_gpu_tier_and_its_d_comes_back():
+    pytest.importorskip("grpc")
+    from robotserve_ros.core import EngineProfile
+    from robotserve_ros.core.observation import Observation
+    from robotserve_ros.core.rtc import RtcGuide
+    from robotserve_ros.core.types import InferenceRequest
+    from robotserve_ros.engines.simulated import SimulatedEngine
+    from robotserve_ros.transport.gpu_server import GpuServer
+    from robotserve_ros.transport.remote_engine import RemoteEngine
+
+    eng = SimulatedEngine(EngineProfile({1: 1.0}), chunk_size=8, action_dim=3)
+    left = np.arange(15, dtype=np.float32).reshape(5, 3)
+    o = Observation(joints=np.zeros(3, np.float32))
+    with GpuServer(eng, "127.0.0.1:0") as srv:
+        remote = RemoteEngine(address=srv.address, ping_interval_s=0)
+        try:
+            got, plain = remote.infer([InferenceRequest("r/t", 1, observation=o, rtc=RtcGuide(left, 2)),
+                                       InferenceRequest("r/u", 1, observation=o)])
+            with pytest.raises(Exception) as e:  # the wrong width is refused alone, naming the field
+                remote.infer([InferenceRequest("r/v", 1, observation=o, rtc=RtcGuide(np.zeros((2, 4), np.float32), 1))])
+        finally:
+            remote.close()
+    assert got.rtc_delay_steps == 2 and plain.rtc_delay_steps is None
+    np.testing.assert_array_equal(got.actions[:2], left[:2])
+    assert "rtc_leftover" in str(e.value) and "4 values per action" in str(e.value)
