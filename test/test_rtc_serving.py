@@ -181,3 +181,16 @@ def test_the_fleet_rtc_account_and_the_bench_summary_count_what_the_robots_saw()
     assert r["late_fraction"] == 0.25 and r["early_fraction"] == 0.25 and r["held_fraction"] == 0.25
     assert r["d_p50"] == 2.5 and r["clamp_held_fraction"] == 0.75
     assert s["idle_fraction_ratio_rtc_over_without"] == 0.5
+
+
+def test_self_consistency_replicas_keep_their_requests_guide():
+    from robotserve_ros.core.horizon import SelfConsistencyEngine
+
+    eng = SelfConsistencyEngine(SimulatedEngine(EngineProfile({1: 10.0, 4: 12.0}), chunk_size=CHUNK, action_dim=DIM), k=2)
+    assert eng.supports_rtc
+    req = rtc_request("a")
+    req.rtc = req.rtc.with_delay(3)
+    (r,) = eng.infer([req])
+    assert r.rtc_delay_steps == 3 and r.samples.shape[0] == 2
+    for s in r.samples:  # every replica froze the same leftover rows
+        np.testing.assert_array_equal(s[:3], req.rtc.leftover[:3])
