@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -89,10 +90,13 @@ def cli(a) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="robotserve_rtc_live_"))
     load = [round(x, 2) for x in os.getloadavg()]
     runs = {}
-    for rtc in (False, True):
-        print(f"[rtc-live] robot clients with rtc: {str(rtc).lower()}", flush=True)
-        runs[rtc] = run_fleet_live(tmp / f"rtc_{rtc}.json", robots=a.robots, duration=a.duration,
-                                   config=_with_rtc(base, rtc, a.trigger_actions, tmp / f"params_rtc_{rtc}.yaml"))
+    try:
+        for rtc in (False, True):
+            print(f"[rtc-live] robot clients with rtc: {str(rtc).lower()}", flush=True)
+            runs[rtc] = run_fleet_live(tmp / f"rtc_{rtc}.json", robots=a.robots, duration=a.duration,
+                                       config=_with_rtc(base, rtc, a.trigger_actions, tmp / f"params_rtc_{rtc}.yaml"))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # the params files; each run's logs are fleet-live's
     res = {"benchmark": "rtc-live",
            "command": f"robotserve bench rtc-live --robots {a.robots} --duration {a.duration:g} "
                       f"--trigger-actions {a.trigger_actions}"
