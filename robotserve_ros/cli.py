@@ -176,6 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .bench import llm_backends as bench_llm_backends, ray as bench_ray, slo as bench_slo, study_fleet
     from .bench import mixed_fleet as bench_mixed_fleet, openpi as bench_openpi, timely as timely_bench
     from .bench import image_transport as bench_image_transport
+    from .bench import rtc_live as bench_rtc_live
     from .engines import profiling, tiny_policies
     from .engines.llm import convert as llm_convert, profile as llm_profile
     from .live import fleet_status, up as live_up
@@ -277,6 +278,8 @@ def build_parser() -> argparse.ArgumentParser:
          bench_mixed_fleet),
         (b, "image-transport", "camera frames raw vs JPEG/PNG: bytes per round, decode time, the action difference "
                                "on the tiny SmolVLA (issue 26)", bench_image_transport),
+        (b, "rtc-live", "RTC served remotely: the delay d the server predicts vs what the robots saw, "
+                        "a live fleet with and without rtc", bench_rtc_live),
         (b, "timely", "TimelyLLM trace replay: time utility, response and waiting time per scheduler", timely_bench),
         (b, "ray", "the fleet scheduler over 1/2/4 replicas: gRPC tiers vs a Ray Serve pool, and chaos (issue 24)",
          bench_ray),

@@ -6,7 +6,7 @@ from typing import Optional
 
 import numpy as np
 
-from ..core.errors import RequestError
+from ..core.errors import BadRtc, RequestError
 from ..core.observation import (
     BadObservation,
     Observation,
@@ -18,6 +18,7 @@ from ..core.observation import (
     check_text,
     decode_image,
 )
+from ..core.rtc import RtcGuide
 from ..core.types import ChunkReply, ExecInfo, HorizonChoice, InferenceRequest
 from ..msg import Status
 from ..transport.images import decode_frame
@@ -65,7 +66,18 @@ def request_from_msg(r, spec: ObservationSpec) -> InferenceRequest:
         observation=obs,
         obs_stamp=obs.stamp,
         remaining_rounds=int(r.remaining_rounds) or None,
+        rtc=rtc_from_msg(r.rtc_leftover, int(r.rtc_leftover_actions)),
     )
+
+
+def rtc_from_msg(values, rows: int) -> Optional[RtcGuide]:
+    """srv/Infer's rtc_leftover (row-major) + its rows -> RtcGuide; None when empty (no RTC).
+    Width, finiteness and length against the policy are the core's checks (ServingCore)."""
+    if rows == 0 and len(values) == 0:
+        return None
+    if rows == 0 or len(values) % rows or len(values) == 0:
+        raise BadRtc(f"rtc_leftover has {len(values)} values, not a whole number of rtc_leftover_actions={rows} rows")
+    return RtcGuide(np.asarray(values, dtype=np.float32).reshape(rows, -1))
 
 
 def fill_status(status, code: str, message: str = "") -> None:
@@ -85,6 +97,7 @@ def fill_chunk(c, reply: ChunkReply, first_timestep: int, stamp: float, joint_na
     c.chunk_len = int(reply.chunk_len)
     c.actions = array.array("f", a.tobytes())
     c.horizon_reason = reply.reason
+    c.rtc_delay_steps = -1 if reply.rtc_delay_steps is None else int(reply.rtc_delay_steps)
     if len(joint_names) == c.action_dim:  # names that do not cover the columns would mislead: none then
         c.joint_names = list(joint_names)
 

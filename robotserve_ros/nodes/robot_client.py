@@ -67,6 +67,8 @@ from .client_account import ClientAccount
 from .convert import chunk_to_array
 from ..config import check_image_transport
 from ..transport.images import FrameEncoder
+from .rtc_client import RtcAccount, fill_leftover
+
 
 @dataclass(frozen=True)
 class RobotClientConfig(NodeConfig):
@@ -113,6 +115,8 @@ class RobotClientConfig(NodeConfig):
     image_transport: str = param("raw", "how camera frames go in srv/Infer: raw (sensor_msgs/Image as received), "
                                  "jpeg or png (sensor_msgs/CompressedImage, encoded here; docs/transport.md)")
     image_quality: int = param(90, "jpeg quality 1..100 (png: compression level 0..9)")
+    rtc: bool = param(False, "real-time chunking: send the unexecuted leftover with each request and start each "
+                              "chunk at the action d the server inpainted from (docs/rtc_serving.md)")
     task_key_file: str = param("", "this robot's task key, the file the server has as <robot id>.key in its "
                                    "task_auth.key_dir: requests and progress carry its HMAC; '' = unsigned")
 
@@ -171,6 +175,7 @@ class RobotClientNode(ManagedNode):
         self.clock = NodeClock(self)
         self.queue = ActionQueue(c.aggregate)
         self.acct = ClientAccount(self.robot, self.hz)
+        self.rtc = RtcAccount() if c.rtc else None
         self.images = [None] * len(c.image_topics)
         self.encoder = FrameEncoder(c.image_transport, c.image_quality) if c.image_transport != "raw" else None
         self.joints: JointState | None = None
@@ -397,6 +402,8 @@ class RobotClientNode(ManagedNode):
         else:
             r.horizon.name, r.horizon.has_param, r.horizon.param = self.horizon
         r.refresh_service = self.fetch_name
+        if self.rtc is not None:
+            fill_leftover(r, self.queue.queued())
         r.robot_id = self.robot_id
         if self.task_key is not None:
             r.auth_stamp = to_time(now)
@@ -470,7 +477,10 @@ class RobotClientNode(ManagedNode):
             self._end_goal("aborted", f"chunk refused: {why}")
             self._hold()
             return
-        dropped, _ = self.queue.merge(resp.chunk.first_timestep, chunk_to_array(resp.chunk))
+        if self.rtc is not None:  # from action d on, under RTC
+            self.rtc.place(self.queue, resp.chunk, chunk_to_array(resp.chunk))
+        else:
+            self.queue.merge(resp.chunk.first_timestep, chunk_to_array(resp.chunk))
         if self.config.command_type == "trajectory_chunk":
             self._send_trajectory()
         self.acct.on_chunk_used((task, rnd), reply_ms, len(self.queue))
@@ -624,7 +634,8 @@ class RobotClientNode(ManagedNode):
         if self.acct is not None and self.config.stats_file:
             self.acct.dump(self.config.stats_file.replace("{robot}", self.robot),
                            {"finished_tasks": self.finished_tasks, "task_id": self.task_id,
-                            "tasks_continued": self.tasks_continued})
+                            "tasks_continued": self.tasks_continued,
+                            **({"rtc": self.rtc.snapshot()} if self.rtc is not None else {})})
         super().close()
 
 

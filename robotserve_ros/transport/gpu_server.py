@@ -41,7 +41,7 @@ from ..config import ConfigError, engine_config, relabel
 from ..params import parse_key_values
 from . import DEFAULT_MAX_MESSAGE, TOKEN_ENV, add_arguments, channel_options, stubs  # noqa: F401 (re-exported)
 from .call_guard import CallGuard, GuardLimits
-from .tensors import BadField, log_failure, Limits, check_spec, request_from_pb, result_to_pb
+from .tensors import BadField, log_failure, Limits, check_rtc, check_spec, request_from_pb, result_to_pb
 
 log = logging.getLogger("robotserve.gpu_server")
 
@@ -192,6 +192,8 @@ class GpuServicer:
         if self.spec is not None:
             for i, q in enumerate(sent):
                 check_spec(q.observation, self.spec, i)
+        for i, q in enumerate(sent):  # a leftover the engine cannot take would fail its whole batch
+            check_rtc(q, self.engine, i)
         remaining = context.time_remaining()
         clock = self.core.clock
         call = _Call(threading.Condition(self.lock), [None] * n, left=n, holder=token_holder(context.invocation_metadata(), self.tokens) or 0)

@@ -37,6 +37,9 @@ class RemoteEngineError(RuntimeError):
 
 class RemoteEngine(Engine):
     name = "remote"
+    # The guide goes with the request (tensors.request_to_pb); the remote engine's reply says
+    # whether it inpainted (rtc_delay_steps), so an engine there without RTC reports none.
+    supports_rtc = True
 
     def __init__(
         self,

@@ -16,6 +16,7 @@ import numpy as np
 
 from ..core.errors import RequestError
 from ..core.observation import ENCODINGS, BadObservation, Observation, ObservationSpec
+from ..core.rtc import RtcGuide
 from ..core.types import ChunkResult, InferenceRequest
 from . import DEFAULT_MAX_MESSAGE
 from .images import compressible, decode_frame, encode_frame
@@ -107,6 +108,10 @@ def request_to_pb(pb, req: InferenceRequest, image_transport: str = "raw", quali
         o.joints.CopyFrom(encode(pb, np.asarray(obs.joints)))
         o.instruction = obs.instruction
         o.timestep = int(obs.timestep)
+    g = req.rtc
+    if g is not None and g.delay_steps is not None:
+        m.has_rtc, m.rtc_delay_steps = True, int(g.delay_steps)
+        m.rtc_leftover.CopyFrom(encode(pb, np.asarray(g.leftover, np.float32)))
     return m
 
 
@@ -156,7 +161,16 @@ def request_from_pb(m, index: int = 0, limits: Limits = Limits(), spec: Optional
                 if bad.size:
                     raise BadObservation(f"{at}.observation.joints[{int(bad[0])}]: {joints[bad[0]]}, joint values must be finite")
         obs = Observation(images=images, joints=joints, instruction=o.instruction, timestep=int(o.timestep))
-    return InferenceRequest(task_id=m.task_id, round_id=int(m.round_id), observation=obs)
+    rtc = None
+    if m.has_rtc:
+        left = decode(m.rtc_leftover, f"{at}.rtc_leftover", limits)
+        rtc = RtcGuide(left.astype(np.float32) if left.dtype.kind == "f" else left, int(m.rtc_delay_steps))
+        problems = rtc.problems()
+        if left.dtype.kind != "f":
+            problems.append(f"rtc leftover must be float, got {left.dtype.name}")
+        if problems:
+            raise BadField(f"{at}.rtc_leftover: " + "; ".join(problems))
+    return InferenceRequest(task_id=m.task_id, round_id=int(m.round_id), observation=obs, rtc=rtc)
 
 
 def check_spec(obs: Optional[Observation], spec: ObservationSpec, index: int = 0) -> None:
@@ -181,6 +195,18 @@ def check_spec(obs: Optional[Observation], spec: ObservationSpec, index: int = 0
         raise BadObservation(f"{at}: {nbytes} bytes, the policy's server accepts at most {spec.max_bytes}")
 
 
+def check_rtc(req: InferenceRequest, engine, index: int = 0) -> None:
+    """A request's RTC leftover against the hosted engine's action width and chunk length."""
+    g, dim, chunk = req.rtc, getattr(engine, "action_dim", None), getattr(engine, "chunk_len", None)
+    if g is None:
+        return
+    problems = g.problems(dim)
+    if chunk is not None and len(g.leftover) > chunk:
+        problems.append(f"{len(g.leftover)} actions, more than a chunk of {chunk}")
+    if problems:
+        raise BadField(f"requests[{index}].rtc_leftover: " + "; ".join(problems))
+
+
 def result_to_pb(pb, req: InferenceRequest, res: ChunkResult):
     """The engine's full result (untrimmed: the edge's horizon policy trims it)."""
     c = pb.Chunk(task_id=req.task_id, round_id=int(req.round_id), actions=encode(pb, res.actions))
@@ -190,6 +216,8 @@ def result_to_pb(pb, req: InferenceRequest, res: ChunkResult):
     if res.initial_noise is not None:
         c.has_initial_noise = True
         c.initial_noise.CopyFrom(encode(pb, res.initial_noise))
+    if res.rtc_delay_steps is not None:
+        c.has_rtc, c.rtc_delay_steps = True, int(res.rtc_delay_steps)
     return c
 
 
@@ -198,4 +226,4 @@ def result_from_pb(c, index: int = 0) -> ChunkResult:
     actions = decode(c.actions, f"{at}.actions")
     updates = decode(c.updates, f"{at}.updates") if c.has_updates else None
     noise = decode(c.initial_noise, f"{at}.initial_noise") if c.has_initial_noise else None
-    return ChunkResult(actions, updates, noise)
+    return ChunkResult(actions, updates, noise, rtc_delay_steps=int(c.rtc_delay_steps) if c.has_rtc else None)
