@@ -161,6 +161,7 @@ vllm: $(VLLM_STAMP)
 
 # A scratch run: the report goes to $TMPDIR/robotserve-demo (printed), not over the tracked
 # reports/live/; the run of record is made on purpose with `robotserve demo --out reports/live`.
+# The Meta-World robots and the flow policy need what the ML stamp installs (torch, metaworld).
 demo: $(STAMP) $(ML_STAMP) $(LLM_STAMP) $(GRPC_STUBS)
 	$(BIN)/robotserve demo
 

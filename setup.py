@@ -17,6 +17,8 @@ setup(
         "numpy>=1.24", "matplotlib>=3.7", "tqdm>=4.60", "PyYAML>=6",
         "grpcio>=1.85.1,<2", "protobuf>=7.35.1,<8",  # the remote GPU server (transport/)
         "msgpack>=1.0,<2", "websockets>=15,<16",  # the openpi endpoint (transport/openpi/)
+        # compressed camera frames (transport/images.py): OpenCV decodes, Pillow reads headers
+        "opencv-python-headless>=4.11,<4.13", "pillow>=10",
     ],
     # openpi's client for tests and `bench openpi`: the Makefile installs it --no-deps (it pins numpy<2).
     extras_require={"test": ["pytest>=7", "hypothesis>=6"],

@@ -113,20 +113,24 @@ def demo_scratch_dir() -> Path:
 
 
 def cmd_demo(a) -> int:
-    from .live.demo import run_demo
+    from .live.demo import incomplete_runs, run_demo
     from .sim.workloads import builtin_workload
 
     if a.config and not Path(a.config).is_file():
         raise UsageError(f"--config {a.config!r}: no such file (a ROS params file, e.g. config/fleet.yaml)")
-    builtin_workload(a.workload)  # an unknown name is refused here, listing the known ones, before any process starts
+    if a.workload is None and (a.config or a.ablation):
+        raise UsageError(f"{'--config' if a.config else '--ablation'} is for --workload runs only "
+                         "(the Meta-World demo builds its own parameters)")
+    if a.workload is not None:
+        builtin_workload(a.workload)  # an unknown name is refused here, listing the known ones, before any process starts
     a.out = a.out or str(demo_scratch_dir())
     try:
         res = run_demo(Path(a.out), robots=a.robots, tasks=a.tasks, workload=a.workload, seed=a.seed, config=a.config,
                        ablation=a.ablation)
-    except RuntimeError as e:  # a fleet process died: which, and where its log is
+    except RuntimeError as e:  # a fleet process died (which, and where its log is), or Meta-World is missing
         print(f"robotserve {e}", file=sys.stderr)
         return 1
-    missing = [k for k, r in res["runs"].items() if len(r["tasks"]) < a.robots * a.tasks]
+    missing = incomplete_runs(res)
     print(f"report: {Path(a.out) / 'live_demo.md'}")
     if missing:
         print(f"robotserve demo: runs {missing} did not finish every task (see {a.out}/logs)", file=sys.stderr)
@@ -171,6 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
     from .bench import hybrid as bench_hybrid, nova as bench_nova, oxygen as bench_oxygen, peer as bench_peer
     from .bench import llm_backends as bench_llm_backends, ray as bench_ray, slo as bench_slo, study_fleet
     from .bench import mixed_fleet as bench_mixed_fleet, openpi as bench_openpi, timely as timely_bench
+    from .bench import image_transport as bench_image_transport
+    from .bench import rtc_live as bench_rtc_live
     from .engines import profiling, tiny_policies
     from .engines.llm import convert as llm_convert, profile as llm_profile
     from .live import fleet_status, up as live_up
@@ -235,6 +241,8 @@ def build_parser() -> argparse.ArgumentParser:
     fl.add_argument("--trace-server", action="store_true", help="run the server with per-round marks (where lost rounds went)")
     fl.add_argument("--light", action="store_true", help="light load generator (live/light_fleet.py): many robots per "
                     "process, no rendering; the server's numbers are the headline")
+    fl.add_argument("--image-transport", choices=("raw", "jpeg", "png"), help="how every robot sends its cameras "
+                    "(robot_client image_transport; default: the config's, else raw; docs/transport.md)")
     fl.set_defaults(func=cmd_bench_fleet_live)
 
     so = b.add_parser("soak", help="the server under a steady light fleet for minutes: RSS growth, lost chunks, ledger freed")
@@ -268,6 +276,10 @@ def build_parser() -> argparse.ArgumentParser:
          bench_openpi),
         (b, "mixed-fleet", "one server, ROS 2 + unchanged LeRobot + unchanged openpi robots in the same batches",
          bench_mixed_fleet),
+        (b, "image-transport", "camera frames raw vs JPEG/PNG: bytes per round, decode time, the action difference "
+                               "on the tiny SmolVLA (issue 26)", bench_image_transport),
+        (b, "rtc-live", "RTC served remotely: the delay d the server predicts vs what the robots saw, "
+                        "a live fleet with and without rtc", bench_rtc_live),
         (b, "timely", "TimelyLLM trace replay: time utility, response and waiting time per scheduler", timely_bench),
         (b, "ray", "the fleet scheduler over 1/2/4 replicas: gRPC tiers vs a Ray Serve pool, and chaos (issue 24)",
          bench_ray),
@@ -297,15 +309,17 @@ def build_parser() -> argparse.ArgumentParser:
     transport.add_arguments(g)
     g.set_defaults(func=cmd_gpu_server)
 
-    d = sub.add_parser("demo", help="live fleet on this machine: server + simulated robots, FIFO vs Kairos vs remaining")
-    d.add_argument("--robots", type=positive(int), default=12)
-    d.add_argument("--tasks", type=positive(int), default=2, help="tasks per robot")
-    d.add_argument("--workload", default="metaworld-mixed-edge", help="a built-in workload (robotserve workload list)")
+    d = sub.add_parser("demo", help="live fleet on this machine: Meta-World robots on the trained flow policy, FIFO + "
+                                    "static vs execution-aware serving (--workload NAME: a generated workload)")
+    d.add_argument("--robots", type=positive(int), default=10)
+    d.add_argument("--tasks", type=positive(int), help="episodes per robot (Meta-World: 8) or tasks per robot (--workload: 2)")
+    d.add_argument("--workload", help="replay a built-in generated workload instead (robotserve workload list), "
+                   "FIFO vs Kairos vs remaining, e.g. metaworld-mixed-edge")
     d.add_argument("--seed", type=seed, default=0)
-    d.add_argument("--config", help="ROS params file (default config/fleet.yaml)")
+    d.add_argument("--config", help="with --workload: ROS params file (default config/fleet.yaml)")
     d.add_argument("--out", help="report folder (default: a scratch folder, $TMPDIR/robotserve-demo; "
                    "the run of record: --out reports/live)")
-    d.add_argument("--ablation", action="store_true", help="also run FIFO with the dynamic horizon")
+    d.add_argument("--ablation", action="store_true", help="with --workload: also run FIFO with the dynamic horizon")
     d.set_defaults(func=cmd_demo)
 
 

@@ -55,6 +55,15 @@ def check_one_of(name: str, value: Any, choices) -> None:
     check(value in choices, name, value, f"is not one of {', '.join(map(str, choices))}")
 
 
+def check_image_transport(transport: str, quality: int) -> None:
+    """image_transport / image_quality of a robot_client or a remote tier (transport/images.py)."""
+    from .transport.images import TRANSPORTS, quality_range
+
+    check_one_of("image_transport", transport, TRANSPORTS)
+    lo, hi = quality_range(transport)
+    check(lo <= quality <= hi, "image_quality", quality, f"is not in {lo}..{hi} for {transport}")
+
+
 def param(default: Any, help: str, *, runtime: bool = False, beside: bool = False):
     """A config field: its default, its help (a ROS parameter's description), and whether it
     may be set while a node runs (read-only otherwise). `beside`: a dict whose sub-trees sit

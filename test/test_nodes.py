@@ -49,8 +49,13 @@ class Caller:
     def __init__(self, ctx):
         from robotserve_ros.srv import Infer
 
+        from robotserve_ros.nodes.common import service_qos
+
         self.ctx = ctx
-        self.cli = ctx.node.create_client(Infer, SERVICE)
+        # One test client may send a burst of a dozen calls: rclpy's default queue (keep last
+        # 10) on the client's side would drop the oldest before they are sent (a fleet has one
+        # client per robot, each with one call out).
+        self.cli = ctx.node.create_client(Infer, SERVICE, qos_profile=service_qos(100))
         assert self.cli.wait_for_service(timeout_sec=15), "inference server did not come up"
 
     def send(self, req):

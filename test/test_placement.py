@@ -81,6 +81,18 @@ def test_transfer_time_counts_against_the_cloud():
     assert payload_bytes(pending(1, side=224)[0].request) == 224 * 224 * 3
 
 
+def test_a_link_sending_compressed_frames_is_priced_at_its_wire_bytes():
+    """The same slow link as above, but its frames go as JPEG (30x fewer bytes, measured by the
+    remote engine): the transfer no longer outweighs the edge's queue."""
+    edge, cloud, link, pl = setup(rtt=0.05, bw=0.5e6)
+    link.observe_payload(5_000, 224 * 224 * 3)
+    assert link.wire_ratio == pytest.approx(5_000 / 150_528) and link.as_dict()["wire_ratio"] == link.wire_ratio
+    out = pl.place(pending(6, side=224), [edge, cloud], 0.0)
+    assert [(t.name, len(b)) for t, b in out] == [("edge", 4), ("cloud", 2)]
+    link.observe_payload(150_528, 150_528)  # raw again: the ratio moves back by alpha
+    assert 5_000 / 150_528 < link.wire_ratio < 1
+
+
 def test_down_link_is_not_used():
     edge, cloud, link, pl = setup(rtt=0.01)
     link.mark_down(now=0.0)

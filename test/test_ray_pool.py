@@ -113,7 +113,8 @@ def test_a_replica_killed_mid_batch_loses_nothing_and_runs_nothing_twice(cluster
         assert wait_for(lambda: fleet.served() >= 32, 30)
         ray.kill(engine.pool.replica_actors()[0], no_restart=True)
         killed_at = time.monotonic()
-        assert wait_for(lambda: engine.failures >= 1, 10), "the kill hit no batch in flight"
+        # Generous: on a loaded machine Ray takes seconds to see the actor die and fail its call.
+        assert wait_for(lambda: engine.failures >= 1, 30), "the kill hit no batch in flight"
         assert wait_for(lambda: fleet.all_served_since(killed_at + 0.5), 30), "some robot was not served again"
     finally:
         fleet.stop()
@@ -133,14 +134,18 @@ def test_a_replica_added_while_serving_gets_batches(cluster):
         assert fleet.runner.core.tier("pool").slots == 1
         engine.pool.scale(2)
         assert wait_for(lambda: fleet.runner.core.tier("pool").slots == 2, 30), "the second replica never got a slot"
-        served_at_two = fleet.served()
-        time.sleep(1.0)
-        rate_two = fleet.served() - served_at_two
+        # Each replica counts the rounds it served; Serve's router spreads `where` calls over both.
+        served: dict = {}
+
+        def both_served() -> bool:
+            w = engine.pool.where()
+            served[w["replica"]] = w["served"]
+            return len(served) == 2 and min(served.values()) > 0
+
+        assert wait_for(both_served, 30), f"rounds served per replica: {served}"
     finally:
         fleet.stop()
         engine.close()
-    # One replica serves at most 8 rounds per 50 ms (160/s): more means both replicas ran batches.
-    assert rate_two > 8 / 0.05 * 1.2, f"{rate_two} rounds in 1 s with two replicas"
     assert fleet.lost() == 0 and fleet.duplicated() == 0
 
 
@@ -161,6 +166,9 @@ def test_the_inference_server_serves_robots_from_a_ray_pool(cluster, ros_ctx, tm
         "engine": {"batch_sizes": [1, 2, 4], "latency_ms": [300.0, 320.0, 340.0]},
         "obs_width": 96, "obs_height": 96, "obs_joints": 6, "obs_encodings": ["rgb8"], "diagnostics_hz": 5.0,
         "ray_tiers": ["pool"],
+        # The burst below sends 12 calls at once from one client; the server's default queue keeps
+        # the last 10 (robots re-send an unanswered round themselves, a test client does not).
+        "infer_queue": {"depth": 32},
         "pool": {"replicas": 2, "resources": {"arm_pool": 1}, "address": cluster["cluster"].address},
     }
     path = tmp_path / "server.yaml"

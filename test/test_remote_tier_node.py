@@ -48,6 +48,9 @@ def test_cloud_tier_serves_part_of_a_burst(ros_ctx, tmp_path):
             "obs_width": 96, "obs_height": 96, "obs_joints": 6, "obs_encodings": ["rgb8"], "diagnostics_hz": 5.0,
             "remote_tiers": ["cloud"], "cloud": {"address": address, "token_file": token, "ping_interval_s": 0.2},
             "placement": {"name": "shortest_delay"},
+            # The burst below sends 12 calls at once from one client; the server's default queue keeps
+            # the last 10 (robots re-send an unanswered round themselves, a test client does not).
+            "infer_queue": {"depth": 32},
         }
         path = tmp_path / "server.yaml"
         path.write_text(yaml.safe_dump({"inference_server": {"ros__parameters": params}}))

@@ -51,9 +51,11 @@ from ..machine import busy_fraction, cpu_times, machine_info, proc_cpu_s
 from .fleet_live_report import HEADLINE, _num, _server_summary, aggregate, backlog_window, summary_lines
 
 
-def _params_file(base: str, stats_pattern: str, out: Path, stage_trace_file: str = "") -> tuple[str, dict]:
+def _params_file(base: str, stats_pattern: str, out: Path, stage_trace_file: str = "", image_transport: str = "") -> tuple[str, dict]:
     cfg = yaml.safe_load(Path(base).read_text())
     cfg.setdefault("/**/robot_client", {}).setdefault("ros__parameters", {})["stats_file"] = stats_pattern
+    if image_transport:  # how the robots send their cameras (robot_client's image_transport)
+        cfg["/**/robot_client"]["ros__parameters"]["image_transport"] = image_transport
     if stage_trace_file:
         cfg.setdefault("inference_server", {}).setdefault("ros__parameters", {})["stage_trace_file"] = stage_trace_file
     out.write_text(yaml.safe_dump(cfg))
@@ -148,14 +150,15 @@ def run_fleet_live(out: Path, robots: int = 100, duration: float = 60.0, per_pro
                    config: Optional[str] = None, lost_after_s: float = 10.0, startup_timeout: float = 60.0,
                    domain_id: Optional[int] = None, log_dir: Optional[Path] = None, trace_server: bool = False,
                    verbose: bool = True, light: bool = False, drain_s: float = 2.2,
-                   settle_timeout_s: float = 30.0) -> dict:
+                   settle_timeout_s: float = 30.0, image_transport: str = "") -> dict:
     """light: the robots are light_fleet's (live/light_fleet.py: per_process of them in one
     process, no simulated robots, pre-encoded observations) and the server is what is measured.
     drain_s: how long the server is watched after the clients stopped (its ledger and reply
     cache are freed by the reaper after task_timeout_s).
     settle_timeout_s: after the window the robots start no new round (SIGUSR1) and their open
     rounds are seen through -- re-sent until answered -- until the server holds no request
-    (or this long): a round still unanswered after that was lost, not in flight."""
+    (or this long): a round still unanswered after that was lost, not in flight.
+    image_transport: raw/jpeg/png for every robot ('' = the config's)."""
     if robots < 1 or per_process < 1 or duration <= 0:
         raise ValueError("robots >= 1, per_process >= 1 and duration > 0 are needed")
     out = Path(out)
@@ -166,7 +169,7 @@ def run_fleet_live(out: Path, robots: int = 100, duration: float = 60.0, per_pro
     stats_dir = tmp / "stats"
     trace_file = tmp / "server_stage_trace.json"
     params, cfg = _params_file(base, str(stats_dir / "{robot}.json"), tmp / "params.yaml",
-                               str(trace_file) if trace_server else "")
+                               str(trace_file) if trace_server else "", image_transport)
     srv_cfg = cfg.get("inference_server", {}).get("ros__parameters", {})
     engine = engine_profile_ms(srv_cfg)
     rc_cfg = cfg.get("/**/robot_client", {}).get("ros__parameters", {})
@@ -340,6 +343,7 @@ def run_fleet_live(out: Path, robots: int = 100, duration: float = 60.0, per_pro
         "robots": robots,
         "per_process": per_process,
         "light": light,
+        "image_transport": rc_cfg.get("image_transport", "raw"),
         "processes": ({"inference_server": 1, "light_fleet": -(-robots // per_process)} if light else
                       {"inference_server": 1, "sim_robot": -(-robots // per_process), "robot_client": -(-robots // per_process)}),
         "duration_s": duration,
@@ -400,7 +404,8 @@ def cli(a) -> int:
         if a.runs > 1:
             print(f"[fleet-live] run {k + 1}/{a.runs}", flush=True)
         res = run_fleet_live(Path(a.out), robots=a.robots, duration=a.duration, per_process=per_process,
-                             config=a.config, lost_after_s=a.lost_after, trace_server=a.trace_server, light=a.light)
+                             config=a.config, lost_after_s=a.lost_after, trace_server=a.trace_server, light=a.light,
+                             image_transport=a.image_transport)
         print("\n".join(summary_lines(res)))
         bad = res["lost_chunks"] or res["duplicate_chunks"] or res["mismatched_chunks"] or res["processes_failed_during_run"]
         bad_runs += bool(bad)
@@ -416,7 +421,7 @@ def cli(a) -> int:
         summary.write_text(json.dumps({
             "benchmark": f"fleet-live x{a.runs}",
             "command": f"robotserve bench fleet-live --robots {a.robots} --duration {a.duration:g} --runs {a.runs}"
-                       + (" --light" if a.light else ""),
+                       + (" --light" if a.light else "") + (f" --image-transport {a.image_transport}" if a.image_transport else ""),
             "lost_chunks_per_run": [r["lost_chunks"] for r in runs],
             "duplicate_chunks_per_run": [r["duplicate_chunks"] for r in runs],
             "runs": runs}, indent=1) + "\n")

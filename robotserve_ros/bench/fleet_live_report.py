@@ -8,6 +8,7 @@ from collections import Counter
 import numpy as np
 
 from ..live.processes import pct
+from ..nodes.rtc_client import merge_rtc
 
 
 def _num(v):
@@ -147,6 +148,8 @@ def aggregate(accounts: list[dict], t_ready: float, t_stop: float, lost_after_s:
             "intervals_over_2_periods": sum(v for k, v in tick_hist.items() if k > 2 * period_ms),
             "intervals_total": sum(tick_hist.values()),
         },
+        # robots with rtc on (docs/rtc_serving.md): the d they were served with, how far off it was
+        **({"rtc": merge_rtc([a["rtc"] for a in accounts if "rtc" in a])} if any("rtc" in a for a in accounts) else {}),
     }
 
 

@@ -42,6 +42,20 @@ class ActionQueue:
         self._q.extend(fresh[overlap:])
         return min(skip, len(actions)), overlap
 
+    def splice(self, first_timestep: int, actions: np.ndarray, frozen: int) -> tuple[int, int]:
+        """Place a real-time-chunked chunk (RTC, arXiv 2506.07339 §4): its first `frozen` (= d)
+        rows were inpainted to the leftover the robot executes while waiting, so the queued
+        actions up to timestep first_timestep + d are kept as they are and every queued action
+        after is replaced by the chunk's (it already agrees with them: nothing to blend).
+        Returns (the chunk's row execution resumes at, queued actions kept)."""
+        start = max(first_timestep + max(0, frozen), self.timestep)
+        keep = min(start - self.timestep, len(self._q))
+        start = self.timestep + keep  # (the queue ran out first: the robot held, resume there)
+        kept = [self._q[i] for i in range(keep)]
+        self._q = deque(kept)
+        self._q.extend(actions[start - first_timestep:])
+        return start - first_timestep, keep
+
     def queued(self) -> list:
         """The actions still to execute, in order (a trajectory of them goes to a controller)."""
         return list(self._q)

@@ -58,6 +58,11 @@ class BadDeadline(RequestError):
     """A time-utility function or SLO that cannot hold (beta <= 0, cutoff <= ERT, SLO <= 0, NaN)."""
 
 
+class BadRtc(RequestError):
+    """A real-time chunking leftover the policy cannot inpaint: wrong width, not finite, longer
+    than a chunk, or without the execution info (control rate) its delay is predicted from."""
+
+
 class Overloaded(RequestError):
     """Refused at admission: the server takes no more of this kind of work now."""
 

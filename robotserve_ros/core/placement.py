@@ -31,6 +31,9 @@ class LinkEstimate:
     time minus the server's engine time); what the round trip does not explain is transfer.
     A call of probe_bytes or more always measures bandwidth (else an estimate far too high
     would never learn). A failed call marks the link down for `down_s`; a later success or ping brings it back.
+    observe_payload: wire bytes per observation payload byte of a call (1 for raw tensors; a
+    link that sends camera frames as JPEG measures it), so a request is priced at what it
+    puts on the wire, not at its raw arrays.
     """
 
     def __init__(
@@ -44,6 +47,7 @@ class LinkEstimate:
         self.rtt_samples = 0
         self.bw_samples = 0
         self.down_until = -math.inf
+        self.wire_ratio, self.ratio_samples = 1.0, 0
 
     def transfer_s(self, nbytes: int) -> float:
         return nbytes / self.bandwidth_bps
@@ -67,6 +71,12 @@ class LinkEstimate:
             self.bandwidth_bps = bw if self.bw_samples == 0 else self.bandwidth_bps + self.alpha * (bw - self.bandwidth_bps)
             self.bw_samples += 1
 
+    def observe_payload(self, wire_bytes: int, payload_bytes: int) -> None:
+        if payload_bytes > 0 and wire_bytes >= 0:
+            r = wire_bytes / payload_bytes
+            self.wire_ratio = r if self.ratio_samples == 0 else self.wire_ratio + self.alpha * (r - self.wire_ratio)
+            self.ratio_samples += 1
+
     def mark_down(self, now: float) -> None:
         self.down_until = now + self.down_s
 
@@ -78,7 +88,7 @@ class LinkEstimate:
 
     def as_dict(self) -> dict:
         return {"rtt_s": self.rtt_s, "bandwidth_bps": self.bandwidth_bps, "rtt_samples": self.rtt_samples,
-                "bw_samples": self.bw_samples}
+                "bw_samples": self.bw_samples, "wire_ratio": self.wire_ratio}
 
 
 def payload_bytes(req: InferenceRequest) -> int:
@@ -157,7 +167,7 @@ class ShortestDelay:
             # Line 17 "edge delay", phase 3 "shortest estimated delay": until it would complete
             # on the edge (queueing + the compute of the batch it joins), not only until it starts.
             edge_delay = max(0.0, free_at - now) + (queued // b_e) * l_e + edge.profile.latency_s(queued % b_e + 1)
-            nb = self.bytes_of(p.request) + self.reply_bytes + self.overhead_bytes
+            nb = self.bytes_of(p.request) * link.wire_ratio + self.reply_bytes + self.overhead_bytes
             cloud = t.profile.latency_s(len(cloud_batch) + 1) + link.rtt_s + link.transfer_s(cloud_bytes + nb)
             if cloud < edge_delay:
                 cloud_batch.append(p)

@@ -20,6 +20,7 @@ from .contract import plain
 from .errors import (
     BadExecInfo,
     BadPolicyParam,
+    BadRtc,
     DuplicateRequest,
     RequestError,
     RoundInFlight,
@@ -27,10 +28,11 @@ from .errors import (
     UnknownPolicy,
     UnknownTask,
 )
-from .horizon import HORIZON_POLICIES, HorizonPolicy
+from .horizon import HORIZON_POLICIES, HorizonPolicy, respect_rtc_delay
 from .observation import check_stamp
 from .ledger import TaskLedger
 from .profile import EngineProfile
+from .rtc_delay import set_rtc_delays
 from .schedulers import Scheduler, SchedulingContext
 from .types import ChunkReply, ChunkResult, InferenceRequest, PendingRequest
 
@@ -150,6 +152,7 @@ class ServingCore:
         stale_obs_s: Optional[float] = None,
         ledger: Optional[TaskLedger] = None,
         max_failures: int = 3,
+        rtc_shape: Optional[tuple] = None,
     ) -> None:
         if not tiers:
             raise ValueError("at least one tier is needed")
@@ -163,6 +166,8 @@ class ServingCore:
         if max_failures < 1:
             raise ValueError(f"max_failures must be >= 1, got {max_failures}")
         self.max_failures = max_failures
+        # (action_dim, chunk length) of the engine, where known: an RTC leftover is checked against it.
+        self.rtc_shape = rtc_shape
         self._horizon_params = {k: dict(v) for k, v in (horizon_params or {}).items()}
         for name, knobs in self._horizon_params.items():  # a wrong knob fails at start, not at a robot's round
             if name in HORIZON_POLICIES:  # (a policy registered later is checked when first asked for)
@@ -231,6 +236,8 @@ class ServingCore:
             problems = req.exec_info.problems()
             if problems:
                 raise BadExecInfo(f"task '{req.task_id}' round {req.round_id}: " + "; ".join(problems))
+        if req.rtc is not None:
+            self._check_rtc(req)
         self._horizon_for(req)  # unknown policy or bad knob: refuse now, not after generating
 
         if rec is None:
@@ -286,6 +293,7 @@ class ServingCore:
             for p in batch:
                 del self.pending[p.task_id]
                 self.ledger.record_dispatch(p.task_id, p.round_index, now)
+            set_rtc_delays(batch, tier.profile.latency_s(len(batch)), now)  # RTC's d: this batch's place and size
             tier.busy += 1
             d = Dispatch(next(self._ids), tier.name, batch, now)
             self.inflight[d.id] = d
@@ -345,6 +353,7 @@ class ServingCore:
             self.ledger.record_complete(p.task_id, p.round_index, now)
             req = p.request
             decision = self._horizon_for(req).choose(res, req.horizon.param)
+            decision = respect_rtc_delay(decision, res.rtc_delay_steps, len(res.actions))
             replies.append(
                 ChunkReply(
                     req.task_id,
@@ -355,6 +364,7 @@ class ServingCore:
                     len(res.actions),
                     d.tier,
                     now,
+                    res.rtc_delay_steps,
                 )
             )
         for r in replies:
@@ -436,6 +446,18 @@ class ServingCore:
             if t.name == name:
                 return t
         raise KeyError(name)
+
+    def _check_rtc(self, req: InferenceRequest) -> None:
+        """An RTC leftover the engine can inpaint (core/rtc.py), and the control rate its d needs."""
+        dim, chunk = self.rtc_shape or (None, None)
+        problems = req.rtc.problems(dim) if hasattr(req.rtc, "problems") else ["rtc must be an RtcGuide"]
+        k = len(req.rtc.leftover) if not problems else 0
+        if chunk is not None and k > chunk:
+            problems.append(f"rtc leftover has {k} actions, more than a chunk of {chunk}")
+        if k and req.exec_info is None:
+            problems.append("an rtc leftover needs the execution info (its control rate sets the delay)")
+        if problems:
+            raise BadRtc(f"task '{req.task_id}' round {req.round_id}: " + "; ".join(problems))
 
     def _horizon_for(self, req: InferenceRequest) -> HorizonPolicy:
         name = req.horizon.policy

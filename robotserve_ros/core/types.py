@@ -139,3 +139,5 @@ class ChunkReply:
     chunk_len: int
     tier: str
     generated_at: float
+    # The RTC delay d the chunk was inpainted with (ChunkResult.rtc_delay_steps); None: unguided.
+    rtc_delay_steps: Optional[int] = None

@@ -6,6 +6,11 @@ also emits per-step denoising updates shaped like a diffusion policy's: geometri
 coarse-to-fine refinement that sums exactly to the chunk, with the actions past a
 per-round convergence boundary still moving at the last step, so the confidence horizon
 policy has something real to read.
+
+Real-time chunking, as a stand-in only (supports_rtc): a request with an RTC guide gets a
+chunk whose first d rows are its leftover's first d rows (what guided denoising freezes,
+RTC arXiv 2506.07339 §4), the rest as without, and reports that d: node tests of the remote
+RTC path run without torch. No inpainting happens; docs/rtc_serving.md says so.
 """
 from __future__ import annotations
 
@@ -23,6 +28,7 @@ from ..core.types import ChunkResult, InferenceRequest
 
 class SimulatedEngine(Engine):
     name = "simulated"
+    supports_rtc = True  # a stand-in: the leftover's first d rows copied (module docstring)
 
     def __init__(
         self,
@@ -45,6 +51,10 @@ class SimulatedEngine(Engine):
         self._decay = 0.5 ** np.arange(steps, dtype=np.float64)
         self._decay /= self._decay.sum()
 
+    @property
+    def chunk_len(self) -> int:  # the name the other engines use
+        return self.chunk_size
+
     def example_observation(self, rng: np.random.Generator) -> Observation:
         """A synthetic observation (this engine reads only task and round): for profiling."""
         return Observation(joints=rng.standard_normal(self.action_dim).astype(np.float32))
@@ -59,8 +69,11 @@ class SimulatedEngine(Engine):
         phase = (key % 997) / 997.0 * 2 * np.pi + np.arange(self.action_dim)
         t0 = req.round_id * self.chunk_size
         actions = (0.5 * np.sin(0.05 * (self._t + t0) + phase)).astype(np.float32)
+        d = getattr(req.rtc, "delay_steps", None)
+        if d is not None:  # the RTC stand-in: the frozen prefix is the leftover's
+            actions[:d] = req.rtc.leftover[:d]
         if not self.updates:
-            return ChunkResult(actions)
+            return ChunkResult(actions, rtc_delay_steps=d)
         rng = np.random.default_rng([self.seed, key, req.round_id])
         x_t = rng.standard_normal(actions.shape)
         upd = self._decay[:, None, None] * (actions.astype(np.float64) - x_t)[None]
@@ -71,4 +84,4 @@ class SimulatedEngine(Engine):
             kick = rng.standard_normal((self.chunk_size - boundary, self.action_dim)) * 0.5
             upd[-1, boundary:] += kick
             upd[0, boundary:] -= kick
-        return ChunkResult(actions, upd.astype(np.float32))
+        return ChunkResult(actions, upd.astype(np.float32), rtc_delay_steps=d)

@@ -35,18 +35,20 @@ import numpy as np
 from ..core.robot_timing import OpenRound, trigger_actions
 
 
-def _robot_config(params: Optional[str]):
-    """RobotClientConfig from a params file's /**/robot_client section (defaults without one)."""
+def _robot_config(params: Optional[str], config_class=None, section_name: str = "/**/robot_client"):
+    """RobotClientConfig (or `config_class`, a subclass) from a params file's `section_name`
+    section (defaults without one)."""
     import yaml
 
     from ..nodes.robot_client import RobotClientConfig
 
+    config_class = config_class or RobotClientConfig
     section = {}
     if params:
         cfg = yaml.safe_load(Path(params).read_text()) or {}
-        section = dict(cfg.get("/**/robot_client", {}).get("ros__parameters", {}))
-    names = set(RobotClientConfig.__dataclass_fields__)
-    return RobotClientConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in section.items() if k in names})
+        section = dict(cfg.get(section_name, {}).get("ros__parameters", {}))
+    names = set(config_class.__dataclass_fields__)
+    return config_class(**{k: tuple(v) if isinstance(v, list) else v for k, v in section.items() if k in names})
 
 
 def recorded_observations(n: int = 8, width: int = 96, height: int = 96, joints: int = 6, seed: int = 0) -> list:
@@ -104,7 +106,14 @@ class LightRobot:
 
 
 class LightFleetNode:
-    """N light robots on one rclpy node (see the module docstring)."""
+    """N light robots on one rclpy node (see the module docstring). A fleet of robots that do
+    act (nodes/metaworld_robot.py) subclasses it: the robot class, what fills an observation,
+    how a tick executes, when a task is over and how a chunk is used are its hooks."""
+
+    robot_class = LightRobot
+    node_prefix = "light_fleet"
+    config_section = "/**/robot_client"
+    config_class = None  # RobotClientConfig
 
     def __init__(self, names: list, params: Optional[str], stats_dir: Optional[str], context=None) -> None:
         from rclpy.node import Node
@@ -114,18 +123,23 @@ class LightFleetNode:
         from ..nodes.common import NodeClock, lean_node_kwargs, service_qos
         from ..srv import FetchObservation, Infer
 
-        self.c = c = _robot_config(params)
+        self.c = c = _robot_config(params, self.config_class, self.config_section)
         self.hz = c.control_hz
         self.trigger = c.trigger_actions if c.trigger_actions >= 0 else trigger_actions(c.expected_latency_s, self.hz)
         self.resend_after = c.resend_after_s or max(2.0, 20 * c.expected_latency_s)
         self.draining = False  # SIGUSR1: no new rounds, the open ones seen through (robot_client.drain)
         self.stats_dir = stats_dir
         first = names[0] if names else "light"
-        self.node = Node(f"light_fleet_{first.replace('/', '_')}", context=context, **lean_node_kwargs())
+        self.node = Node(f"{self.node_prefix}_{first.replace('/', '_')}", context=context, **lean_node_kwargs())
         self.clock = NodeClock(self.node)
         self.Infer, self.ExecutionProgress = Infer, ExecutionProgress
         self.obs = recorded_observations()
-        self.robots = [LightRobot(n, self.hz) for n in names]
+        self.frames = None  # image_transport jpeg/png: each observation's cameras encoded once, here
+        if c.image_transport != "raw":
+            from ..transport.images import FrameEncoder
+
+            self.frames = [FrameEncoder(c.image_transport, c.image_quality).encode(o.images) for o in self.obs]
+        self.robots = [self.make_robot(i, n) for i, n in enumerate(names)]
         self.by_task = {r.task_id: r for r in self.robots}
         self.cli = self.node.create_client(Infer, c.service, qos_profile=service_qos())
         self.node.create_service(FetchObservation, "~/fetch_observation", self._on_fetch)
@@ -139,26 +153,54 @@ class LightFleetNode:
         self._next = 0
         self.node.create_timer(0.1, self._publish_some)
 
+    # --- hooks (a robot that acts overrides them) -------------------------------------------
+    def make_robot(self, index: int, name: str) -> LightRobot:
+        return self.robot_class(name, self.hz)
+
+    def execute(self, r: LightRobot) -> bool:
+        """One control tick: execute the next action if there is one (True), else hold (False)."""
+        if r.timestep < r.queue_end:
+            r.timestep += 1
+            return True
+        return False
+
+    def task_over(self, r: LightRobot) -> bool:
+        return r.timestep >= self.c.task_actions
+
+    def needs_more(self, r: LightRobot) -> bool:
+        return r.queue_end < self.c.task_actions
+
+    def use_chunk(self, r: LightRobot, chunk) -> bool:
+        """A chunk answered the robot's round: its actions join the robot's queue (False: the
+        chunk is refused, the round is asked again after retry_s)."""
+        r.queue_end = max(r.timestep, int(chunk.first_timestep) + int(chunk.horizon))
+        return True
+
+    def fill_observation(self, r: LightRobot, o) -> None:
+        from ..nodes.common import to_time
+
+        src = self.obs[r.obs_k % len(self.obs)]
+        o.header.stamp = to_time(self.clock.now())
+        o.timestep = r.timestep
+        o.images, o.joint_state, o.instruction = src.images, src.joint_state, self.c.instruction
+
     # --- control -------------------------------------------------------------------------
     def _tick(self) -> None:
         now = self.clock.now()
         ready = self.cli.service_is_ready()
-        total = self.c.task_actions
         for r in self.robots:
             if r.done:
                 continue
-            commanded = r.timestep < r.queue_end
+            commanded = self.execute(r)
             r.acct.tick(commanded, r.task_start is not None)
-            if commanded:
-                r.timestep += 1
-            elif r.task_start is not None:
+            if not commanded and r.task_start is not None:
                 r.idle += 1.0 / self.hz
-            if r.timestep >= total:
+            if self.task_over(r):
                 self._finish(r, now)
                 continue
             self._check_timeout(r, now, ready)
             if not r.outstanding and (r.open_round.resending or not self.draining) and r.left() <= self.trigger \
-                    and r.queue_end < total and ready:  # draining: no new round, a deferred re-send still goes
+                    and self.needs_more(r) and ready:  # draining: no new round, a deferred re-send still goes
                 self._send(r, now)
 
     def _send(self, r: LightRobot, now: float) -> None:
@@ -169,12 +211,10 @@ class LightFleetNode:
         q = self.Infer.Request()
         q.task_id, q.round_id = r.task_id, r.round
         q.robot_id = "/" + r.name  # /diagnostics keys robots by it
-        src = self.obs[r.obs_k % len(self.obs)]
+        self.fill_observation(r, q.observation)
+        if self.frames is not None:
+            q.compressed_images, q.observation.images = self.frames[r.obs_k % len(self.obs)], []
         r.obs_k += 1
-        o = q.observation
-        o.header.stamp = to_time(now)
-        o.timestep = r.timestep
-        o.images, o.joint_state, o.instruction = src.images, src.joint_state, self.c.instruction
         q.has_exec_info = r.round > 0
         q.exec_info.exec_start = to_time(r.exec_start)
         q.exec_info.actions_left = r.left()
@@ -219,7 +259,7 @@ class LightFleetNode:
                 and resp.status.reason == "duplicate_request":
             return  # an earlier call of a round sent again: the newer call gets the answer
         reply_ms = r.acct.on_answer(key, resp)
-        if key != (r.task_id, r.round):
+        if key != (r.task_id, r.round) or r.done:  # (done: every task finished; a late answer must not restart one)
             r.acct.left_task_answers += 1
             return
         r.outstanding = False
@@ -239,8 +279,9 @@ class LightFleetNode:
                 r.start_task(now, keep_motion=True)
                 self.by_task[r.task_id] = r
             return
-        ch = resp.chunk
-        r.queue_end = max(r.timestep, int(ch.first_timestep) + int(ch.horizon))
+        if not self.use_chunk(r, resp.chunk):
+            r.retry_at = now + self.c.retry_s
+            return
         r.acct.on_chunk_used(key, reply_ms, r.left())
         r.exec_start = now
         r.chunks += 1
@@ -260,7 +301,7 @@ class LightFleetNode:
     def _publish(self, r: LightRobot, now: float, task_done: bool = False) -> None:
         from ..nodes.common import to_time
 
-        if r.task_start is None:
+        if r.task_start is None or (r.done and not task_done):  # a finished task is the server's no more
             return
         m = self.ExecutionProgress()
         m.header.stamp = to_time(now)
@@ -285,17 +326,11 @@ class LightFleetNode:
             self._next += 1
 
     def _on_fetch(self, request, response):
-        from ..nodes.common import to_time
-
         r = self.by_task.get(request.task_id)
         if r is None or r.done:
             response.ok = False
             return response
-        src = self.obs[r.obs_k % len(self.obs)]
-        o = response.observation
-        o.header.stamp = to_time(self.clock.now())
-        o.timestep = r.timestep
-        o.images, o.joint_state, o.instruction = src.images, src.joint_state, self.c.instruction
+        self.fill_observation(r, response.observation)
         response.ok = True
         return response
 
@@ -308,11 +343,13 @@ class LightFleetNode:
                          "light": True})
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="light_fleet", description=__doc__.split("\n\n")[0])
+def main(argv=None, fleet_class=None, prog: str = "light_fleet", doc: str = __doc__) -> int:
+    """One process hosting a fleet: `fleet_class` (LightFleetNode or a subclass) on one executor."""
+    fleet_class = fleet_class or LightFleetNode
+    ap = argparse.ArgumentParser(prog=prog, description=doc.split("\n\n")[0])
     ap.add_argument("--robots", type=int, required=True)
     ap.add_argument("--first-index", type=int, default=0)
-    ap.add_argument("--params", help="ROS params file: its /**/robot_client section (default: robot_client's defaults)")
+    ap.add_argument("--params", help=f"ROS params file: its {fleet_class.config_section} section (default: the defaults)")
     ap.add_argument("--stats-dir", help="write each robot's account here on SIGINT")
     a, rest = ap.parse_known_args(sys.argv[1:] if argv is None else argv)
     import rclpy
@@ -322,7 +359,7 @@ def main(argv=None) -> int:
 
     prepare_process()
     rclpy.init(args=[sys.argv[0]] + rest)
-    fleet = LightFleetNode([f"robot_{a.first_index + i}" for i in range(a.robots)], a.params, a.stats_dir)
+    fleet = fleet_class([f"robot_{a.first_index + i}" for i in range(a.robots)], a.params, a.stats_dir)
     signal.signal(signal.SIGUSR1, lambda *_: setattr(fleet, "draining", True))
     ex = SingleThreadedExecutor()
     ex.add_node(fleet.node)

@@ -6,8 +6,9 @@ from typing import Optional
 
 import numpy as np
 
-from ..core.errors import RequestError
+from ..core.errors import BadRtc, RequestError
 from ..core.observation import (
+    BadObservation,
     Observation,
     ObservationSpec,
     check_camera_count,
@@ -17,8 +18,10 @@ from ..core.observation import (
     check_text,
     decode_image,
 )
+from ..core.rtc import RtcGuide
 from ..core.types import ChunkReply, ExecInfo, HorizonChoice, InferenceRequest
 from ..msg import Status
+from ..transport.images import decode_frame
 from .common import to_sec, to_time
 
 # Core error code ("unknown_task") -> msg/Status code, read from the message's constants so
@@ -26,13 +29,18 @@ from .common import to_sec, to_time
 STATUS = {k.lower(): v for k, v in vars(Status).items() if k.isupper() and isinstance(v, int)}
 
 
-def observation_from_msg(m, spec: ObservationSpec) -> Observation:
-    """msg/Observation -> validated arrays (views on the message's bytes)."""
-    check_image_count(len(m.images), spec)
+def observation_from_msg(m, spec: ObservationSpec, compressed=()) -> Observation:
+    """msg/Observation -> validated arrays (views on the message's bytes); `compressed`:
+    srv/Infer's JPEG/PNG cameras, decoded (transport/images.py) in place of m.images."""
+    if len(m.images) and len(compressed):
+        raise BadObservation("observation.images and compressed_images both carry cameras: send one or the other")
+    frames = compressed if len(compressed) else m.images
+    check_image_count(len(frames), spec)
     check_text("observation.instruction", m.instruction, spec.max_instruction_bytes)
-    check_size(sum(len(im.data) for im in m.images) + 8 * len(m.joint_state.position), spec)
-    check_camera_count(len(m.images), spec)
-    images = [decode_image(i, im.encoding, im.width, im.height, im.step, im.data, spec) for i, im in enumerate(m.images)]
+    check_size(sum(len(im.data) for im in frames) + 8 * len(m.joint_state.position), spec)
+    check_camera_count(len(frames), spec)
+    images = [decode_frame(f"compressed_images[{i}]", im.format, im.data, spec) for i, im in enumerate(compressed)] or \
+        [decode_image(i, im.encoding, im.width, im.height, im.step, im.data, spec) for i, im in enumerate(m.images)]
     joints = check_joints(m.joint_state.position, spec)
     return Observation(images, joints, m.instruction, int(m.timestep), to_sec(m.header.stamp))
 
@@ -44,7 +52,7 @@ def request_from_msg(r, spec: ObservationSpec) -> InferenceRequest:
     check_text("task_id", r.task_id, spec.max_task_id_bytes)  # before anything keeps it (ledger, caches)
     check_text("horizon.name", r.horizon.name, spec.max_task_id_bytes)
     check_text("refresh_service", r.refresh_service, spec.max_task_id_bytes)
-    obs = observation_from_msg(r.observation, spec)
+    obs = observation_from_msg(r.observation, spec, r.compressed_images)
     info: Optional[ExecInfo] = None
     if r.has_exec_info:
         e = r.exec_info
@@ -58,7 +66,18 @@ def request_from_msg(r, spec: ObservationSpec) -> InferenceRequest:
         observation=obs,
         obs_stamp=obs.stamp,
         remaining_rounds=int(r.remaining_rounds) or None,
+        rtc=rtc_from_msg(r.rtc_leftover, int(r.rtc_leftover_actions)),
     )
+
+
+def rtc_from_msg(values, rows: int) -> Optional[RtcGuide]:
+    """srv/Infer's rtc_leftover (row-major) + its rows -> RtcGuide; None when empty (no RTC).
+    Width, finiteness and length against the policy are the core's checks (ServingCore)."""
+    if rows == 0 and len(values) == 0:
+        return None
+    if rows == 0 or len(values) % rows or len(values) == 0:
+        raise BadRtc(f"rtc_leftover has {len(values)} values, not a whole number of rtc_leftover_actions={rows} rows")
+    return RtcGuide(np.asarray(values, dtype=np.float32).reshape(rows, -1))
 
 
 def fill_status(status, code: str, message: str = "") -> None:
@@ -78,6 +97,7 @@ def fill_chunk(c, reply: ChunkReply, first_timestep: int, stamp: float, joint_na
     c.chunk_len = int(reply.chunk_len)
     c.actions = array.array("f", a.tobytes())
     c.horizon_reason = reply.reason
+    c.rtc_delay_steps = -1 if reply.rtc_delay_steps is None else int(reply.rtc_delay_steps)
     if len(joint_names) == c.action_dim:  # names that do not cover the columns would mislead: none then
         c.joint_names = list(joint_names)
 

@@ -110,7 +110,8 @@ class InferenceServerNode(ManagedNode):
         self.refresher = ObservationRefresher(self, self.spec, c.refresh_timeout_s, self._group)
         try:
             self.core = ServingCore(scheduler, tiers, self.clock, horizon_params=c.horizon, placement=placement,
-                                    refresher=self.refresher, stale_obs_s=c.stale_obs_s)
+                                    refresher=self.refresher, stale_obs_s=c.stale_obs_s,
+                                    rtc_shape=(dim, getattr(self.engine, "chunk_len", None)))
         except (TypeError, ValueError) as e:  # a horizon knob the policy does not take: say which
             raise ParamError("horizon", str(e)) from e
         # guards core (through the runner), waiters, heard; re-entrant: the LeRobot service submits under it

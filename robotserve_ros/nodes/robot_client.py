@@ -65,6 +65,10 @@ from .managed import ManagedNode
 from ..core.task_auth import read_key, task_mac
 from .client_account import ClientAccount
 from .convert import chunk_to_array
+from ..config import check_image_transport
+from ..transport.images import FrameEncoder
+from .rtc_client import RtcAccount, fill_leftover
+
 
 @dataclass(frozen=True)
 class RobotClientConfig(NodeConfig):
@@ -108,6 +112,11 @@ class RobotClientConfig(NodeConfig):
                                        "(0: 20 x expected_latency_s, at least 2 s)")
     retry_s: float = param(0.2, "pause before resending after an error, > 0")
     stats_file: str = param("", "write the client's account here on shutdown; '{robot}' -> the robot's name; '' = off")
+    image_transport: str = param("raw", "how camera frames go in srv/Infer: raw (sensor_msgs/Image as received), "
+                                 "jpeg or png (sensor_msgs/CompressedImage, encoded here; docs/transport.md)")
+    image_quality: int = param(90, "jpeg quality 1..100 (png: compression level 0..9)")
+    rtc: bool = param(False, "real-time chunking: send the unexecuted leftover with each request and start each "
+                              "chunk at the action d the server inpainted from (docs/rtc_serving.md)")
     task_key_file: str = param("", "this robot's task key, the file the server has as <robot id>.key in its "
                                    "task_auth.key_dir: requests and progress carry its HMAC; '' = unsigned")
 
@@ -117,6 +126,7 @@ class RobotClientConfig(NodeConfig):
         check_one_of("command_type", self.command_type, COMMAND_TYPES)
         check_one_of("task_source", self.task_source, ("parameters", "action"))
         check_one_of("aggregate", self.aggregate, AGGREGATES)
+        check_image_transport(self.image_transport, self.image_quality)
         check_one_of("horizon_mode", self.horizon_mode, ("static", "dynamic"))
         if self.workload:
             check_one_of("workload", self.workload, builtin_names())
@@ -165,7 +175,9 @@ class RobotClientNode(ManagedNode):
         self.clock = NodeClock(self)
         self.queue = ActionQueue(c.aggregate)
         self.acct = ClientAccount(self.robot, self.hz)
+        self.rtc = RtcAccount() if c.rtc else None
         self.images = [None] * len(c.image_topics)
+        self.encoder = FrameEncoder(c.image_transport, c.image_quality) if c.image_transport != "raw" else None
         self.joints: JointState | None = None
         for i, topic in enumerate(c.image_topics):
             self.create_subscription(Image, topic, lambda m, i=i: self._on_image(i, m), qos_profile_sensor_data)
@@ -373,6 +385,8 @@ class RobotClientNode(ManagedNode):
         r = Infer.Request()
         r.task_id, r.round_id = self.task_id, self.round
         self._fill_observation(r.observation)
+        if self.encoder is not None:  # the cameras as JPEG/PNG instead (the refresh service still sends raw)
+            r.compressed_images, r.observation.images = self.encoder.encode(r.observation.images), []
         r.has_exec_info = self.round > 0
         r.exec_info.exec_start = to_time(self.exec_start)
         r.exec_info.actions_left = len(self.queue)
@@ -388,6 +402,8 @@ class RobotClientNode(ManagedNode):
         else:
             r.horizon.name, r.horizon.has_param, r.horizon.param = self.horizon
         r.refresh_service = self.fetch_name
+        if self.rtc is not None:
+            fill_leftover(r, self.queue.queued())
         r.robot_id = self.robot_id
         if self.task_key is not None:
             r.auth_stamp = to_time(now)
@@ -461,7 +477,10 @@ class RobotClientNode(ManagedNode):
             self._end_goal("aborted", f"chunk refused: {why}")
             self._hold()
             return
-        dropped, _ = self.queue.merge(resp.chunk.first_timestep, chunk_to_array(resp.chunk))
+        if self.rtc is not None:  # from action d on, under RTC
+            self.rtc.place(self.queue, resp.chunk, chunk_to_array(resp.chunk))
+        else:
+            self.queue.merge(resp.chunk.first_timestep, chunk_to_array(resp.chunk))
         if self.config.command_type == "trajectory_chunk":
             self._send_trajectory()
         self.acct.on_chunk_used((task, rnd), reply_ms, len(self.queue))
@@ -615,7 +634,8 @@ class RobotClientNode(ManagedNode):
         if self.acct is not None and self.config.stats_file:
             self.acct.dump(self.config.stats_file.replace("{robot}", self.robot),
                            {"finished_tasks": self.finished_tasks, "task_id": self.task_id,
-                            "tasks_continued": self.tasks_continued})
+                            "tasks_continued": self.tasks_continued,
+                            **({"rtc": self.rtc.snapshot()} if self.rtc is not None else {})})
         super().close()
 
 

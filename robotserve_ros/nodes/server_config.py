@@ -18,8 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Mapping, Optional
 
-from ..config import (Config, ConfigError, EngineConfig, PluginConfig, SchedulerConfig, check, check_one_of,
-                      from_tree, param)
+from ..config import (Config, ConfigError, EngineConfig, PluginConfig, SchedulerConfig, check, check_image_transport,
+                      check_one_of, from_tree, param)
 from ..core.observation import ObservationSpec
 from ..core.placement import PLACEMENTS
 from .services import SERVICES
@@ -40,8 +40,11 @@ class RemoteTierConfig(Config):
     max_batch: int = param(0, "largest batch sent, >= 0 (0: its profile's saturation batch)")
     rtt_s: float = param(0.1, "starting guess of the round trip, s, >= 0")
     bandwidth_bps: float = param(125e6, "starting guess of the bandwidth, bytes/s, > 0")
+    image_transport: str = param("raw", "cameras on the link: raw tensors, or jpeg / png files (docs/transport.md)")
+    image_quality: int = param(90, "jpeg quality 1..100 (png: compression level 0..9)")
 
     def check(self) -> None:
+        check_image_transport(self.image_transport, self.image_quality)
         host, sep, port = self.address.rpartition(":")
         check(bool(host) and bool(sep) and port.isdigit(), "address", self.address, "is not host:port")
         for name in ("deadline_s", "connect_timeout_s", "ping_interval_s", "bandwidth_bps"):
@@ -53,7 +56,8 @@ class RemoteTierConfig(Config):
     def engine_params(self) -> dict:
         """The remote engine's keyword parameters (transport/remote_engine.py)."""
         kw = {"address": self.address, "deadline_s": self.deadline_s, "connect_timeout_s": self.connect_timeout_s,
-              "ping_interval_s": self.ping_interval_s}
+              "ping_interval_s": self.ping_interval_s, "image_transport": self.image_transport,
+              "image_quality": self.image_quality}
         kw.update({k: getattr(self, k) for k in ("token_file", "root_cert", "server_name") if getattr(self, k)})
         return kw
 

@@ -41,7 +41,7 @@ from ..config import ConfigError, engine_config, relabel
 from ..params import parse_key_values
 from . import DEFAULT_MAX_MESSAGE, TOKEN_ENV, add_arguments, channel_options, stubs  # noqa: F401 (re-exported)
 from .call_guard import CallGuard, GuardLimits
-from .tensors import BadField, log_failure, Limits, check_spec, request_from_pb, result_to_pb
+from .tensors import BadField, log_failure, Limits, check_rtc, check_spec, request_from_pb, result_to_pb
 
 log = logging.getLogger("robotserve.gpu_server")
 
@@ -188,10 +188,12 @@ class GpuServicer:
             raise BadField("requests: empty batch")
         if n > lim.max_call_requests:
             raise BadField(f"requests: {n} in one call, at most {lim.max_call_requests}")
-        sent = [request_from_pb(m, i, lim) for i, m in enumerate(request.requests)]
+        sent = [request_from_pb(m, i, lim, self.spec) for i, m in enumerate(request.requests)]
         if self.spec is not None:
             for i, q in enumerate(sent):
                 check_spec(q.observation, self.spec, i)
+        for i, q in enumerate(sent):  # a leftover the engine cannot take would fail its whole batch
+            check_rtc(q, self.engine, i)
         remaining = context.time_remaining()
         clock = self.core.clock
         call = _Call(threading.Condition(self.lock), [None] * n, left=n, holder=token_holder(context.invocation_metadata(), self.tokens) or 0)

@@ -18,7 +18,7 @@ from typing import Optional, Sequence
 import grpc
 
 from ..core.engine import Engine
-from ..core.placement import LinkEstimate
+from ..core.placement import LinkEstimate, payload_bytes
 from ..core.profile import EngineProfile
 from ..core.types import ChunkResult, InferenceRequest
 from . import DEFAULT_MAX_MESSAGE, channel_options, stubs
@@ -37,6 +37,9 @@ class RemoteEngineError(RuntimeError):
 
 class RemoteEngine(Engine):
     name = "remote"
+    # The guide goes with the request (tensors.request_to_pb); the remote engine's reply says
+    # whether it inpainted (rtc_delay_steps), so an engine there without RTC reports none.
+    supports_rtc = True
 
     def __init__(
         self,
@@ -53,8 +56,12 @@ class RemoteEngine(Engine):
         ping_interval_s: float = 1.0,
         link: Optional[LinkEstimate] = None,
         clock=time.monotonic,
+        image_transport: str = "raw",
+        image_quality: int = 90,
     ) -> None:
         self.pb, pb_grpc = stubs()
+        # jpeg/png: cameras cross the link compressed (transport/images.py), where bandwidth matters most
+        self.image_transport, self.image_quality = image_transport, int(image_quality)
         if token is None and token_file:
             token = Path(token_file).read_text().strip()
         self.address, self.deadline_s = address, float(deadline_s)
@@ -109,7 +116,8 @@ class RemoteEngine(Engine):
 
     # --- Engine --------------------------------------------------------------------
     def infer(self, batch: Sequence[InferenceRequest]) -> list[ChunkResult]:
-        msg = self.pb.InferBatchRequest(requests=[request_to_pb(self.pb, r) for r in batch])
+        msg = self.pb.InferBatchRequest(requests=[request_to_pb(self.pb, r, self.image_transport, self.image_quality)
+                                                  for r in batch])
         self.calls += 1
         t = time.perf_counter()
         try:
@@ -125,6 +133,8 @@ class RemoteEngine(Engine):
             if c.task_id != q.task_id or c.round_id != q.round_id:
                 raise RemoteEngineError(f"GPU server {self.address} answered ({c.task_id}, {c.round_id}) for ({q.task_id}, {q.round_id})")
         self.link.observe_call(msg.ByteSize() + rep.ByteSize(), wall - rep.engine_s)
+        if self.image_transport != "raw":  # the placement prices requests at their compressed size
+            self.link.observe_payload(msg.ByteSize(), sum(payload_bytes(r) for r in batch))
         self.link.mark_up()
         return [result_from_pb(c, i) for i, c in enumerate(rep.chunks)]
 

@@ -16,8 +16,10 @@ import numpy as np
 
 from ..core.errors import RequestError
 from ..core.observation import ENCODINGS, BadObservation, Observation, ObservationSpec
+from ..core.rtc import RtcGuide
 from ..core.types import ChunkResult, InferenceRequest
 from . import DEFAULT_MAX_MESSAGE
+from .images import compressible, decode_frame, encode_frame
 
 ALLOWED_DTYPES = ("bool", "uint8", "int8", "uint16", "int16", "int32", "int64", "float16", "float32", "float64")
 MAX_DIMS = 8
@@ -90,16 +92,26 @@ def decode(t, what: str = "tensor", limits: Limits = Limits()) -> np.ndarray:
     return np.frombuffer(t.data, dtype=dt).reshape(shape)
 
 
-def request_to_pb(pb, req: InferenceRequest):
+def request_to_pb(pb, req: InferenceRequest, image_transport: str = "raw", quality: int = 90):
+    """image_transport jpeg/png: uint8 cameras of 1 or 3 channels go as CompressedFrame
+    (their channel order kept), the rest as raw Tensors; one kind per observation."""
     m = pb.Request(task_id=req.task_id, round_id=int(req.round_id))
     obs = req.observation
     if obs is not None:
         m.has_observation = True
         o = m.observation
-        o.images.extend(encode(pb, im) for im in obs.images)
+        if image_transport != "raw" and all(compressible(im) for im in obs.images):
+            o.compressed_images.extend(pb.CompressedFrame(format=f, data=d) for f, d in (
+                encode_frame(im, "rgb8" if im.shape[2] == 3 else "mono8", image_transport, quality) for im in obs.images))
+        else:
+            o.images.extend(encode(pb, im) for im in obs.images)
         o.joints.CopyFrom(encode(pb, np.asarray(obs.joints)))
         o.instruction = obs.instruction
         o.timestep = int(obs.timestep)
+    g = req.rtc
+    if g is not None and g.delay_steps is not None:
+        m.has_rtc, m.rtc_delay_steps = True, int(g.delay_steps)
+        m.rtc_leftover.CopyFrom(encode(pb, np.asarray(g.leftover, np.float32)))
     return m
 
 
@@ -109,8 +121,9 @@ def _text(s: str, what: str, cap: int) -> None:
         raise BadField(f"{what}: {n} bytes, at most {cap}")
 
 
-def request_from_pb(m, index: int = 0, limits: Limits = Limits()) -> InferenceRequest:
-    """The index-th request of a call, validated; errors name `requests[index].<field>`."""
+def request_from_pb(m, index: int = 0, limits: Limits = Limits(), spec: Optional[ObservationSpec] = None) -> InferenceRequest:
+    """The index-th request of a call, validated; errors name `requests[index].<field>`.
+    `spec`: the policy's observation spec, which compressed frames are checked against."""
     at = f"requests[{index}]"
     if not m.task_id:
         raise BadField(f"{at}.task_id: empty")
@@ -123,7 +136,15 @@ def request_from_pb(m, index: int = 0, limits: Limits = Limits()) -> InferenceRe
         _text(o.instruction, f"{at}.observation.instruction", limits.max_text_bytes)
         if len(o.images) > limits.max_images:
             raise BadField(f"{at}.observation.images: {len(o.images)} images, at most {limits.max_images}")
-        images = []
+        if len(o.compressed_images) > limits.max_images:
+            raise BadField(f"{at}.observation.compressed_images: {len(o.compressed_images)} images, at most {limits.max_images}")
+        if len(o.images) and len(o.compressed_images):
+            raise BadField(f"{at}.observation: images and compressed_images both carry cameras; send one or the other")
+        # Decoded against the policy's spec (size checked from the header first); without one,
+        # no frame may claim more elements than a message of the server's limit could carry.
+        bound = spec or ObservationSpec(encodings=("rgb8", "mono8"), max_bytes=limits.max_elements)
+        images = [decode_frame(f"{at}.observation.compressed_images[{i}]", c.format, c.data, bound)
+                  for i, c in enumerate(o.compressed_images)]
         for i, t in enumerate(o.images):
             where = f"{at}.observation.images[{i}]"
             im = decode(t, where, limits)
@@ -140,7 +161,16 @@ def request_from_pb(m, index: int = 0, limits: Limits = Limits()) -> InferenceRe
                 if bad.size:
                     raise BadObservation(f"{at}.observation.joints[{int(bad[0])}]: {joints[bad[0]]}, joint values must be finite")
         obs = Observation(images=images, joints=joints, instruction=o.instruction, timestep=int(o.timestep))
-    return InferenceRequest(task_id=m.task_id, round_id=int(m.round_id), observation=obs)
+    rtc = None
+    if m.has_rtc:
+        left = decode(m.rtc_leftover, f"{at}.rtc_leftover", limits)
+        rtc = RtcGuide(left.astype(np.float32) if left.dtype.kind == "f" else left, int(m.rtc_delay_steps))
+        problems = rtc.problems()
+        if left.dtype.kind != "f":
+            problems.append(f"rtc leftover must be float, got {left.dtype.name}")
+        if problems:
+            raise BadField(f"{at}.rtc_leftover: " + "; ".join(problems))
+    return InferenceRequest(task_id=m.task_id, round_id=int(m.round_id), observation=obs, rtc=rtc)
 
 
 def check_spec(obs: Optional[Observation], spec: ObservationSpec, index: int = 0) -> None:
@@ -165,6 +195,18 @@ def check_spec(obs: Optional[Observation], spec: ObservationSpec, index: int = 0
         raise BadObservation(f"{at}: {nbytes} bytes, the policy's server accepts at most {spec.max_bytes}")
 
 
+def check_rtc(req: InferenceRequest, engine, index: int = 0) -> None:
+    """A request's RTC leftover against the hosted engine's action width and chunk length."""
+    g, dim, chunk = req.rtc, getattr(engine, "action_dim", None), getattr(engine, "chunk_len", None)
+    if g is None:
+        return
+    problems = g.problems(dim)
+    if chunk is not None and len(g.leftover) > chunk:
+        problems.append(f"{len(g.leftover)} actions, more than a chunk of {chunk}")
+    if problems:
+        raise BadField(f"requests[{index}].rtc_leftover: " + "; ".join(problems))
+
+
 def result_to_pb(pb, req: InferenceRequest, res: ChunkResult):
     """The engine's full result (untrimmed: the edge's horizon policy trims it)."""
     c = pb.Chunk(task_id=req.task_id, round_id=int(req.round_id), actions=encode(pb, res.actions))
@@ -174,6 +216,8 @@ def result_to_pb(pb, req: InferenceRequest, res: ChunkResult):
     if res.initial_noise is not None:
         c.has_initial_noise = True
         c.initial_noise.CopyFrom(encode(pb, res.initial_noise))
+    if res.rtc_delay_steps is not None:
+        c.has_rtc, c.rtc_delay_steps = True, int(res.rtc_delay_steps)
     return c
 
 
@@ -182,4 +226,4 @@ def result_from_pb(c, index: int = 0) -> ChunkResult:
     actions = decode(c.actions, f"{at}.actions")
     updates = decode(c.updates, f"{at}.updates") if c.has_updates else None
     noise = decode(c.initial_noise, f"{at}.initial_noise") if c.has_initial_noise else None
-    return ChunkResult(actions, updates, noise)
+    return ChunkResult(actions, updates, noise, rtc_delay_steps=int(c.rtc_delay_steps) if c.has_rtc else None)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from ..registry import Registry
 from .agreement import PlanAgreementHorizon
-from .base import BadUpdates, HorizonPolicy
+from .base import BadUpdates, HorizonPolicy, respect_rtc_delay
 from .confidence import ConfidenceHorizon, confidence_horizon
 from .learned import LearnedHorizon
 from .schedule import ScheduleNormalisedHorizon
@@ -39,4 +39,5 @@ __all__ = [
     "confidence_horizon",
     "make_horizon_policy",
     "register_horizon_policy",
+    "respect_rtc_delay",
 ]

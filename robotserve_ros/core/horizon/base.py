@@ -37,6 +37,20 @@ def knob_problem(what: str, above: float, value) -> Optional[str]:
     return None
 
 
+def respect_rtc_delay(decision: HorizonDecision, d: Optional[int], n: int) -> HorizonDecision:
+    """The one clamp of every horizon policy under real-time chunking: d <= s <= H - d (RTC,
+    arXiv 2506.07339 §4), s the executed horizon, H = n the chunk's length, d the delay the engine
+    inpainted with (None: unguided, unchanged). s >= d: the robot starts the chunk at action d,
+    so s < d would execute none of it; s <= H - d: the next chunk's d frozen actions must still
+    be in this one. Where both cannot hold (d > H/2), s >= d wins."""
+    if d is None:
+        return decision
+    s = min(max(min(decision.horizon, n - d), d), n)
+    if s == decision.horizon:
+        return decision
+    return HorizonDecision(s, f"{decision.reason}; RTC d={d}: s={s} (d <= s <= H - d, H={n})")
+
+
 class HorizonPolicy(ABC):
     """Seed 000 §3.1: the policy sees the per-step per-action updates U and returns the
     execution horizon for this round. `param` is the client's knob for its request."""

@@ -91,6 +91,7 @@ class SelfConsistencyEngine(Engine):
         if self.saturation_batch < 1:
             raise ValueError("saturation batch must be >= 1")
         self.stats = SampleStats()
+        self.supports_rtc = inner.supports_rtc  # replicas keep their request's guide (dataclasses.replace)
 
     def infer(self, batch: Sequence[InferenceRequest]) -> list[ChunkResult]:
         batch = list(batch)

@@ -29,6 +29,7 @@ class Client:
         self.ready = None  # (ChunkReply, timestep, timestamp) not yet fetched
         self.delivered_until = -1
         self.exec_start: Optional[float] = None
+        self.served = None  # core.rtc_rebuild.ServedChunk: the last chunk handed over (cfg.rtc)
         self.hz = float(fps)
         self.rate_anchor = None  # (timestep, client timestamp) where the current busy stretch began
         self.last_seen = now

@@ -36,6 +36,8 @@ def add_arguments(p) -> None:
     p.add_argument("--max-policies", type=int, default=d.max_policy_groups,
                    help="policies loaded at once (an idle one is unloaded to make room)")
     p.add_argument("--stats-every", type=float, default=0.0, help="print the server's stats as JSON every N seconds")
+    p.add_argument("--rtc", action="store_true", help="real-time chunking: each round's leftover rebuilt from the "
+                   "session's last chunk (an engine that inpaints, e.g. SmolVLA; docs/rtc_serving.md)")
 
 
 def _latency_ms(text: str) -> dict:
@@ -58,6 +60,7 @@ def config_from_args(a) -> CompatConfig:
         client_timeout_s=a.client_timeout,
         stale_obs_s=a.stale_obs, threads=a.threads, receive_timeout_s=a.receive_timeout,
         max_calls_per_peer=a.max_calls_per_peer, max_sessions=a.max_sessions, max_policy_groups=a.max_policies,
+        rtc=a.rtc,
     )
 
 

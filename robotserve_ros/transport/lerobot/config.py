@@ -52,6 +52,9 @@ class CompatConfig:
     max_policy_groups: int = 8  # policies loaded at once (each an engine and its runner's threads)
     policy_idle_s: float = 300.0  # a policy no session has used this long is unloaded
     keep_trace: bool = False  # remember every delivered action per task (tests)
+    # Real-time chunking: each round's leftover rebuilt from the session's last chunk and its
+    # timestep (core/rtc_rebuild.py), for an engine that inpaints (docs/rtc_serving.md).
+    rtc: bool = False
 
     def __post_init__(self) -> None:
         def positive(name: str, v, kind=(int, float), zero_ok=False) -> None:

@@ -15,6 +15,7 @@ import numpy as np
 from ...core.clock import WallClock
 from ...core.errors import RequestError
 from ...core.observation import BadObservation, Observation
+from ...core.rtc_rebuild import ServedChunk, rebuilt_guide
 from ...core.types import ExecInfo, HorizonChoice, InferenceRequest
 from .. import safe_pickle
 from ..call_guard import CallGuard
@@ -193,6 +194,8 @@ class LeRobotCompatServicer:
             h = len(reply.actions)
             c.delivered_until = max(c.delivered_until, t0 + h - 1)
             c.exec_start = self.clock.now()  # the client queues the chunk now: execution runs from here
+            if self.cfg.rtc:  # the reply log the next round's leftover is rebuilt from
+                c.served = ServedChunk(np.asarray(reply.actions, np.float32), t0, c.exec_start)
             c.counts["chunks"] += 1
             c.counts["actions"] += h
             if self.cfg.keep_trace:
@@ -226,7 +229,8 @@ class LeRobotCompatServicer:
             start = c.exec_start if c.exec_start is not None else now
             info = ExecInfo(start, max(0, c.delivered_until - step), c.hz)
         req = InferenceRequest(c.task_id, rid, info, HorizonChoice("static", float(c.actions_per_chunk)),
-                               obs, obs_stamp=obs.stamp)
+                               obs, obs_stamp=obs.stamp,
+                               rtc=rebuilt_guide(c.served, now, c.hz, step) if info is not None else None)
 
         try:
             c.group.runner.submit(req, then=lambda _: c.submitted(rid, step, stamp, obs))

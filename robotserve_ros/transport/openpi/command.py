@@ -36,6 +36,8 @@ def add_arguments(p) -> None:
     p.add_argument("--max-rate-hz", type=positive(), default=e.max_rate_hz, help="infer calls per second per robot")
     p.add_argument("--max-message-bytes", type=positive(int), default=e.max_message_bytes)
     p.add_argument("--stats-every", type=positive(zero_ok=True), default=0.0, help="print stats as JSON every N s")
+    p.add_argument("--rtc", action="store_true", help="real-time chunking: each round's leftover rebuilt from the "
+                   "robot's last chunk and the time since (an engine that inpaints; docs/rtc_serving.md)")
 
 
 def config_from_args(a) -> OpenPiConfig:
@@ -53,7 +55,7 @@ def config_from_args(a) -> OpenPiConfig:
         keys[k] = v
     ep = EndpointConfig(host=a.host, port=a.port, api_key_file=a.api_key_file, control_hz=a.control_hz,
                         horizon=a.horizon, key_map=keys, max_connections=a.max_connections,
-                        max_rate_hz=a.max_rate_hz, max_message_bytes=a.max_message_bytes)
+                        max_rate_hz=a.max_rate_hz, max_message_bytes=a.max_message_bytes, rtc=a.rtc)
     ep.api_key()  # an empty or unreadable key file stops the server here, before the model loads
     return OpenPiConfig(policy=a.policy, endpoint=ep, policy_dirs=tuple(a.policy_dir or ()),
                         allow_hub=hub_patterns(a.allow_hub), revision=a.revision, scheduler=a.scheduler,

@@ -40,6 +40,9 @@ class EndpointConfig:
     rate_burst: int = 10
     idle_timeout_s: float = 300.0  # a connection silent this long is closed
     reply_timeout_s: float = 30.0  # a round not answered by then gets an error frame
+    # Real-time chunking: each round's leftover rebuilt from the connection's last chunk and the
+    # time since, at control_hz (core/rtc_rebuild.py; docs/rtc_serving.md).
+    rtc: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.host, str) or not self.host:
@@ -51,6 +54,8 @@ class EndpointConfig:
         for name in ("control_hz", "max_rate_hz", "idle_timeout_s", "reply_timeout_s"):
             _positive(name, getattr(self, name))
         _positive("horizon", self.horizon, kind=int, zero_ok=True)
+        if not isinstance(self.rtc, bool):
+            raise ValueError(f"rtc must be true or false, got {self.rtc!r}")
         for name in ("max_message_bytes", "max_array_elements", "max_nesting_depth", "max_items", "max_string_bytes",
                      "max_connections", "rate_burst"):
             _positive(name, getattr(self, name), kind=int)

@@ -15,6 +15,7 @@ from websockets.exceptions import ConnectionClosed
 
 from ...core.errors import RequestError
 from ...core.observation import BadObservation
+from ...core.rtc_rebuild import ServedChunk, rebuilt_guide
 from ...core.types import ExecInfo, HorizonChoice, InferenceRequest
 from ..tensors import shown
 from .codec import Refusal, pack, unpack
@@ -24,6 +25,12 @@ from .features import EXEC_KEY, KeyMap, PolicyFeatures, exec_info
 log = logging.getLogger("robotserve.openpi")
 
 
+def rtc_said(reply) -> dict:
+    """The reply says which RTC delay d its chunk was inpainted with, when it was."""
+    d = reply.rtc_delay_steps
+    return {} if d is None else {"rtc_delay_steps": int(d)}
+
+
 class _Conn:
     """One openpi client: one task of the fleet scheduler."""
 
@@ -31,6 +38,7 @@ class _Conn:
         self.task_id, self.peer, self.hz = task_id, peer, hz
         self.next_round = 0
         self.delivered_at: Optional[float] = None  # when its last chunk was sent
+        self.served: Optional[ServedChunk] = None  # that chunk (cfg.rtc: the leftover is rebuilt from it)
         self.tokens, self.refilled = float(burst), time.monotonic()
 
 
@@ -167,7 +175,7 @@ class OpenPiEndpoint:
         if reset and c.next_round:  # a new episode (RoboLab's env reset): a fresh task
             self._end(c)
             self._n += 1
-            c.task_id, c.next_round, c.delivered_at = f"openpi/{c.peer}#{self._n}", 0, None
+            c.task_id, c.next_round, c.delivered_at, c.served = f"openpi/{c.peer}#{self._n}", 0, None, None
         now = self.clock.now()
         info = None
         if c.next_round:
@@ -175,7 +183,9 @@ class OpenPiEndpoint:
             # actions (ActionChunkBroker asks when its chunk is spent), unless it says otherwise.
             info = ExecInfo(now, left or 0, c.hz)
         h = horizon or self.cfg.horizon or self.keys.feats.chunk_len
-        req = InferenceRequest(c.task_id, c.next_round, info, HorizonChoice("static", float(h)), obs, obs_stamp=obs.stamp)
+        rtc = rebuilt_guide(c.served, now, c.hz) if self.cfg.rtc and info is not None else None
+        req = InferenceRequest(c.task_id, c.next_round, info, HorizonChoice("static", float(h)), obs, obs_stamp=obs.stamp,
+                               rtc=rtc)
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
         key = (c.task_id, c.next_round)
@@ -191,10 +201,13 @@ class OpenPiEndpoint:
             raise Refusal("reply_timeout", f"round {key[1]} not served within reply_timeout_s ({self.cfg.reply_timeout_s} s)") from None
         c.next_round += 1
         c.delivered_at = self.clock.now()
+        if self.cfg.rtc:
+            c.served = ServedChunk(reply.actions, None, c.delivered_at)
         self.counts["chunks"] += 1
         infer_ms = (time.monotonic() - received) * 1e3
         return pack({"actions": reply.actions.astype("float32", copy=False),
-                     "server_timing": {"infer_ms": infer_ms}, "robotserve": {"round": key[1], "task": c.task_id}})
+                     "server_timing": {"infer_ms": infer_ms}, "robotserve": {"round": key[1], "task": c.task_id,
+                                                                            **rtc_said(reply)}})
 
     def _rate(self, c: _Conn, now: float) -> None:
         """Token bucket: max_rate_hz calls per second, rate_burst at once."""

@@ -1,0 +1,113 @@
+"""The Meta-World robots (nodes/metaworld_robot.py) against a real inference server serving the
+trained flow policy, and the closed-loop demo (live/demo.py) in small. Skipped without
+rclpy or Meta-World."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rosutil import requires_rclpy, ros_ctx  # noqa: F401 (the fixture)
+
+from robotserve_ros.live.demo import CONFIGS, DemoConfig, closed_loop_target, metaworld_params, why_closed_loop
+from robotserve_ros.study.metaworld_task import TASKS, metaworld_missing
+
+needs_metaworld = pytest.mark.skipif(metaworld_missing() is not None, reason=str(metaworld_missing()))
+
+
+@requires_rclpy
+@needs_metaworld
+def test_metaworld_robots_run_episodes_served_by_the_flow_policy(ros_ctx, tmp_path):
+    from rclpy.qos import QoSProfile, ReliabilityPolicy
+
+    from robotserve_ros.msg import ExecutionProgress
+
+    max_steps = 40
+    cfg = DemoConfig("FIFO + static H=4", "fifo", "static", 4, robot={"max_steps": max_steps})
+    params = metaworld_params(cfg, robots=2, episodes=2, seed=0, episodes_file=str(tmp_path / "{robot}.jsonl"),
+                              out=tmp_path / "params.yaml")
+    progress = ros_ctx.collect(ExecutionProgress, "/robotserve/progress",
+                               QoSProfile(depth=1000, reliability=ReliabilityPolicy.RELIABLE))
+    server = ros_ctx.start_node(["robotserve_ros.nodes.inference_server", "--ros-args", "--params-file", params,
+                                 "-r", "__node:=inference_server"])
+    robots = ros_ctx.start_node(["robotserve_ros.nodes.metaworld_robot", "--robots", "2", "--params", params])
+    done = lambda: {m.task_id for m in progress if m.task_done}  # noqa: E731
+    assert ros_ctx.wait_for(lambda: len(done()) >= 4, timeout=120), (robots.output()[-3000:], server.output()[-3000:])
+    assert robots.stop() == 0
+    eps = [json.loads(line) for line in (tmp_path / "robot_0.jsonl").read_text().splitlines()]
+    assert {e["task_id"] for e in eps} == done() == {f"robot_{i}/task{k}" for i in range(2) for k in range(2)}
+    by_id = {e["task_id"]: e for e in eps}
+    # Episode k of robot i: seed 100000 + 101 i + k; the seed picks the task (seed mod 5).
+    for i in range(2):
+        for k in range(2):
+            e = by_id[f"robot_{i}/task{k}"]
+            assert e["seed"] == 100_000 + 101 * i + k and e["task"] == TASKS[e["seed"] % len(TASKS)]
+    for e in eps:
+        assert e["chunks"] >= 1 and 1 <= e["steps"] <= max_steps and e["latency_s"] > e["idle_s"] >= 0
+        # An episode ends at Meta-World's first success, or after max_steps actions without one.
+        assert e["success"] == (e["steps"] < max_steps), e
+    assert server.stop() == 0
+
+
+@requires_rclpy
+@needs_metaworld
+def test_the_closed_loop_demo_writes_its_report(tmp_path):
+    from robotserve_ros.cli import main
+
+    assert main(["demo", "--robots", "2", "--tasks", "1", "--out", str(tmp_path)]) == 0
+    res = json.loads((tmp_path / "live_demo.json").read_text())
+    assert list(res["runs"]) == [c.label for c in CONFIGS] and list(res["runs"])[0].startswith("FIFO")
+    for label, run in res["runs"].items():
+        s = run["summary"]
+        assert {"avg_latency_s", "p95_latency_s", "success", "success_ci95", "mean_idle_s", "chunks_served"} <= set(s)
+        lo, hi = s["success_ci95"]
+        assert s["episodes"] == 2 and 0 <= lo <= s["success"] <= hi <= 1
+        assert 0 < s["avg_latency_s"] <= max(e["latency_s"] for e in run["episodes"]) + 1e-9
+        assert s["chunks_served"] >= sum(e["chunks"] for e in run["episodes"]) >= 2
+    assert res["why"] and "actions per round" in res["why"] and isinstance(res["target"]["met"], bool)
+    md = (tmp_path / "live_demo.md").read_text()
+    assert "Why: " in md and "Target (issue 28)" in md
+    assert (tmp_path / "live_demo.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def _run(avg: float, ok: int, n: int = 40) -> dict:
+    from robotserve_ros.study.horizon_report import wilson_ci
+
+    return {"summary": {"episodes": n, "avg_latency_s": avg, "success": ok / n, "success_ci95": wilson_ci(ok, n),
+                        "mean_idle_s": 0.1, "actions_per_round": 2.0, "rounds_per_episode": 30.0}}
+
+
+@pytest.mark.parametrize("aware_avg,aware_ok,met", [(7.9, 38, True), (8.1, 38, False), (7.0, 35, True), (5.0, 33, False)],
+                         ids=["faster", "not-20-percent", "lower-within-ci", "less-success"])
+def test_the_target_needs_20_percent_and_success_within_ci(aware_avg, aware_ok, met):
+    runs = {"FIFO + static H=1": _run(10.0, 38), "Kairos + agreement": _run(aware_avg, aware_ok)}
+    t = closed_loop_target(runs)
+    assert t["met"] is met and t["fifo"] == "FIFO + static H=1"
+    assert why_closed_loop(runs).startswith("Kairos + agreement won")
+
+
+@requires_rclpy
+@needs_metaworld
+def test_a_chunk_that_is_not_metaworld_actions_is_refused_and_counted():
+    """Bad input from the server: never executed, counted, the round asked again; a good chunk
+    after it is used."""
+    from collections import Counter
+    from types import SimpleNamespace
+
+    from robotserve_ros.core.action_queue import ActionQueue
+    from robotserve_ros.msg import ActionChunk
+    from robotserve_ros.nodes.metaworld_robot import MetaWorldFleetNode
+
+    logged = []
+    fleet = SimpleNamespace(bad_chunk_logged=False, node=SimpleNamespace(
+        get_logger=lambda: SimpleNamespace(error=logged.append)))
+    r = SimpleNamespace(task_id="robot_0/task0", queue=ActionQueue("latest_only"), acct=SimpleNamespace(errors=Counter()))
+
+    def chunk(h, dim, values=None):
+        return ActionChunk(first_timestep=0, horizon=h, action_dim=dim,
+                           actions=values if values is not None else [0.1] * (h * dim))
+
+    for bad in (chunk(2, 6), chunk(2, 4, [0.1] * 7), chunk(1, 4, [0.1, float("nan"), 0.0, 0.0])):
+        assert MetaWorldFleetNode.use_chunk(fleet, r, bad) is False
+    assert r.acct.errors["bad_chunk"] == 3 and len(logged) == 1 and len(r.queue) == 0
+    assert MetaWorldFleetNode.use_chunk(fleet, r, chunk(3, 4)) is True and len(r.queue) == 3
