@@ -5,6 +5,14 @@ seeded by (seed, task_id, round_id, sample), as in the LeRobot engine, so a batc
 the same chunks as its requests served one by one; `sample` > 0 is a self-consistency
 replica of the same request (other noise, same observation). Every Euler step's update
 dt * v is returned per action (seed 000 §3.1), in the normalised action space.
+
+Real-time chunking (core/rtc.py; Black et al. 2025, §4): a request whose rtc guide has a
+leftover and a delay d >= 1 is generated as a guided inpainting of that leftover, each row
+with its own d and leftover inside one batch (flow_policy.sample_chunks_guided). `rtc_form`
+picks the paper's guidance ("paper", a vector-Jacobian product through the velocity network)
+or LeRobot's cheaper form ("lerobot", the prefix-weighted error alone); `rtc_mask` the
+paper's soft mask over the whole leftover or a hard one over the first d actions (§4.2). d = 0 (the chunk is
+there at once: nothing of the leftover runs meanwhile) or an empty leftover is unguided.
 """
 from __future__ import annotations
 
@@ -13,7 +21,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from ..core.engine import Engine
-from ..core.observation import Observation, ObservationSpec
+from ..core.observation import BadObservation, Observation, ObservationSpec
 from ..core.profile import EngineProfile
 from ..core.types import ChunkResult, InferenceRequest
 from .lerobot_engine import _row_seed, engine_profile, joint_state
@@ -21,10 +29,20 @@ from .lerobot_engine import _row_seed, engine_profile, joint_state
 
 class FlowEngine(Engine):
     name = "flow"
+    supports_rtc = True
 
     def __init__(self, profile: Optional[EngineProfile] = None, *, policy_dir: str, device: str = "cpu",
-                 seed: int = 0, profile_file: Optional[str] = None) -> None:
-        from .flow_policy import Normaliser, load_flow_policy, read_flow_config
+                 seed: int = 0, profile_file: Optional[str] = None, rtc_form: str = "paper",
+                 rtc_max_guidance: float = 5.0, rtc_mask: str = "soft") -> None:
+        from .flow_policy import RTC_FORMS, RTC_MASKS, Normaliser, load_flow_policy, read_flow_config
+
+        if rtc_form not in RTC_FORMS:
+            raise ValueError(f"rtc_form {rtc_form!r}: known {', '.join(RTC_FORMS)}")
+        if not rtc_max_guidance > 0:
+            raise ValueError(f"rtc_max_guidance must be > 0, got {rtc_max_guidance}")
+        if rtc_mask not in RTC_MASKS:
+            raise ValueError(f"rtc_mask {rtc_mask!r}: known {', '.join(RTC_MASKS)}")
+        self.rtc_form, self.rtc_max_guidance, self.rtc_mask = rtc_form, float(rtc_max_guidance), rtc_mask
 
         read_flow_config(policy_dir)  # a wrong directory fails before torch loads
         self.profile, self.profile_source = engine_profile(profile, profile_file)
@@ -34,6 +52,8 @@ class FlowEngine(Engine):
         self.device = torch.device(device)
         self.net, self.cfg = load_flow_policy(policy_dir)
         self.net.to(self.device)
+        # Served, never trained: RTC's vector-Jacobian product then records the x_t path only.
+        self.net.requires_grad_(False)
         self.policy_dir, self.seed, self.policy_type = str(policy_dir), int(seed), "flow_matching"
         self.state_dim, self.action_dim = int(self.cfg["state_dim"]), int(self.cfg["action_dim"])
         self.chunk_len, self.num_steps = int(self.cfg["chunk"]), int(self.cfg["num_steps"])
@@ -50,27 +70,64 @@ class FlowEngine(Engine):
     def _state(self, req: InferenceRequest) -> np.ndarray:
         return joint_state(req, self.state_dim, "flow")
 
+    def _rtc_rows(self, batch) -> Optional[tuple]:
+        """(targets [B, chunk, dim] normalised, weights [B, chunk], d per row or None) for a batch
+        with at least one guided row; None when no row is guided (the unguided path, unchanged)."""
+        from .flow_policy import rtc_prefix_weights
+
+        H, A = self.chunk_len, self.action_dim
+        tgt = np.zeros((len(batch), H, A), np.float32)
+        w = np.zeros((len(batch), H), np.float32)
+        used: list = [None] * len(batch)
+        for i, r in enumerate(batch):
+            g = r.rtc
+            if g is None:
+                continue
+            bad = g.problems(A)
+            if bad:
+                raise BadObservation(f"{r.task_id} round {r.round_id}: " + "; ".join(bad))
+            if g.delay_steps is None:
+                continue  # no d set: nothing to freeze, generated freely
+            k = min(int(g.leftover.shape[0]), H)
+            d = min(int(g.delay_steps), k)
+            used[i] = d
+            if d >= 1:
+                # The leftover is in action space: the network denoises normalised actions.
+                tgt[i, :k] = self.an.norm(g.leftover[:k].astype(np.float32))
+                w[i] = rtc_prefix_weights(d, k, H, self.rtc_mask)
+        if not w.any():
+            return None, used
+        return (tgt, w), used
+
     def infer(self, batch: Sequence[InferenceRequest]) -> list[ChunkResult]:
         if not batch:
             return []
-        from .flow_policy import sample_chunks
+        from .flow_policy import sample_chunks, sample_chunks_guided
 
         torch = self.torch
         q = np.stack([self._state(r) for r in batch])  # validate everything first
+        guide, used = self._rtc_rows(batch)
         shape = (1, self.chunk_len, self.action_dim)
         noise = torch.cat([torch.randn(shape, generator=torch.Generator().manual_seed(
             _row_seed(self.seed, r.task_id, r.round_id, getattr(r, "sample", 0)))) for r in batch])
         cap: list = []
-        with torch.inference_mode():
-            s = torch.from_numpy(self.sn.norm(q).astype(np.float32)).to(self.device)
-            x = sample_chunks(self.net, s, noise.to(self.device), self.num_steps, cap)
+        if guide is None:
+            with torch.inference_mode():
+                s = torch.from_numpy(self.sn.norm(q).astype(np.float32)).to(self.device)
+                x = sample_chunks(self.net, s, noise.to(self.device), self.num_steps, cap)
+        else:
+            with torch.no_grad():
+                s = torch.from_numpy(self.sn.norm(q).astype(np.float32)).to(self.device)
+                tgt, w = (torch.from_numpy(a).to(self.device) for a in guide)
+                x = sample_chunks_guided(self.net, s, noise.to(self.device), self.num_steps, tgt, w,
+                                         self.rtc_form, self.rtc_max_guidance, cap)
         xn = x.float().cpu().numpy()
         acts = self.an.unnorm(xn).astype(np.float32)
         ups = torch.stack(cap, 1).float().cpu().numpy()  # [B, steps, chunk, dim]
         x0 = noise.numpy()
         return [ChunkResult(np.ascontiguousarray(acts[i]), np.ascontiguousarray(ups[i]),
                             initial_noise=np.ascontiguousarray(x0[i]), state=q[i].copy(),
-                            task_id=batch[i].task_id, round_id=batch[i].round_id)
+                            task_id=batch[i].task_id, round_id=batch[i].round_id, rtc_delay_steps=used[i])
                 for i in range(len(batch))]
 
     def close(self) -> None:

@@ -93,6 +93,78 @@ def sample_chunks(net, state_n, noise, num_steps: int, capture: list | None = No
     return x
 
 
+RTC_FORMS = ("paper", "lerobot")
+RTC_MAX_GUIDANCE = 5.0  # beta, the guidance weight clip (RTC paper §4.3 and App. A: beta = 5)
+
+
+RTC_MASKS = ("soft", "hard")
+
+
+def rtc_prefix_weights(d: int, k: int, horizon: int, mask: str = "soft") -> np.ndarray:
+    """RTC's soft mask W over a chunk of `horizon` actions (Black et al. 2025, §4.2, eq. 5), for a
+    leftover of k actions of which the first d are executed while this chunk is generated:
+    1 for i < d (frozen), c_i (e^c_i - 1) / (e - 1) with c_i = (k - i) / (k - d + 1) for
+    d <= i < k (the paper's H - s is the leftover's length k), 0 beyond the leftover.
+    mask "hard": 1 on the first d only (§4.2's hard-masking ablation)."""
+    k = max(0, min(int(k), int(horizon)))
+    d = max(0, min(int(d), k))
+    w = np.zeros(int(horizon), np.float32)
+    w[:d] = 1.0
+    if mask == "hard":
+        return w
+    c = (k - np.arange(d, k, dtype=np.float64)) / (k - d + 1)
+    w[d:k] = c * np.expm1(c) / np.expm1(1.0)
+    return w
+
+
+def rtc_guidance_weight(t: float, beta: float) -> float:
+    """min(beta, (1 - t) / (t r_t^2)) with r_t^2 = (1 - t)^2 / (t^2 + (1 - t)^2) (§4.1, eq. 2-4;
+    t = 0 is noise, where the ratio is infinite and the clip holds)."""
+    if t <= 0.0:
+        return float(beta)
+    return float(min(beta, (t * t + (1 - t) ** 2) / (t * (1 - t)))) if t < 1.0 else 0.0
+
+
+def sample_chunks_guided(net, state_n, noise, num_steps: int, target, weights, form: str = "paper",
+                         beta: float = RTC_MAX_GUIDANCE, capture: list | None = None):
+    """sample_chunks with RTC's guided inpainting (§4.1): the velocity of every Euler step gets
+    w(t) * (Y - A1_hat)^T diag(W) dA1_hat/dA_t, A1_hat = A_t + (1 - t) v(A_t, t) the one-step
+    estimate of the final chunk, Y the leftover (normalised, zero-padded) and W per row
+    ([B, chunk]: a row of zeros is unguided, so each row has its own d).
+
+    form "paper": the vector-Jacobian product back-propagates through the denoiser (torch
+    autograd, one backward per step). form "lerobot": LeRobot 0.4.4's cheaper correction (its
+    v_t is computed before x_t requires grad, so dA1_hat/dA_t is the identity): the
+    prefix-weighted error itself, no backward. Rows share one forward pass either way, so an
+    unguided row's velocity is the unguided batch's, and its guidance term is exactly zero."""
+    torch = _torch()
+    if form not in RTC_FORMS:
+        raise ValueError(f"rtc form {form!r}: known {', '.join(RTC_FORMS)}")
+    x = noise
+    dt = 1.0 / num_steps
+    wmask = weights[:, :, None].to(x.dtype)
+    for i in range(num_steps):
+        t = i * dt
+        tt = torch.full((x.shape[0],), t, dtype=x.dtype, device=x.device)
+        gw = rtc_guidance_weight(t, beta)
+        if form == "paper":
+            with torch.enable_grad():
+                xg = x.detach().clone().requires_grad_(True)
+                v = net(state_n, xg, tt)
+                a1 = xg + (1.0 - t) * v
+                err = (target - a1.detach()) * wmask
+                (vjp,) = torch.autograd.grad(a1, xg, err)
+            v = v.detach()
+        else:
+            v = net(state_n, x, tt)
+            vjp = (target - (x + (1.0 - t) * v)) * wmask
+        upd = dt * (v + gw * vjp)
+        if capture is not None:
+            capture.append(upd)
+        x = x + upd
+    return x
+
+
 def save_flow_policy(out_dir, net, cfg: dict) -> Path:
     from safetensors.torch import save_file
 

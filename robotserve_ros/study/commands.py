@@ -1,5 +1,5 @@
-"""`robotserve study collect | train | horizon`: the study's task families (PushGust, Meta-World)
-and the horizon study."""
+"""`robotserve study collect | train | horizon | rtc`: the study's task families (PushGust,
+Meta-World), the horizon study and the real-time chunking study."""
 from __future__ import annotations
 
 import sys
@@ -165,6 +165,70 @@ def cmd_workload(a) -> int:
     return 0
 
 
+def cmd_rtc(a) -> int:
+    import json
+    import os
+
+    from ..cli_types import UsageError
+    from .rtc import POLICY_DIR, RtcStudyConfig, merge_runs, read_study, run_study, write_study
+    from .rtc_fleet import fleet_on_rounds, write_fleet
+
+    dirs = {}
+    for spec in a.policy or []:
+        task, _, d = spec.partition("=")
+        if task not in POLICY_DIR or not d:
+            raise UsageError(f"--policy {spec!r}: give TASK=DIR with TASK one of {', '.join(POLICY_DIR)}")
+        dirs[task] = d
+    for t in a.tasks:
+        d = Path(dirs.get(t, POLICY_DIR[t]))
+        if not (d / "config.json").is_file() or json.loads((d / "config.json").read_text()).get("type") != "flow_matching":
+            raise UsageError(f"--policy: {str(d)!r} is not a flow-matching checkpoint (the {t} policy; give {t}=DIR)")
+    cfg = RtcStudyConfig(tasks=tuple(dict.fromkeys(a.tasks)), seeds=tuple(a.seeds), episodes=a.episodes,
+                         delays=tuple(sorted(set(a.delays))), rtc_form=a.rtc_form, rtc_mask=a.rtc_mask,
+                         max_steps=a.max_steps, policy_dirs=dirs)
+    load0 = os.getloadavg()
+    rows, meta = run_study(cfg, workers=a.workers)
+    meta = {"command": "robotserve " + " ".join(sys.argv[1:]), "loadavg_before": list(load0),
+            "loadavg_after": list(os.getloadavg()), "seeds": list(cfg.seeds), "episodes_per_seed": cfg.episodes,
+            "delays_s": list(cfg.delays), "rtc_form": cfg.rtc_form, "rtc_mask": cfg.rtc_mask,
+            "families": meta}
+    out = Path(a.out)
+    if a.append and (out / "rtc_study.json").is_file():
+        rows, meta = merge_runs(*read_study(out), rows, meta)
+    paths = write_study(rows, meta, out)
+    if not a.no_fleet:
+        paths += write_fleet(fleet_on_rounds(rows, meta), out)
+    print("wrote " + ", ".join(str(p) for p in paths))
+    return 0
+
+
+def cmd_rtc_profile(a) -> int:
+    import json
+
+    from ..cli_types import UsageError
+    from .rtc_profile import measure_rtc, write_rtc_block
+
+    cfg = Path(a.policy) / "config.json"
+    if not cfg.is_file() or json.loads(cfg.read_text()).get("type") != "flow_matching":
+        raise UsageError(f"--policy {a.policy!r}: not a flow-matching checkpoint directory")
+    block = {"policy_dir": a.policy, **measure_rtc(a.policy, tuple(sorted(set(a.batch_sizes))), delay=a.delay,
+                                                   repeats=a.repeats)}
+    for form in ("paper", "lerobot"):
+        print(f"  {form} / unguided per batch size: {block['ratio_vs_unguided'][form]}")
+    paths = []
+    if a.profile_file:
+        paths.append(write_rtc_block(a.profile_file, block))
+    if a.out:
+        out = Path(a.out)
+        rows = json.loads(out.read_text()) if out.is_file() else {}
+        rows[a.policy] = block
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(rows, indent=1) + "\n")
+        paths.append(out)
+    print("wrote " + (", ".join(str(p) for p in paths) or "nothing (no --profile-file, no --out)"))
+    return 0
+
+
 def add_parser(sub):
     """The `study` command group, added to the `robotserve` parser; returns its subcommands."""
     from ..cli_types import positive, seed
@@ -245,6 +309,36 @@ def add_parser(sub):
     mg.add_argument("--into", required=True, help="the run of record, e.g. reports/horizon/pushgust-diffusion.json")
     mg.add_argument("--add", nargs="+", required=True, help="runs written elsewhere with --out (their .meta.json beside)")
     mg.set_defaults(func=cmd_merge)
+    r = g.add_parser("rtc", help="real-time chunking under inference delay, closed loop: static / dynamic horizon, "
+                                 "with and without RTC, Meta-World and PushGust flow policies (docs/rtc.md)")
+    r.add_argument("--out", required=True, help="report folder: rtc_study.json (+ .meta.json, fleet.json)")
+    r.add_argument("--tasks", nargs="+", choices=FAMILIES, default=list(FAMILIES))
+    r.add_argument("--policy", nargs="*", metavar="TASK=DIR",
+                   help="flow checkpoint per task (default models/<task>_flow)")
+    r.add_argument("--seeds", type=seed, nargs="+", default=[0, 1, 2])
+    r.add_argument("--episodes", type=positive(int), default=34, help="episodes per seed and configuration")
+    r.add_argument("--delays", type=positive(float, zero_ok=True), nargs="+",
+                   default=[0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.6], help="inference delays in seconds")
+    r.add_argument("--rtc-form", choices=("paper", "lerobot"), default="paper",
+                   help="the guidance: the paper's (VJP through the denoiser) or LeRobot's cheaper form")
+    r.add_argument("--rtc-mask", choices=("soft", "hard"), default="soft",
+                   help="RTC's prefix weights: the paper's soft mask over the leftover, or 1 on the first d only (§4.2)")
+    r.add_argument("--max-steps", type=positive(int), default=None, help="episode step limit (default: the task's)")
+    r.add_argument("--workers", type=positive(int), default=1, help="processes, one task family each")
+    r.add_argument("--no-fleet", action="store_true", help="skip the fleet simulator on the measured rounds")
+    r.add_argument("--append", action="store_true",
+                   help="add this run's rows to the run already in --out (same task, delay, config: replaced)")
+    r.set_defaults(func=cmd_rtc)
+    rp = g.add_parser("rtc-profile", help="engine time of RTC guided denoising (paper and LeRobot forms) vs unguided, "
+                                          "per batch size, into the engine profile file's rtc block")
+    rp.add_argument("--policy", required=True, help="flow checkpoint directory")
+    rp.add_argument("--profile-file", help="engine profile JSON to add the rtc block to, e.g. "
+                                           "robotserve_ros/profiles/pushgust_flow.json")
+    rp.add_argument("--out", help="also merge the block into this JSON, keyed by policy (e.g. reports/rtc/rtc_profile.json)")
+    rp.add_argument("--batch-sizes", type=positive(int), nargs="+", default=[1, 2, 4, 8, 16, 32])
+    rp.add_argument("--delay", type=positive(int), default=4, help="d of every guided row (the leftover is H - d)")
+    rp.add_argument("--repeats", type=positive(int), default=15)
+    rp.set_defaults(func=cmd_rtc_profile)
     return g  # the CLI adds `study fleet` (a benchmark: bench/study_fleet.py)
 
 
