@@ -130,18 +130,19 @@ class PlacementConfig(PluginConfig):
 class QueueConfig(Config):
     """srv/Infer's queues (issue 29): DDS keeps `depth` requests until a thread takes them
     (past it DDS drops the oldest, which nobody can answer); at most `max_waiting` calls wait
-    for their round, the next is answered OVERLOADED at once, so threads stay free to drain."""
+    for their round, the next is answered OVERLOADED at once. A waiting call holds no thread
+    (its reply is deferred, nodes/deferred.py): max_waiting bounds the rounds held in memory."""
 
     # 10, rclpy's default: robots re-send an unanswered round themselves, so a deep queue only keeps
     # stale re-sends the server must answer one by one while it is behind (1000 lost 3-19 rounds in
     # 4 of 6 fleet-live x100 runs, replies 10-22 s late; 10: 0 lost).
     depth: int = param(10, "DDS history depth of srv/Infer's request and reply queues, >= 1")
-    max_waiting: int = param(0, "Infer calls waiting for their round at once, past it OVERLOADED, >= 0 "
-                                "(0: threads - 16, leaving threads for progress, timers and the services)")
+    max_waiting: int = param(4096, "Infer calls waiting for their round at once (they hold no thread), "
+                                   "past it OVERLOADED, >= 1")
 
     def check(self) -> None:
         check(self.depth >= 1, "depth", self.depth, "is not >= 1")
-        check(self.max_waiting >= 0, "max_waiting", self.max_waiting, "is not >= 0")
+        check(self.max_waiting >= 1, "max_waiting", self.max_waiting, "is not >= 1")
 
 
 @dataclass(frozen=True)
@@ -187,7 +188,7 @@ class InferenceServerConfig(Config):
     diagnostics_hz: float = param(1.0, "/diagnostics publication rate, > 0")
     diagnostics_window_s: float = param(30.0, "/diagnostics' level follows the share of requests refused in this "
                                         "many recent seconds (OK: none, WARN: some, ERROR: half or more), > 0")
-    threads: int = param(128, "Infer calls served at once, >= 4")
+    threads: int = param(128, "executor threads, >= 4 (an Infer call holds one only while it is checked and queued; side services' calls hold one while they wait)")
     infer_queue: QueueConfig = param(QueueConfig(), "srv/Infer's queues: DDS depth, calls waiting at once (OVERLOADED past)")
     task_auth: TaskAuthConfig = param(TaskAuthConfig(), "tasks bound to their robot by HMAC: key_dir, max_skew_s")
     remote_tiers: tuple[str, ...] = param((), "cloud tiers (GPU servers): names, each a section beside these "
@@ -240,12 +241,10 @@ class InferenceServerConfig(Config):
             check(getattr(self, name) > 0, name, getattr(self, name), "is not > 0")
         check(self.max_batch >= 0, "max_batch", self.max_batch, "is not >= 0 (0: the saturation batch)")
         check(self.threads >= 4, "threads", self.threads, "is not >= 4")
-        check(self.infer_queue.max_waiting < self.threads, "infer_queue.max_waiting", self.infer_queue.max_waiting,
-              f"is not < threads ({self.threads}): a call past it must find a thread to be answered OVERLOADED")
 
     @property
     def max_waiting(self) -> int:
-        return self.infer_queue.max_waiting or max(1, self.threads - 16)
+        return self.infer_queue.max_waiting
 
     def tiers(self) -> dict:
         """Cloud tier name -> its RemoteTierConfig, in remote_tiers order."""

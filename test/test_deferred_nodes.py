@@ -1,0 +1,48 @@
+"""srv/Infer's deferred replies (nodes/deferred.py) on a real inference server: a waiting
+call holds no executor thread, so more calls wait at once than the server has threads, and
+each is answered."""
+from __future__ import annotations
+
+import os
+
+from rosutil import requires_rclpy, ros_ctx  # noqa: F401
+from test_nodes import Caller, make_request, server_args
+from test_security_nodes import deep_qos
+
+pytestmark = requires_rclpy
+
+
+def _threads(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/task"))
+
+
+def test_more_calls_wait_than_the_executor_has_threads_and_all_are_answered(ros_ctx):
+    """50 robots' round 0 at once on a server with 4 executor threads and batches of at most
+    4 (~100 ms each): the calls wait together (/diagnostics counts more waiters than threads),
+    the process starts no thread for them, and every call is answered ok."""
+    from diagnostic_msgs.msg import DiagnosticArray
+
+    from robotserve_ros.srv import Infer
+
+    proc = ros_ctx.start_node(server_args("engine.latency_ms:=[100.0,105.0,110.0]", "threads:=4",
+                                          "infer_queue.depth:=100", "task_timeout_s:=30.0"))
+    diags = ros_ctx.collect(DiagnosticArray, "/diagnostics", 10)
+    c = Caller(ros_ctx)
+    assert c.call(make_request("warm", 0)).status.reason == "ok"
+    before = _threads(proc.pid)
+    flood = ros_ctx.node.create_client(Infer, "/robotserve/infer", qos_profile=deep_qos())
+    assert flood.wait_for_service(timeout_sec=10)
+    futs = [flood.call_async(make_request(f"r{i}", 0)) for i in range(50)]
+    waiters, threads = [], []
+
+    def watch() -> bool:
+        threads.append(_threads(proc.pid))
+        for d in diags[-3:]:
+            waiters.extend(int(kv.value) for kv in d.status[0].values if kv.key == "waiters")
+        return all(f.done() for f in futs)
+
+    assert ros_ctx.wait_for(watch, 60), sum(f.done() for f in futs)
+    reasons = [f.result().status.reason for f in futs]
+    assert reasons == ["ok"] * 50, reasons
+    assert max(waiters) > 4, waiters  # more rounds waited at once than there are threads
+    assert max(threads) <= before, (before, max(threads))
