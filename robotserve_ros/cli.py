@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-from .cli_types import Parser as _Parser, UsageError, positive, seed
+from .cli_types import Parser as _Parser, UsageError, comma_list, positive, seed
 from .params import parse_key_values
 
 
@@ -235,6 +235,8 @@ def build_parser() -> argparse.ArgumentParser:
     fl.add_argument("--trace-server", action="store_true", help="run the server with per-round marks (where lost rounds went)")
     fl.add_argument("--light", action="store_true", help="light load generator (live/light_fleet.py): many robots per "
                     "process, no rendering; the server's numbers are the headline")
+    fl.add_argument("--executors", type=comma_list(("multithreaded", "serving")), help="comma-separated server executors (multithreaded, serving) "
+                    "run one after another on the same fleet: FILE_executors.json compares them side by side")
     fl.set_defaults(func=cmd_bench_fleet_live)
 
     so = b.add_parser("soak", help="the server under a steady light fleet for minutes: RSS growth, lost chunks, ledger freed")

@@ -212,9 +212,18 @@ def exit_process(code: int) -> NoReturn:
     os._exit(code)
 
 
-def run_nodes(make: Callable[[], Sequence], argv=None, threads=None) -> int:
+def make_executor(n_threads: int, kind: str = "multithreaded"):
+    """The executor of a process serving many calls: rclpy's MultiThreadedExecutor, or the
+    project's subclass ('serving'), kept for bench fleet-live --executors to compare."""
+    from rclpy.executors import MultiThreadedExecutor
+
+    return serving_executor(n_threads) if kind == "serving" else MultiThreadedExecutor(num_threads=n_threads)
+
+
+def run_nodes(make: Callable[[], Sequence], argv=None, threads=None, executor=None) -> int:
     """rclpy.init, build nodes with make(), spin until SIGINT/SIGTERM, shut down cleanly.
-    threads: None for a single-threaded executor, else a count or a function of the nodes.
+    threads: None for a single-threaded executor, else a count or a function of the nodes;
+    executor: make_executor's kind, or a function of the nodes giving it.
     Returns the process exit code: 0 on a normal stop, 2 on a bad parameter."""
     import rclpy
     from rclpy.exceptions import InvalidParameterTypeException, ParameterException
@@ -230,7 +239,8 @@ def run_nodes(make: Callable[[], Sequence], argv=None, threads=None) -> int:
             return 2
         nodes = list(make())
         n_threads = threads(nodes) if callable(threads) else threads
-        ex = serving_executor(n_threads) if n_threads else SingleThreadedExecutor()
+        kind = (executor(nodes) if callable(executor) else executor) or "multithreaded"
+        ex = make_executor(n_threads, kind) if n_threads else SingleThreadedExecutor()
         if n_threads:
             _start_pool(ex, n_threads)
         for n in nodes:

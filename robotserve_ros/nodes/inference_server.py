@@ -396,7 +396,8 @@ def check_service_name(name: str) -> None:
 
 
 def main(argv=None) -> int:
-    return run_nodes(lambda: [InferenceServerNode()], argv, threads=lambda nodes: nodes[0].config.threads)
+    return run_nodes(lambda: [InferenceServerNode()], argv, threads=lambda nodes: nodes[0].config.threads,
+                     executor=lambda nodes: nodes[0].config.executor)
 
 
 if __name__ == "__main__":

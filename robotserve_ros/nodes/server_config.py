@@ -126,6 +126,9 @@ class PlacementConfig(PluginConfig):
         return PLACEMENTS.names()
 
 
+EXECUTORS = ("multithreaded", "serving")  # rclpy's EventsExecutor cannot send a deferred reply (docs/scale.md)
+
+
 @dataclass(frozen=True)
 class QueueConfig(Config):
     """srv/Infer's queues (issue 29): DDS keeps `depth` requests until a thread takes them
@@ -189,6 +192,8 @@ class InferenceServerConfig(Config):
     diagnostics_window_s: float = param(30.0, "/diagnostics' level follows the share of requests refused in this "
                                         "many recent seconds (OK: none, WARN: some, ERROR: half or more), > 0")
     threads: int = param(128, "executor threads, >= 4 (an Infer call holds one only while it is checked and queued; side services' calls hold one while they wait)")
+    executor: str = param("multithreaded", "the rclpy executor: multithreaded (rclpy's MultiThreadedExecutor) or "
+                          "serving (its O(1)-per-spin subclass, nodes/common.py); bench fleet-live --executors compares them")
     infer_queue: QueueConfig = param(QueueConfig(), "srv/Infer's queues: DDS depth, calls waiting at once (OVERLOADED past)")
     task_auth: TaskAuthConfig = param(TaskAuthConfig(), "tasks bound to their robot by HMAC: key_dir, max_skew_s")
     remote_tiers: tuple[str, ...] = param((), "cloud tiers (GPU servers): names, each a section beside these "
@@ -241,6 +246,7 @@ class InferenceServerConfig(Config):
             check(getattr(self, name) > 0, name, getattr(self, name), "is not > 0")
         check(self.max_batch >= 0, "max_batch", self.max_batch, "is not >= 0 (0: the saturation batch)")
         check(self.threads >= 4, "threads", self.threads, "is not >= 4")
+        check_one_of("executor", self.executor, EXECUTORS)
 
     @property
     def max_waiting(self) -> int:
