@@ -237,6 +237,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "process, no rendering; the server's numbers are the headline")
     fl.add_argument("--executors", type=comma_list(("multithreaded", "serving")), help="comma-separated server executors (multithreaded, serving) "
                     "run one after another on the same fleet: FILE_executors.json compares them side by side")
+    fl.add_argument("--flame", help="py-spy flame graph (svg) of the server over the window")
+    fl.add_argument("--refresh-topic", action="store_true", help="with --light: robots publish their newest "
+                    "observations on /robotserve/observations, the server reads them at dispatch (no refresh service)")
     fl.set_defaults(func=cmd_bench_fleet_live)
 
     so = b.add_parser("soak", help="the server under a steady light fleet for minutes: RSS growth, lost chunks, ledger freed")

@@ -34,7 +34,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
+import subprocess
+import sys
 import tempfile
 import time
 from collections import Counter
@@ -52,13 +55,15 @@ from .fleet_live_report import HEADLINE, _num, _server_summary, aggregate, backl
 
 
 def _params_file(base: str, stats_pattern: str, out: Path, stage_trace_file: str = "",
-                 executor: str = "") -> tuple[str, dict]:
+                 executor: str = "", refresh_topic: str = "") -> tuple[str, dict]:
     cfg = yaml.safe_load(Path(base).read_text())
     cfg.setdefault("/**/robot_client", {}).setdefault("ros__parameters", {})["stats_file"] = stats_pattern
     if stage_trace_file:
         cfg.setdefault("inference_server", {}).setdefault("ros__parameters", {})["stage_trace_file"] = stage_trace_file
     if executor:
         cfg.setdefault("inference_server", {}).setdefault("ros__parameters", {})["executor"] = executor
+    if refresh_topic:
+        cfg.setdefault("inference_server", {}).setdefault("ros__parameters", {})["refresh_topic"] = refresh_topic
     out.write_text(yaml.safe_dump(cfg))
     return str(out), cfg
 
@@ -71,6 +76,19 @@ def engine_profile_ms(srv_cfg: dict) -> dict:
 
     prof = from_tree(InferenceServerConfig, srv_cfg).engine.engine_profile()
     return {int(b): float(ms) for b, ms in prof.to_dict().items()}
+
+
+def _flame(svg: str, base_group, duration: float, say):
+    """py-spy on the server over the window: a flame graph (svg) of where its CPU goes."""
+    exe = shutil.which("py-spy", path=os.path.dirname(sys.executable)) or shutil.which("py-spy")
+    pid = next((p.pid for s, p in base_group.procs if s.name == "inference_server"), None)
+    if exe is None or pid is None:
+        say("no py-spy (pip install py-spy) or no server: no flame graph")
+        return None
+    Path(svg).parent.mkdir(parents=True, exist_ok=True)
+    return subprocess.Popen([exe, "record", "--pid", str(pid), "--output", str(svg), "--format", "flamegraph",
+                             "--duration", str(max(1, int(duration))), "--rate", "50", "--nonblocking"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def thread_cpu_s(pid: int, tid: int) -> Optional[float]:
@@ -156,7 +174,8 @@ def run_fleet_live(out: Path, robots: int = 100, duration: float = 60.0, per_pro
                    config: Optional[str] = None, lost_after_s: float = 10.0, startup_timeout: float = 60.0,
                    domain_id: Optional[int] = None, log_dir: Optional[Path] = None, trace_server: bool = False,
                    verbose: bool = True, light: bool = False, drain_s: float = 2.2,
-                   settle_timeout_s: float = 30.0, executor: str = "") -> dict:
+                   settle_timeout_s: float = 30.0, executor: str = "", flame: Optional[str] = None,
+                   refresh_topic: str = "") -> dict:
     """light: the robots are light_fleet's (live/light_fleet.py: per_process of them in one
     process, no simulated robots, pre-encoded observations) and the server is what is measured.
     drain_s: how long the server is watched after the clients stopped (its ledger and reply
@@ -174,7 +193,7 @@ def run_fleet_live(out: Path, robots: int = 100, duration: float = 60.0, per_pro
     stats_dir = tmp / "stats"
     trace_file = tmp / "server_stage_trace.json"
     params, cfg = _params_file(base, str(stats_dir / "{robot}.json"), tmp / "params.yaml",
-                               str(trace_file) if trace_server else "", executor)
+                               str(trace_file) if trace_server else "", executor, refresh_topic)
     srv_cfg = cfg.get("inference_server", {}).get("ros__parameters", {})
     engine = engine_profile_ms(srv_cfg)
     rc_cfg = cfg.get("/**/robot_client", {}).get("ros__parameters", {})
@@ -192,7 +211,8 @@ def run_fleet_live(out: Path, robots: int = 100, duration: float = 60.0, per_pro
         base_group = ProcessGroup(srv, env, log_dir)
         client_group = ProcessGroup([ModuleSpec(f"light_fleet_{i}", "robotserve_ros.live.light_fleet",
                                                 ["--robots", str(min(per_process, robots - i)), "--first-index", str(i),
-                                                 "--params", params, "--stats-dir", str(stats_dir)])
+                                                 "--params", params, "--stats-dir", str(stats_dir)]
+                                                + (["--refresh-topic", refresh_topic] if refresh_topic else []))
                                      for i in range(0, robots, per_process)], env, log_dir)
     else:
         base_group = ProcessGroup(srv + [s for s in robot_specs(params, robots, per_process) if s.executable == "sim_robot"],
@@ -245,6 +265,7 @@ def run_fleet_live(out: Path, robots: int = 100, duration: float = 60.0, per_pro
         say(f"{len(listener.robots_seen)}/{robots} robots seen by the server after {t_ready - t_launch:.1f} s; "
             f"running {duration:g} s")
         sample()
+        spy = _flame(flame, base_group, duration, say) if flame else None
         foreign.update(foreign_nodes(listener.node, ours))
         end = t_ready + duration
         next_sample = t_ready + 1.0
@@ -255,6 +276,11 @@ def run_fleet_live(out: Path, robots: int = 100, duration: float = 60.0, per_pro
                 next_sample += 1.0
         failed = base_group.failed() + client_group.failed()
         t_stop = time.monotonic()
+        if spy is not None:
+            try:
+                spy.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                spy.kill()
         foreign.update(foreign_nodes(listener.node, ours))
         settle_s = settle(listener, client_group, settle_timeout_s, say)
         reaped_alive = _num(listener.last.get("reaped_tasks")) if listener.last else None
@@ -435,10 +461,14 @@ def server_profile(cpu: dict, samples: list, spin_cpu: list, served_per_s: float
             "success_rate": round((ok + ahead_ok) / sum(tries), 4) if len(tries) == 4 and sum(tries) else None,
             "call_ms_p50": _num(server.get("refresh_ms_p50")), "call_ms_p99": _num(server.get("refresh_ms_p99")),
             "clients": _num(server.get("refresh_clients")),
+            "from_topic": _num(server.get("refresh_topic_used")), "topic_refused": _num(server.get("refresh_topic_refused")),
+            "age_at_dispatch_ms_p50": _num(server.get("refresh_age_ms_p50")),
+            "age_at_dispatch_ms_p99": _num(server.get("refresh_age_ms_p99")),
         },
     }
 
 
+REFRESH_TOPIC = "/robotserve/observations"  # --refresh-topic: the server's refresh_topic, the light robots'
 EXECUTOR_FIELDS = ("server_cpu_s_per_round", "server_cpu_s_per_robot_s", "executor_time_share",
                    "engine_utilization_when_backlogged", "lost_chunks", "duplicate_chunks", "tasks_reaped_alive")
 
@@ -462,7 +492,8 @@ def cli(a) -> int:
         if a.runs > 1:
             print(f"[fleet-live] run {k + 1}/{a.runs}", flush=True)
         res = run_fleet_live(Path(a.out), robots=a.robots, duration=a.duration, per_process=per_process,
-                             config=a.config, lost_after_s=a.lost_after, trace_server=a.trace_server, light=a.light)
+                             config=a.config, lost_after_s=a.lost_after, trace_server=a.trace_server, light=a.light,
+                             flame=a.flame, refresh_topic=REFRESH_TOPIC if a.refresh_topic else "")
         print("\n".join(summary_lines(res)))
         bad = res["lost_chunks"] or res["duplicate_chunks"] or res["mismatched_chunks"] or res["processes_failed_during_run"]
         bad_runs += bool(bad)
@@ -498,7 +529,7 @@ def _cli_executors(a, per_process: int) -> int:
         results[name] = run_fleet_live(out.with_name(f"{out.stem}_{name}{out.suffix}"), robots=a.robots,
                                        duration=a.duration, per_process=per_process, config=a.config,
                                        lost_after_s=a.lost_after, trace_server=a.trace_server, light=a.light,
-                                       executor=name)
+                                       executor=name, refresh_topic=REFRESH_TOPIC if a.refresh_topic else "")
         print("\n".join(summary_lines(results[name])))
     summary = out.with_name(f"{out.stem}_executors{out.suffix}")
     summary.write_text(json.dumps({

@@ -114,7 +114,8 @@ class InferenceServerNode(ManagedNode):
                 eng.close()
             raise ParamError("joint_names", f"{len(c.joint_names)} names for the engine's {dim} action columns")
         self._group = ReentrantCallbackGroup()
-        self.refresher = ObservationRefresher(self, self.spec, c.refresh_timeout_s, self._group)
+        self.refresher = ObservationRefresher(self, self.spec, c.refresh_timeout_s, self._group, topic=c.refresh_topic,
+                                              verify=self._check_owner)
         try:
             self.core = ServingCore(scheduler, tiers, self.clock, horizon_params=c.horizon, placement=placement,
                                     refresher=self.refresher, stale_obs_s=c.stale_obs_s)
@@ -282,6 +283,13 @@ class InferenceServerNode(ManagedNode):
                 self.trace("answered", [(req.task_id, req.round_id)])
         self.waiting.release()
         self.replies.finish(response)
+
+    def _check_owner(self, m) -> None:
+        """A refresh-topic message (an srv/Infer request) is its task's robot's (task auth)."""
+        if self.binder is not None:
+            with self.lock:
+                self.binder.check(m.task_id, int(m.round_id), m.robot_id, to_ns(m.auth_stamp), bytes(m.auth_mac),
+                                  self.clock.now(), bind=False)
 
     def _on_progress(self, m) -> None:
         with self.lock:

@@ -176,6 +176,8 @@ class InferenceServerConfig(Config):
                           "horizon policy name -> its keyword parameters (core/horizon)")
     stale_obs_s: float = param(0.25, "an observation older than this at dispatch is refreshed from the robot, > 0")
     refresh_timeout_s: float = param(0.05, "how long a refresh may take before the old observation is used, > 0")
+    refresh_topic: str = param("", "robots' newest observations (srv/Infer requests) on this topic, sensor-data "
+                               "QoS, the latest per task read at dispatch (nodes/refresh.py; empty: none)")
     task_timeout_s: float = param(10.0, "a task whose robot is silent this long is reaped, > 0")
     obs_cameras: int = param(-1, "images per observation (< 0: what the engine takes)")
     obs_width: int = param(-1, "image width (<= 0: what the engine takes)")
