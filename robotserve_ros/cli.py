@@ -235,7 +235,7 @@ def build_parser() -> argparse.ArgumentParser:
     fl.add_argument("--trace-server", action="store_true", help="run the server with per-round marks (where lost rounds went)")
     fl.add_argument("--light", action="store_true", help="light load generator (live/light_fleet.py): many robots per "
                     "process, no rendering; the server's numbers are the headline")
-    fl.add_argument("--executors", type=comma_list(("multithreaded", "serving")), help="comma-separated server executors (multithreaded, serving) "
+    fl.add_argument("--executors", type=comma_list(("multithreaded", "single")), help="comma-separated server executors (multithreaded, single) "
                     "run one after another on the same fleet: FILE_executors.json compares them side by side")
     fl.add_argument("--flame", help="py-spy flame graph (svg) of the server over the window")
     fl.add_argument("--refresh-topic", action="store_true", help="with --light: robots publish their newest "

@@ -126,7 +126,7 @@ class PlacementConfig(PluginConfig):
         return PLACEMENTS.names()
 
 
-EXECUTORS = ("multithreaded", "serving")  # rclpy's EventsExecutor cannot send a deferred reply (docs/scale.md)
+EXECUTORS = ("multithreaded", "single")  # rclpy's; its EventsExecutor cannot send a deferred reply (docs/scale.md)
 
 
 @dataclass(frozen=True)
@@ -194,8 +194,8 @@ class InferenceServerConfig(Config):
     diagnostics_window_s: float = param(30.0, "/diagnostics' level follows the share of requests refused in this "
                                         "many recent seconds (OK: none, WARN: some, ERROR: half or more), > 0")
     threads: int = param(128, "executor threads, >= 4 (an Infer call holds one only while it is checked and queued; side services' calls hold one while they wait)")
-    executor: str = param("multithreaded", "the rclpy executor: multithreaded (rclpy's MultiThreadedExecutor) or "
-                          "serving (its O(1)-per-spin subclass, nodes/common.py); bench fleet-live --executors compares them")
+    executor: str = param("multithreaded", "rclpy's executor: multithreaded (`threads` of them) or single (one "
+                          "thread, without services: theirs wait in a thread); bench fleet-live --executors compares them")
     infer_queue: QueueConfig = param(QueueConfig(), "srv/Infer's queues: DDS depth, calls waiting at once (OVERLOADED past)")
     task_auth: TaskAuthConfig = param(TaskAuthConfig(), "tasks bound to their robot by HMAC: key_dir, max_skew_s")
     remote_tiers: tuple[str, ...] = param((), "cloud tiers (GPU servers): names, each a section beside these "
@@ -249,6 +249,8 @@ class InferenceServerConfig(Config):
         check(self.max_batch >= 0, "max_batch", self.max_batch, "is not >= 0 (0: the saturation batch)")
         check(self.threads >= 4, "threads", self.threads, "is not >= 4")
         check_one_of("executor", self.executor, EXECUTORS)
+        check(self.executor != "single" or not self.services, "executor", self.executor,
+              "cannot serve `services` (their calls wait in an executor thread): use multithreaded")
 
     @property
     def max_waiting(self) -> int:
