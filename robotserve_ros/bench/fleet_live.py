@@ -88,7 +88,7 @@ def _flame(svg: str, base_group, duration: float, say):
     Path(svg).parent.mkdir(parents=True, exist_ok=True)
     return subprocess.Popen([exe, "record", "--pid", str(pid), "--output", str(svg), "--format", "flamegraph",
                              "--duration", str(max(1, int(duration))), "--rate", "50", "--nonblocking"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
 
 
 def thread_cpu_s(pid: int, tid: int) -> Optional[float]:
@@ -276,11 +276,15 @@ def run_fleet_live(out: Path, robots: int = 100, duration: float = 60.0, per_pro
                 next_sample += 1.0
         failed = base_group.failed() + client_group.failed()
         t_stop = time.monotonic()
-        if spy is not None:
+        if spy is not None:  # py-spy lags its --duration on a busy server: SIGINT makes it write what it has
             try:
-                spy.wait(timeout=30)
+                spy.wait(timeout=5)
             except subprocess.TimeoutExpired:
-                spy.kill()
+                spy.send_signal(signal.SIGINT)
+                try:
+                    spy.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    spy.kill()
         foreign.update(foreign_nodes(listener.node, ours))
         settle_s = settle(listener, client_group, settle_timeout_s, say)
         reaped_alive = _num(listener.last.get("reaped_tasks")) if listener.last else None
