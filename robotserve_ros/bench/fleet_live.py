@@ -55,7 +55,7 @@ from .fleet_live_report import HEADLINE, _num, _server_summary, aggregate, backl
 
 
 def _params_file(base: str, stats_pattern: str, out: Path, stage_trace_file: str = "",
-                 executor: str = "", refresh_topic: str = "") -> tuple[str, dict]:
+                 executor: str = "", refresh_topic: str = "", light: bool = False) -> tuple[str, dict]:
     cfg = yaml.safe_load(Path(base).read_text())
     cfg.setdefault("/**/robot_client", {}).setdefault("ros__parameters", {})["stats_file"] = stats_pattern
     if stage_trace_file:
@@ -64,6 +64,9 @@ def _params_file(base: str, stats_pattern: str, out: Path, stage_trace_file: str
         cfg.setdefault("inference_server", {}).setdefault("ros__parameters", {})["executor"] = executor
     if refresh_topic:
         cfg.setdefault("inference_server", {}).setdefault("ros__parameters", {})["refresh_topic"] = refresh_topic
+    if light:  # one host's client carries 150 robots' calls: a depth of 10 drops its burst of round 0s (docs/scale.md)
+        cfg.setdefault("inference_server", {}).setdefault("ros__parameters", {}).setdefault(
+            "infer_queue", {}).setdefault("depth", LIGHT_INFER_DEPTH)
     out.write_text(yaml.safe_dump(cfg))
     return str(out), cfg
 
@@ -76,6 +79,14 @@ def engine_profile_ms(srv_cfg: dict) -> dict:
 
     prof = from_tree(InferenceServerConfig, srv_cfg).engine.engine_profile()
     return {int(b): float(ms) for b, ms in prof.to_dict().items()}
+
+
+def infer_depth(srv_cfg: dict) -> int:
+    """srv/Infer's DDS depth the server runs with (its config dataclass: given, else default)."""
+    from ..config import from_tree
+    from ..nodes.server_config import InferenceServerConfig
+
+    return from_tree(InferenceServerConfig, srv_cfg).infer_queue.depth
 
 
 def _flame(svg: str, base_group, duration: float, say):
@@ -193,7 +204,7 @@ def run_fleet_live(out: Path, robots: int = 100, duration: float = 60.0, per_pro
     stats_dir = tmp / "stats"
     trace_file = tmp / "server_stage_trace.json"
     params, cfg = _params_file(base, str(stats_dir / "{robot}.json"), tmp / "params.yaml",
-                               str(trace_file) if trace_server else "", executor, refresh_topic)
+                               str(trace_file) if trace_server else "", executor, refresh_topic, light)
     srv_cfg = cfg.get("inference_server", {}).get("ros__parameters", {})
     engine = engine_profile_ms(srv_cfg)
     rc_cfg = cfg.get("/**/robot_client", {}).get("ros__parameters", {})
@@ -405,6 +416,7 @@ def run_fleet_live(out: Path, robots: int = 100, duration: float = 60.0, per_pro
         "replies_replayed": server.get("replies_replayed"),
         "server_headline": {**backlog, **{k: server.get(k) for k in HEADLINE}},
         "executor": executor or srv_cfg.get("executor", "multithreaded"),
+        "infer_queue_depth": infer_depth(srv_cfg),
         **profile,
         "server": server,
         "server_minus_client_chunks": (server.get("served") - agg["chunks_served"]) if isinstance(server.get("served"), int) else None,
@@ -472,6 +484,7 @@ def server_profile(cpu: dict, samples: list, spin_cpu: list, served_per_s: float
     }
 
 
+LIGHT_INFER_DEPTH = 1000  # --light: srv/Infer's DDS depth unless the config sets it
 REFRESH_TOPIC = "/robotserve/observations"  # --refresh-topic: the server's refresh_topic, the light robots'
 EXECUTOR_FIELDS = ("server_cpu_s_per_round", "server_cpu_s_per_robot_s", "executor_time_share",
                    "engine_utilization_when_backlogged", "lost_chunks", "duplicate_chunks", "tasks_reaped_alive")

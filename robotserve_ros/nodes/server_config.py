@@ -136,11 +136,13 @@ class QueueConfig(Config):
     for their round, the next is answered OVERLOADED at once. A waiting call holds no thread
     (its reply is deferred, nodes/deferred.py): max_waiting bounds the rounds held in memory."""
 
-    # 1000 again (issue 26): with replies deferred the executor takes each request at once, so the
-    # queue no longer holds stale re-sends waiting for a thread (why 268f16b had set 10), while
-    # depth 10 drops a host's burst of round 0s: 1000 light robots, 97 rounds lost and 63 tasks
-    # reaped alive at 10, 0 lost and 5 reaped at 1000 (reports/live/depth).
-    depth: int = param(1000, "DDS history depth of srv/Infer's request and reply queues, >= 1")
+    # 10, rclpy's default: robots re-send an unanswered round themselves, so a deep queue only keeps
+    # stale re-sends the server must answer one by one while it is behind (1000 lost 3-19 rounds in
+    # 4 of 6 fleet-live x100 runs, replies 10-22 s late; 10: 0 lost; again with deferred replies,
+    # issue 26: 35 lost at 1000, 0 at 10). A client that carries many robots' calls at once (a light
+    # fleet host: 150) needs it deeper: at 10 its burst of round 0s is dropped (reports/live/depth).
+    depth: int = param(10, "DDS history depth of srv/Infer's request and reply queues, >= 1 (deeper for "
+                           "clients that carry many robots' calls at once)")
     max_waiting: int = param(4096, "Infer calls waiting for their round at once (they hold no thread), "
                                    "past it OVERLOADED, >= 1")
 
