@@ -21,7 +21,7 @@ setup(
         "opencv-python-headless>=4.11,<4.13", "pillow>=10",
     ],
     # openpi's client for tests and `bench openpi`: the Makefile installs it --no-deps (it pins numpy<2).
-    extras_require={"test": ["pytest>=7", "hypothesis>=6"],
+    extras_require={"test": ["pytest>=7", "hypothesis>=6", "py-spy==0.4.3"],  # py-spy: bench fleet-live --flame
                     # the `ray` tier (transport/ray_pool.py): a Ray Serve pool of policy replicas
                     "ray": ["ray[serve]==2.60.0"],
                     "openpi": ["dm-tree", "pillow", "typing_extensions"]},

@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-from .cli_types import Parser as _Parser, UsageError, positive, seed
+from .cli_types import Parser as _Parser, UsageError, comma_list, positive, seed
 from .params import parse_key_values
 
 
@@ -243,6 +243,11 @@ def build_parser() -> argparse.ArgumentParser:
                     "process, no rendering; the server's numbers are the headline")
     fl.add_argument("--image-transport", choices=("raw", "jpeg", "png"), help="how every robot sends its cameras "
                     "(robot_client image_transport; default: the config's, else raw; docs/transport.md)")
+    fl.add_argument("--executors", type=comma_list(("multithreaded", "single")), help="comma-separated server executors (multithreaded, single) "
+                    "run one after another on the same fleet: FILE_executors.json compares them side by side")
+    fl.add_argument("--flame", help="py-spy flame graph (svg) of the server over the window")
+    fl.add_argument("--refresh-topic", action="store_true", help="with --light: robots publish their newest "
+                    "observations on /robotserve/observations, the server reads them at dispatch (no refresh service)")
     fl.set_defaults(func=cmd_bench_fleet_live)
 
     so = b.add_parser("soak", help="the server under a steady light fleet for minutes: RSS growth, lost chunks, ledger freed")

@@ -31,9 +31,23 @@ def seed(v: str) -> int:
     return positive(int, zero_ok=True)(v)
 
 
+def comma_list(choices):
+    """argparse type: comma-separated names, each one of `choices`, no repeats."""
+    def parse(v: str) -> list:
+        names = [n for n in v.split(",") if n]
+        for n in names:
+            if n not in choices:
+                raise argparse.ArgumentTypeError(f"{n!r} is not one of {', '.join(choices)}")
+        if not names or len(set(names)) != len(names):
+            raise argparse.ArgumentTypeError(f"must name each of {', '.join(choices)} at most once, got {v!r}")
+        return names
+
+    return parse
+
+
 class Parser(argparse.ArgumentParser):
     def error(self, message: str):  # one line naming the argument and what is allowed, no usage dump
         self.exit(2, f"{self.prog}: {message}\n")
 
 
-__all__ = ["Parser", "UsageError", "positive", "seed"]
+__all__ = ["Parser", "UsageError", "comma_list", "positive", "seed"]

@@ -132,6 +132,30 @@ def test_fleet_live_light_reports_the_servers_numbers(tmp_path, monkeypatch):
     assert res["server_rss_kb"] and all(kb > 0 and threads >= 1 for _, kb, threads in res["server_rss_kb"])
     assert res["cpu"]["process_cores_used_by_role"]["light_clients"] > 0
     assert all(code == 0 for code in res["process_exit_codes"].values()), res["process_exit_codes"]
+    # The server profile (issue 26): its cost per round and per robot-second, the executor's share
+    assert res["server_cpu_s_per_round"] > 0 and res["server_cpu_s_per_robot_s"] > 0, res
+    assert 0 < res["executor_time_share"] <= 1.0, res["executor_time_share"]
+    assert res["tasks_reaped_alive"] == 0 and res["infer_queue_depth"] == 1000
+    assert res["refresh"]["from_topic"] == 0  # no --refresh-topic: refreshes only by srv/FetchObservation
+
+
+def test_fleet_live_light_refreshes_from_the_topic(tmp_path, monkeypatch):
+    """--refresh-topic: the light robots publish their newest observations, the server reads
+    them at dispatch (every queued observation is stale here: stale_obs_s 10 ms) and makes no
+    refresh client."""
+    import yaml
+
+    from robotserve_ros.bench.fleet_live import REFRESH_TOPIC, run_fleet_live
+    from robotserve_ros.launch_description import default_config
+
+    _apply_env(monkeypatch)
+    cfg = yaml.safe_load(open(default_config()))
+    cfg["inference_server"]["ros__parameters"]["stale_obs_s"] = 0.01
+    (tmp_path / "fleet.yaml").write_text(yaml.safe_dump(cfg))
+    res = run_fleet_live(tmp_path / "topic.json", robots=6, duration=8.0, per_process=3, log_dir=tmp_path / "logs",
+                         verbose=False, light=True, refresh_topic=REFRESH_TOPIC, config=str(tmp_path / "fleet.yaml"))
+    assert res["lost_chunks"] == 0 and res["duplicate_chunks"] == 0, res
+    assert res["refresh"]["clients"] == 0 and res["refresh"]["from_topic"] > 0, res["refresh"]
 
 
 def test_soak_short_frees_every_task(tmp_path, monkeypatch):

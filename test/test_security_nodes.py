@@ -261,8 +261,8 @@ def test_a_missing_key_or_key_dir_stops_the_node_with_one_line(tmp_path):
     from robotserve_ros.nodes.server_config import InferenceServerConfig
     from test_node_configs import error_of
 
-    assert error_of(InferenceServerConfig, infer_queue={"max_waiting": 200}).startswith(
-        "parameter 'infer_queue.max_waiting': 200 is not < threads (128)")
+    assert error_of(InferenceServerConfig, infer_queue={"max_waiting": 0}).startswith(
+        "parameter 'infer_queue.max_waiting': 0 is not >= 1")
     assert error_of(InferenceServerConfig, task_auth={"max_skew_s": 0}).startswith(
         "parameter 'task_auth.max_skew_s': 0.0 is not > 0")
     (tmp_path / "empty.key").write_bytes(b"\n")

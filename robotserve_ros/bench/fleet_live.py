@@ -34,7 +34,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
+import subprocess
+import sys
 import tempfile
 import time
 from collections import Counter
@@ -51,13 +54,21 @@ from ..machine import busy_fraction, cpu_times, machine_info, proc_cpu_s
 from .fleet_live_report import HEADLINE, _num, _server_summary, aggregate, backlog_window, summary_lines
 
 
-def _params_file(base: str, stats_pattern: str, out: Path, stage_trace_file: str = "", image_transport: str = "") -> tuple[str, dict]:
+def _params_file(base: str, stats_pattern: str, out: Path, stage_trace_file: str = "", image_transport: str = "",
+                 executor: str = "", refresh_topic: str = "", light: bool = False) -> tuple[str, dict]:
     cfg = yaml.safe_load(Path(base).read_text())
     cfg.setdefault("/**/robot_client", {}).setdefault("ros__parameters", {})["stats_file"] = stats_pattern
     if image_transport:  # how the robots send their cameras (robot_client's image_transport)
         cfg["/**/robot_client"]["ros__parameters"]["image_transport"] = image_transport
     if stage_trace_file:
         cfg.setdefault("inference_server", {}).setdefault("ros__parameters", {})["stage_trace_file"] = stage_trace_file
+    if executor:
+        cfg.setdefault("inference_server", {}).setdefault("ros__parameters", {})["executor"] = executor
+    if refresh_topic:
+        cfg.setdefault("inference_server", {}).setdefault("ros__parameters", {})["refresh_topic"] = refresh_topic
+    if light:  # one host's client carries 150 robots' calls: a depth of 10 drops its burst of round 0s (docs/scale.md)
+        cfg.setdefault("inference_server", {}).setdefault("ros__parameters", {}).setdefault(
+            "infer_queue", {}).setdefault("depth", LIGHT_INFER_DEPTH)
     out.write_text(yaml.safe_dump(cfg))
     return str(out), cfg
 
@@ -70,6 +81,32 @@ def engine_profile_ms(srv_cfg: dict) -> dict:
 
     prof = from_tree(InferenceServerConfig, srv_cfg).engine.engine_profile()
     return {int(b): float(ms) for b, ms in prof.to_dict().items()}
+
+
+def infer_depth(srv_cfg: dict) -> int:
+    """srv/Infer's DDS depth the server runs with (its config dataclass: given, else default)."""
+    from ..config import from_tree
+    from ..nodes.server_config import InferenceServerConfig
+
+    return from_tree(InferenceServerConfig, srv_cfg).infer_queue.depth
+
+
+def _flame(svg: str, base_group, duration: float, say):
+    """py-spy on the server over the window: a flame graph (svg) of where its CPU goes."""
+    exe = shutil.which("py-spy", path=os.path.dirname(sys.executable)) or shutil.which("py-spy")
+    pid = next((p.pid for s, p in base_group.procs if s.name == "inference_server"), None)
+    if exe is None or pid is None:
+        say("no py-spy (pip install py-spy) or no server: no flame graph")
+        return None
+    Path(svg).parent.mkdir(parents=True, exist_ok=True)
+    return subprocess.Popen([exe, "record", "--pid", str(pid), "--output", str(svg), "--format", "flamegraph",
+                             "--duration", str(max(1, int(duration))), "--rate", "50", "--nonblocking"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+
+def thread_cpu_s(pid: int, tid: int) -> Optional[float]:
+    """utime + stime of one thread of a process, seconds; None once it is gone."""
+    return proc_cpu_s(f"{pid}/task/{tid}")
 
 
 def proc_status(pid: int, field: str = "VmRSS") -> Optional[int]:
@@ -150,7 +187,8 @@ def run_fleet_live(out: Path, robots: int = 100, duration: float = 60.0, per_pro
                    config: Optional[str] = None, lost_after_s: float = 10.0, startup_timeout: float = 60.0,
                    domain_id: Optional[int] = None, log_dir: Optional[Path] = None, trace_server: bool = False,
                    verbose: bool = True, light: bool = False, drain_s: float = 2.2,
-                   settle_timeout_s: float = 30.0, image_transport: str = "") -> dict:
+                   settle_timeout_s: float = 30.0, image_transport: str = "", executor: str = "",
+                   flame: Optional[str] = None, refresh_topic: str = "") -> dict:
     """light: the robots are light_fleet's (live/light_fleet.py: per_process of them in one
     process, no simulated robots, pre-encoded observations) and the server is what is measured.
     drain_s: how long the server is watched after the clients stopped (its ledger and reply
@@ -169,7 +207,8 @@ def run_fleet_live(out: Path, robots: int = 100, duration: float = 60.0, per_pro
     stats_dir = tmp / "stats"
     trace_file = tmp / "server_stage_trace.json"
     params, cfg = _params_file(base, str(stats_dir / "{robot}.json"), tmp / "params.yaml",
-                               str(trace_file) if trace_server else "", image_transport)
+                               str(trace_file) if trace_server else "", image_transport, executor, refresh_topic,
+                               light)
     srv_cfg = cfg.get("inference_server", {}).get("ros__parameters", {})
     engine = engine_profile_ms(srv_cfg)
     rc_cfg = cfg.get("/**/robot_client", {}).get("ros__parameters", {})
@@ -187,7 +226,8 @@ def run_fleet_live(out: Path, robots: int = 100, duration: float = 60.0, per_pro
         base_group = ProcessGroup(srv, env, log_dir)
         client_group = ProcessGroup([ModuleSpec(f"light_fleet_{i}", "robotserve_ros.live.light_fleet",
                                                 ["--robots", str(min(per_process, robots - i)), "--first-index", str(i),
-                                                 "--params", params, "--stats-dir", str(stats_dir)])
+                                                 "--params", params, "--stats-dir", str(stats_dir)]
+                                                + (["--refresh-topic", refresh_topic] if refresh_topic else []))
                                      for i in range(0, robots, per_process)], env, log_dir)
     else:
         base_group = ProcessGroup(srv + [s for s in robot_specs(params, robots, per_process) if s.executable == "sim_robot"],
@@ -197,6 +237,10 @@ def run_fleet_live(out: Path, robots: int = 100, duration: float = 60.0, per_pro
     codes: dict = {}
     samples: list = []  # (t, cpu_times, {name: cpu_s}) once a second
     rss: list = []  # (s since the window began, the server's resident set in kB, its threads) once a second
+    # The server's main thread runs the executor's spin (wait set, dispatch to its pool): its
+    # CPU over the window against the whole process's is the executor's time share.
+    spin_cpu: list = []  # (t, main thread cpu s) once a second
+    reaped_alive = None  # the server's reaped tasks before any robot stopped (light robots live until then)
     t_launch = time.monotonic()
     failed: list = []
     t_ready = t_stop = settle_s = None
@@ -214,6 +258,8 @@ def run_fleet_live(out: Path, robots: int = 100, duration: float = 60.0, per_pro
             procs["bench_listener"] = proc_cpu_s(os.getpid())
             samples.append((time.monotonic(), cpu_times(), procs, os.getloadavg()[0]))
         srv_pid = next((p.pid for s, p in base_group.procs if s.name == "inference_server"), None)
+        if not rss_only and srv_pid:
+            spin_cpu.append(thread_cpu_s(srv_pid, srv_pid))
         kb = proc_status(srv_pid) if srv_pid else None
         if kb is not None:
             rss.append((round(time.monotonic() - t_ready, 1) if t_ready else 0.0, kb, proc_status(srv_pid, "Threads")))
@@ -234,6 +280,7 @@ def run_fleet_live(out: Path, robots: int = 100, duration: float = 60.0, per_pro
         say(f"{len(listener.robots_seen)}/{robots} robots seen by the server after {t_ready - t_launch:.1f} s; "
             f"running {duration:g} s")
         sample()
+        spy = _flame(flame, base_group, duration, say) if flame else None
         foreign.update(foreign_nodes(listener.node, ours))
         end = t_ready + duration
         next_sample = t_ready + 1.0
@@ -244,8 +291,18 @@ def run_fleet_live(out: Path, robots: int = 100, duration: float = 60.0, per_pro
                 next_sample += 1.0
         failed = base_group.failed() + client_group.failed()
         t_stop = time.monotonic()
+        if spy is not None:  # py-spy lags its --duration on a busy server: SIGINT makes it write what it has
+            try:
+                spy.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                spy.send_signal(signal.SIGINT)
+                try:
+                    spy.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    spy.kill()
         foreign.update(foreign_nodes(listener.node, ours))
         settle_s = settle(listener, client_group, settle_timeout_s, say)
+        reaped_alive = _num(listener.last.get("reaped_tasks")) if listener.last else None
         say("stopping the robot clients")
         codes.update(client_group.stop(timeout=20.0))
         drain_end = time.monotonic() + max(2.2, drain_s)  # the server's diagnostics after the last client request
@@ -336,6 +393,7 @@ def run_fleet_live(out: Path, robots: int = 100, duration: float = 60.0, per_pro
     srv_rate = ((served_at[-1][1] - served_at[0][1]) / (served_at[-1][0] - served_at[0][0])
                 if len(served_at) >= 2 and served_at[-1][0] > served_at[0][0] else float("nan"))
     chunks_in_window = agg["lateness"]["in_window"]["n"]
+    profile = server_profile(cpu, samples, spin_cpu, srv_rate, window, robots, server, reaped_alive)
     bmax = max(engine) if engine else None
     res = {
         "benchmark": "fleet-live",
@@ -362,6 +420,9 @@ def run_fleet_live(out: Path, robots: int = 100, duration: float = 60.0, per_pro
         "engine_utilization_when_backlogged": backlog["engine_utilization_when_backlogged"],
         "replies_replayed": server.get("replies_replayed"),
         "server_headline": {**backlog, **{k: server.get(k) for k in HEADLINE}},
+        "executor": executor or srv_cfg.get("executor", "multithreaded"),
+        "infer_queue_depth": infer_depth(srv_cfg),
+        **profile,
         "server": server,
         "server_minus_client_chunks": (server.get("served") - agg["chunks_served"]) if isinstance(server.get("served"), int) else None,
         "server_queue_length_in_window": {"mean": float(np.mean(ql)) if ql else None, "max": max(ql) if ql else None,
@@ -395,17 +456,67 @@ def run_fleet_live(out: Path, robots: int = 100, duration: float = 60.0, per_pro
     return res
 
 
+def server_profile(cpu: dict, samples: list, spin_cpu: list, served_per_s: float, window: float, robots: int,
+                   server: dict, reaped_alive) -> dict:
+    """The server's cost (issue 26): CPU seconds per served round and per robot-second over
+    the window, the executor's share of it (the main thread's spin), tasks reaped while their
+    robot was alive, and the refresh figures."""
+    used = None
+    if len(samples) >= 2:
+        a, b = samples[0][2].get("inference_server"), samples[-1][2].get("inference_server")
+        used = (b - a) if a is not None and b is not None else None
+    spins = [x for x in spin_cpu if x is not None]
+    rounds = served_per_s * window if served_per_s == served_per_s else None  # nan: no served counts
+    ok, failed = _num(server.get("refreshes")), _num(server.get("refresh_failures"))
+    ahead_ok, ahead_failed = _num(server.get("refreshed_ahead")), _num(server.get("refresh_ahead_failures"))
+    tries = [x for x in (ok, failed, ahead_ok, ahead_failed) if isinstance(x, (int, float))]
+    return {
+        "server_cpu_s": round(used, 2) if used is not None else None,
+        "server_cpu_s_per_round": round(used / rounds, 5) if used is not None and rounds else None,
+        "server_cpu_s_per_robot_s": round(used / (robots * window), 6) if used is not None and window > 0 else None,
+        "executor_time_share": round((spins[-1] - spins[0]) / used, 3) if len(spins) >= 2 and used else None,
+        "tasks_reaped_alive": reaped_alive,
+        "refresh": {
+            "at_dispatch_ok": ok, "at_dispatch_failed": failed, "ahead_ok": ahead_ok, "ahead_failed": ahead_failed,
+            "skipped": _num(server.get("refresh_skipped")),
+            "success_rate": round((ok + ahead_ok) / sum(tries), 4) if len(tries) == 4 and sum(tries) else None,
+            "call_ms_p50": _num(server.get("refresh_ms_p50")), "call_ms_p99": _num(server.get("refresh_ms_p99")),
+            "clients": _num(server.get("refresh_clients")),
+            "from_topic": _num(server.get("refresh_topic_used")), "topic_refused": _num(server.get("refresh_topic_refused")),
+            "age_at_dispatch_ms_p50": _num(server.get("refresh_age_ms_p50")),
+            "age_at_dispatch_ms_p99": _num(server.get("refresh_age_ms_p99")),
+        },
+    }
+
+
+LIGHT_INFER_DEPTH = 1000  # --light: srv/Infer's DDS depth unless the config sets it
+REFRESH_TOPIC = "/robotserve/observations"  # --refresh-topic: the server's refresh_topic, the light robots'
+EXECUTOR_FIELDS = ("server_cpu_s_per_round", "server_cpu_s_per_robot_s", "executor_time_share",
+                   "engine_utilization_when_backlogged", "lost_chunks", "duplicate_chunks", "tasks_reaped_alive")
+
+
+def compare_executors(results: dict) -> dict:
+    """Side by side, per executor: the server's cost, its engine use when backlogged, and the
+    slot-to-dispatch gap p99 (the same fleet, one run after another)."""
+    return {name: {**{k: r.get(k) for k in EXECUTOR_FIELDS},
+                   "gap_to_dispatch_ms_p99": r["server_headline"].get("gap_to_dispatch_ms_p99"),
+                   "loadavg_at_start": r["machine"].get("loadavg_at_start")} for name, r in results.items()}
+
+
 def cli(a) -> int:
     """`robotserve bench fleet-live` (registered in cli.py). With --runs N the fleet runs N
     times in a row: FILE is the last run, FILE's `_runs` sibling the per-run counts."""
     per_process = a.per_process or (150 if a.light else 25)
+    if getattr(a, "executors", None):
+        return _cli_executors(a, per_process)
     runs, bad_runs = [], 0
     for k in range(a.runs):
         if a.runs > 1:
             print(f"[fleet-live] run {k + 1}/{a.runs}", flush=True)
         res = run_fleet_live(Path(a.out), robots=a.robots, duration=a.duration, per_process=per_process,
                              config=a.config, lost_after_s=a.lost_after, trace_server=a.trace_server, light=a.light,
-                             image_transport=a.image_transport)
+                             image_transport=a.image_transport, flame=a.flame,
+                             refresh_topic=REFRESH_TOPIC if a.refresh_topic else "")
         print("\n".join(summary_lines(res)))
         bad = res["lost_chunks"] or res["duplicate_chunks"] or res["mismatched_chunks"] or res["processes_failed_during_run"]
         bad_runs += bool(bad)
@@ -430,3 +541,25 @@ def cli(a) -> int:
     if bad_runs:
         print("robotserve bench fleet-live: lost, duplicated or mismatched chunks, or a process failed (see the JSON)")
     return 1 if bad_runs else 0
+
+
+def _cli_executors(a, per_process: int) -> int:
+    """--executors: the same fleet once per server executor; FILE_<name>.json each, and
+    FILE_executors.json side by side."""
+    out, results = Path(a.out), {}
+    for name in a.executors:
+        print(f"[fleet-live] executor {name}", flush=True)
+        results[name] = run_fleet_live(out.with_name(f"{out.stem}_{name}{out.suffix}"), robots=a.robots,
+                                       duration=a.duration, per_process=per_process, config=a.config,
+                                       lost_after_s=a.lost_after, trace_server=a.trace_server, light=a.light,
+                                       executor=name, refresh_topic=REFRESH_TOPIC if a.refresh_topic else "",
+                                       image_transport=a.image_transport)
+        print("\n".join(summary_lines(results[name])))
+    summary = out.with_name(f"{out.stem}_executors{out.suffix}")
+    summary.write_text(json.dumps({
+        "benchmark": "fleet-live executors",
+        "command": f"robotserve bench fleet-live --robots {a.robots} --duration {a.duration:g} "
+                   f"--executors {','.join(a.executors)}" + (" --light" if a.light else ""),
+        "executors": compare_executors(results)}, indent=1) + "\n")
+    print(f"wrote {summary}")
+    return 0

@@ -9,7 +9,9 @@ first_timestep .. first_timestep + horizon; each control tick executes one if th
 else the robot holds position and the tick counts as idle). One rclpy node hosts them all:
 one Infer client (calls in flight concurrently, one per robot), one control timer that
 ticks every robot at the control rate, one FetchObservation service answering for all of
-them (the server's refresh), and progress published round-robin, each robot every
+them (the server's refresh) -- or, with --refresh-topic, each waiting robot's newest
+observation published on that topic at --refresh-hz (the server's refresh_topic, sensor-data
+QoS, nodes/refresh.py) -- and progress published round-robin, each robot every
 progress_period_s (liveness) and at once when its task is done (the server frees the task).
 
 When the server answers unknown_task or task_dropped (it restarted, or reaped the task),
@@ -115,7 +117,8 @@ class LightFleetNode:
     config_section = "/**/robot_client"
     config_class = None  # RobotClientConfig
 
-    def __init__(self, names: list, params: Optional[str], stats_dir: Optional[str], context=None) -> None:
+    def __init__(self, names: list, params: Optional[str], stats_dir: Optional[str], context=None,
+                 refresh_topic: str = "", refresh_hz: float = 4.0) -> None:
         from rclpy.node import Node
         from rclpy.qos import QoSProfile, ReliabilityPolicy
 
@@ -142,8 +145,15 @@ class LightFleetNode:
         self.robots = [self.make_robot(i, n) for i, n in enumerate(names)]
         self.by_task = {r.task_id: r for r in self.robots}
         self.cli = self.node.create_client(Infer, c.service, qos_profile=service_qos())
-        self.node.create_service(FetchObservation, "~/fetch_observation", self._on_fetch)
-        self.fetch_name = self.node.resolve_service_name("~/fetch_observation")
+        if refresh_topic:  # no refresh service: the newest observations of the waiting robots on a topic
+            from rclpy.qos import qos_profile_sensor_data
+
+            self.fetch_name = ""
+            self.newest = self.node.create_publisher(Infer.Request, refresh_topic, qos_profile_sensor_data)
+            self.node.create_timer(1.0 / refresh_hz, self._publish_newest)
+        else:
+            self.node.create_service(FetchObservation, "~/fetch_observation", self._on_fetch)
+            self.fetch_name = self.node.resolve_service_name("~/fetch_observation")
         self.progress = self.node.create_publisher(ExecutionProgress, c.progress_topic,
                                                    QoSProfile(depth=1000, reliability=ReliabilityPolicy.RELIABLE))
         self.node.create_timer(1.0 / self.hz, self._tick)
@@ -325,6 +335,22 @@ class LightFleetNode:
             self._publish(self.robots[self._next % len(self.robots)], now)
             self._next += 1
 
+    def _publish_newest(self) -> None:
+        """Each robot waiting for a reply: its newest observation, for the server to read at dispatch."""
+        from ..nodes.common import to_time
+
+        stamp = to_time(self.clock.now())
+        for r in self.robots:
+            if not r.outstanding or r.done:
+                continue
+            m = self.Infer.Request()
+            m.task_id, m.round_id, m.robot_id = r.task_id, r.round, "/" + r.name
+            src = self.obs[r.obs_k % len(self.obs)]
+            o = m.observation
+            o.header.stamp, o.timestep = stamp, r.timestep
+            o.images, o.joint_state, o.instruction = src.images, src.joint_state, self.c.instruction
+            self.newest.publish(m)
+
     def _on_fetch(self, request, response):
         r = self.by_task.get(request.task_id)
         if r is None or r.done:
@@ -351,6 +377,9 @@ def main(argv=None, fleet_class=None, prog: str = "light_fleet", doc: str = __do
     ap.add_argument("--first-index", type=int, default=0)
     ap.add_argument("--params", help=f"ROS params file: its {fleet_class.config_section} section (default: the defaults)")
     ap.add_argument("--stats-dir", help="write each robot's account here on SIGINT")
+    ap.add_argument("--refresh-topic", default="", help="publish waiting robots' newest observations here "
+                    "(the server's refresh_topic) instead of serving srv/FetchObservation")
+    ap.add_argument("--refresh-hz", type=float, default=4.0, help="per waiting robot, with --refresh-topic")
     a, rest = ap.parse_known_args(sys.argv[1:] if argv is None else argv)
     import rclpy
     from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
@@ -359,7 +388,8 @@ def main(argv=None, fleet_class=None, prog: str = "light_fleet", doc: str = __do
 
     prepare_process()
     rclpy.init(args=[sys.argv[0]] + rest)
-    fleet = fleet_class([f"robot_{a.first_index + i}" for i in range(a.robots)], a.params, a.stats_dir)
+    fleet = fleet_class([f"robot_{a.first_index + i}" for i in range(a.robots)], a.params, a.stats_dir,
+                        refresh_topic=a.refresh_topic, refresh_hz=a.refresh_hz)
     signal.signal(signal.SIGUSR1, lambda *_: setattr(fleet, "draining", True))
     ex = SingleThreadedExecutor()
     ex.add_node(fleet.node)

@@ -141,42 +141,6 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
-def serving_executor(num_threads: int):
-    """A MultiThreadedExecutor whose spin does O(1) work per callback.
-
-    rclpy's keeps every submitted callback in a list that it scans, and removes from, on every
-    spin: with hundreds of Infer calls each holding a thread while its round generates, that
-    scan took half of the inference server's CPU (py-spy, 300 light robots: Future.done and
-    _spin_once_impl, 50 % of samples). Here each callback reports its own exception, and the
-    next spin raises it, as rclpy's would."""
-    import queue
-
-    from rclpy.executors import (ConditionReachedException, ExternalShutdownException, MultiThreadedExecutor,
-                                 ShutdownException, TimeoutException)
-
-    class ServingExecutor(MultiThreadedExecutor):
-        def __init__(self, n: int) -> None:
-            super().__init__(num_threads=n)
-            self._raised: queue.SimpleQueue = queue.SimpleQueue()
-
-        def _run(self, handler) -> None:
-            handler()
-            exc = handler.exception()
-            if exc is not None:
-                self._raised.put(exc)
-
-        def _spin_once_impl(self, timeout_sec=None, wait_condition=lambda: False) -> None:
-            if not self._raised.empty():
-                raise self._raised.get()
-            try:
-                handler, _, _ = self.wait_for_ready_callbacks(timeout_sec, None, wait_condition)
-            except (ExternalShutdownException, ShutdownException, TimeoutException, ConditionReachedException):
-                return
-            self._executor.submit(self._run, handler)
-
-    return ServingExecutor(num_threads)
-
-
 def _start_pool(ex, n: int) -> None:
     """Start all of a MultiThreadedExecutor's threads now. Its thread pool otherwise grows one
     thread at a time as calls block (a server waits in one thread per queued round), so its
@@ -212,9 +176,20 @@ def exit_process(code: int) -> NoReturn:
     os._exit(code)
 
 
-def run_nodes(make: Callable[[], Sequence], argv=None, threads=None) -> int:
+def make_executor(n_threads: int, kind: str = "multithreaded"):
+    """The executor of a process serving many calls: rclpy's MultiThreadedExecutor, or its
+    SingleThreadedExecutor ('single': srv/Infer's replies are deferred, nodes/deferred.py, so
+    one thread can take every call). rclpy's EventsExecutor is not offered: in Kilted's wheels
+    a reply sent from another thread deadlocks it (docs/scale.md)."""
+    from rclpy.executors import MultiThreadedExecutor, SingleThreadedExecutor
+
+    return SingleThreadedExecutor() if kind == "single" else MultiThreadedExecutor(num_threads=n_threads)
+
+
+def run_nodes(make: Callable[[], Sequence], argv=None, threads=None, executor=None) -> int:
     """rclpy.init, build nodes with make(), spin until SIGINT/SIGTERM, shut down cleanly.
-    threads: None for a single-threaded executor, else a count or a function of the nodes.
+    threads: None for a single-threaded executor, else a count or a function of the nodes;
+    executor: make_executor's kind, or a function of the nodes giving it.
     Returns the process exit code: 0 on a normal stop, 2 on a bad parameter."""
     import rclpy
     from rclpy.exceptions import InvalidParameterTypeException, ParameterException
@@ -230,8 +205,9 @@ def run_nodes(make: Callable[[], Sequence], argv=None, threads=None) -> int:
             return 2
         nodes = list(make())
         n_threads = threads(nodes) if callable(threads) else threads
-        ex = serving_executor(n_threads) if n_threads else SingleThreadedExecutor()
-        if n_threads:
+        kind = (executor(nodes) if callable(executor) else executor) or "multithreaded"
+        ex = make_executor(n_threads, kind) if n_threads else SingleThreadedExecutor()
+        if n_threads and kind != "single":
             _start_pool(ex, n_threads)
         for n in nodes:
             ex.add_node(n)

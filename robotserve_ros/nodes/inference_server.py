@@ -1,7 +1,8 @@
 """The inference server node: srv/Infer in, trimmed action chunks out, the core in between.
 
-Each Infer call validates and submits its request, then waits (in its own executor thread,
-so no robot blocks another) until the core's runner has served its round: dispatch
+Each Infer call validates and submits its request and returns; its reply is sent (from the
+thread that finishes the round, nodes/deferred.py), so a waiting call holds no executor
+thread, once the core's runner has served its round: dispatch
 (scheduler + batching) -> refresh stale observations from the robots (refresh.py) ->
 engine -> complete (horizon policy, trim) -> wake the waiting calls. Robots report progress
 on a topic; a finished task is closed in the ledger, a silent one is reaped after
@@ -44,6 +45,7 @@ from ..msg import ExecutionProgress
 from ..srv import Infer
 from .common import exit_process, NodeClock, ParamError, run_nodes, service_qos, to_ns, to_sec
 from .managed import ManagedNode
+from .deferred import DeferredReplies
 from .convert import fill_chunk, fill_status, request_from_msg
 from .refresh import ObservationRefresher
 from .server_config import InferenceServerConfig
@@ -54,13 +56,18 @@ __all__ = ["InferenceServerConfig", "InferenceServerNode", "main"]
 
 
 class _Waiter:
-    __slots__ = ("event", "reply", "error", "first_timestep")
+    """One Infer call waiting for its round: its response is sent when the round is answered
+    (nodes/deferred.py), so the call holds no executor thread meanwhile."""
+    __slots__ = ("response", "reply", "error", "first_timestep", "req", "received", "language_id", "lang")
 
-    def __init__(self, first_timestep: int) -> None:
-        self.event = threading.Event()
+    def __init__(self, response, first_timestep: int, received: float) -> None:
+        self.response = response
         self.reply = None
         self.error: Optional[tuple] = None
         self.first_timestep = first_timestep
+        self.received = received
+        self.req = self.lang = None
+        self.language_id = ""
 
 
 class InferenceServerNode(ManagedNode):
@@ -107,7 +114,8 @@ class InferenceServerNode(ManagedNode):
                 eng.close()
             raise ParamError("joint_names", f"{len(c.joint_names)} names for the engine's {dim} action columns")
         self._group = ReentrantCallbackGroup()
-        self.refresher = ObservationRefresher(self, self.spec, c.refresh_timeout_s, self._group)
+        self.refresher = ObservationRefresher(self, self.spec, c.refresh_timeout_s, self._group, topic=c.refresh_topic,
+                                              verify=self._check_owner)
         try:
             self.core = ServingCore(scheduler, tiers, self.clock, horizon_params=c.horizon, placement=placement,
                                     refresher=self.refresher, stale_obs_s=c.stale_obs_s,
@@ -116,8 +124,8 @@ class InferenceServerNode(ManagedNode):
             raise ParamError("horizon", str(e)) from e
         # guards core (through the runner), waiters, heard; re-entrant: the LeRobot service submits under it
         self.lock = threading.RLock()
-        # Calls waiting for their round: past max_waiting, OVERLOADED at once (issue 29), so the
-        # executor always has threads to take the next requests off DDS's queue and answer them.
+        # Calls waiting for their round: past max_waiting, OVERLOADED at once (issue 29); they
+        # hold no threads (deferred replies), this bounds the rounds queued in memory.
         self.waiting = threading.BoundedSemaphore(c.max_waiting)
         try:
             self.binder = TaskBinder(c.task_auth.key_dir, c.task_auth.max_skew_s) if c.task_auth.key_dir else None
@@ -173,6 +181,7 @@ class InferenceServerNode(ManagedNode):
         c = self.config
         self.infer = self.create_service(Infer, c.service, self._on_infer, qos_profile=service_qos(c.infer_queue.depth),
                                          callback_group=self._group)
+        self.replies = DeferredReplies(self.infer)
         self.get_logger().info(f"serving on {c.service}")
 
     def deactivate(self) -> None:
@@ -193,12 +202,14 @@ class InferenceServerNode(ManagedNode):
 
     # --- requests in (executor threads) --------------------------------------------
     def _on_infer(self, request, response):
+        """Validate and submit; the reply is sent when the round is served (_complete), so
+        a waiting call holds no executor thread (nodes/deferred.py)."""
         received = time.monotonic()
         if self.trace is not None:
             self.trace("received", [(request.task_id, request.round_id)])
-        w = _Waiter(int(request.observation.timestep))
+        w = _Waiter(response, int(request.observation.timestep), received)
         try:
-            req = request_from_msg(request, self.spec)
+            w.req = req = request_from_msg(request, self.spec)
             robot = check_robot_id(request.robot_id, self.spec.max_task_id_bytes)
             check_service_name(request.refresh_service)
             if self.binder is not None:
@@ -212,56 +223,74 @@ class InferenceServerNode(ManagedNode):
             fill_status(response.status, e.code, e.message)
             return response
         try:
-            return self._serve(request, response, req, robot, w, received)
-        finally:
+            self._serve(request, req, robot, w)
+        except BaseException:
             self.waiting.release()
+            raise
+        return response  # sent now if already answered, else by _complete (DeferredReplies)
 
-    def _serve(self, request, response, req, robot: str, w: _Waiter, received: float):
-        language_id, lang = "", self.language
+    def _serve(self, request, req, robot: str, w: _Waiter) -> None:
+        w.lang = self.language
         try:
             if request.language_prompt:  # language from this round's prefill (seed 001): the vla_language service
-                if lang is None:
+                if w.lang is None:
                     raise RequestError("this server decodes no language: start it with the vla_language service")
-                language_id = lang.attach(req, request.language_prompt, int(request.language_max_tokens))
+                w.language_id = w.lang.attach(req, request.language_prompt, int(request.language_max_tokens))
         except RequestError as e:  # malformed before it reaches the core: count it there
             self.runner.count_error(e)
-            fill_status(response.status, e.code, e.message)
-            return response
+            fill_status(w.response.status, e.code, e.message)
+            self.waiting.release()
+            return
 
         def register(pending) -> None:  # under the runner's lock, before any batch can take it
             if pending.replay is not None:  # a re-sent round already answered: the cached reply
                 w.reply = pending.replay
-                w.event.set()
+                self._complete(w)
             else:  # a re-sent round still queued or generating: the newest call gets the reply
                 self._answer((req.task_id, req.round_id), error=(
                     "duplicate_request", "this round was sent again: its reply goes to the newer call"))
-                self.waiters[(req.task_id, req.round_id)] = w  # (one executor thread per round)
+                self.waiters[(req.task_id, req.round_id)] = w
             self.heard.heard(req.task_id)
             self.robots[req.task_id] = robot
             self.refresher.use(req.task_id, request.refresh_service)
 
+        self.replies.defer(w.response)
         try:
             self.runner.submit(req, then=register)  # the core counts the errors it raises
         except RequestError as e:
-            w.error = (e.code, e.message)
-            if self.binder is not None:
-                with self.lock:  # a refused round 0 binds nothing
-                    if req.task_id not in self.core.ledger.tasks:
-                        self.binder.forget(req.task_id)
-        else:
-            w.event.wait()  # this executor thread only; other robots' calls run on others
+            with self.lock:
+                if self.binder is not None and req.task_id not in self.core.ledger.tasks:
+                    self.binder.forget(req.task_id)  # a refused round 0 binds nothing
+                w.error = (e.code, e.message)
+                self._complete(w)
+
+    def _complete(self, w: _Waiter) -> None:
+        """Under the lock, once per call: fill its response and send it (any thread)."""
+        response, req = w.response, w.req
         if w.error is not None:
-            if language_id:
-                lang.cancel(req, language_id)
+            if w.language_id:  # off this lock: the language service takes its own (executor thread)
+                ex = self.executor
+                if ex is not None:
+                    ex.create_task(w.lang.cancel, req, w.language_id)
+                else:
+                    w.lang.cancel(req, w.language_id)
             fill_status(response.status, *w.error)
-            return response
-        response.language_id = language_id
-        fill_status(response.status, "ok")
-        fill_chunk(response.chunk, w.reply, w.first_timestep, self.clock.now(), self.joint_names)
-        self.in_server_s.append(time.monotonic() - received)
-        if self.trace is not None:
-            self.trace("answered", [(req.task_id, req.round_id)])
-        return response
+        else:
+            response.language_id = w.language_id
+            fill_status(response.status, "ok")
+            fill_chunk(response.chunk, w.reply, w.first_timestep, self.clock.now(), self.joint_names)
+            self.in_server_s.append(time.monotonic() - w.received)
+            if self.trace is not None:
+                self.trace("answered", [(req.task_id, req.round_id)])
+        self.waiting.release()
+        self.replies.finish(response)
+
+    def _check_owner(self, m) -> None:
+        """A refresh-topic message (an srv/Infer request) is its task's robot's (task auth)."""
+        if self.binder is not None:
+            with self.lock:
+                self.binder.check(m.task_id, int(m.round_id), m.robot_id, to_ns(m.auth_stamp), bytes(m.auth_mac),
+                                  self.clock.now(), bind=False)
 
     def _on_progress(self, m) -> None:
         with self.lock:
@@ -310,7 +339,7 @@ class InferenceServerNode(ManagedNode):
         w = self.waiters.pop(key, None)
         if w is not None:
             w.reply, w.error = reply, error
-            w.event.set()
+            self._complete(w)
 
     # --- replies (engine threads) ----------------------------------------------------------
     def _deliver(self, replies, _dispatch, _results) -> None:
@@ -376,7 +405,8 @@ def check_service_name(name: str) -> None:
 
 
 def main(argv=None) -> int:
-    return run_nodes(lambda: [InferenceServerNode()], argv, threads=lambda nodes: nodes[0].config.threads)
+    return run_nodes(lambda: [InferenceServerNode()], argv, threads=lambda nodes: nodes[0].config.threads,
+                     executor=lambda nodes: nodes[0].config.executor)
 
 
 if __name__ == "__main__":

@@ -81,8 +81,8 @@ class MetaWorldFleetNode(LightFleetNode):
     config_section = "/**/metaworld_robot"
     node_prefix = "metaworld_robots"
 
-    def __init__(self, names: list, params, stats_dir, context=None) -> None:
-        super().__init__(names, params, stats_dir, context)
+    def __init__(self, names: list, params, stats_dir, context=None, **fleet_kw) -> None:
+        super().__init__(names, params, stats_dir, context, **fleet_kw)
         path = self.c.episodes_file.replace("{robot}", names[0] if names else "robot")
         self.episodes_out = open(path, "a") if path else None
         self.bad_chunk_logged = False

@@ -1,8 +1,13 @@
-"""Stale observations fetched back from the robots over srv/FetchObservation (seed 000
-Algorithm 1 lines 20-21), for the inference server's core: one pooled client per robot's
-refresh service, a whole batch asked at once and waited for within one deadline. A client
-lives while a task names its service: a name no task uses any more is destroyed (issue 29: a
-robot naming a new service each round made a client per name, never freed)."""
+"""Stale observations refreshed from the robots (seed 000 Algorithm 1 lines 20-21), for the
+inference server's core, two ways:
+- a topic (`refresh_topic`, issue 26): robots publish their newest observation as an
+  srv/Infer request (task id, round, robot, auth) with sensor-data QoS; one subscription
+  keeps the latest per task, read at dispatch: no client and no call per robot;
+- srv/FetchObservation: one pooled client per robot's refresh service, a whole batch asked at
+  once and waited for within one deadline. A client lives while a task names its service: a
+  name no task uses any more is destroyed (issue 29: a robot naming a new service each round
+  made a client per name, never freed).
+The topic's observation is used when it is newer than the queued one; else the service."""
 from __future__ import annotations
 
 import threading
@@ -10,7 +15,7 @@ import time
 from collections import deque
 
 from ..core.errors import RequestError
-from ..srv import FetchObservation
+from ..srv import FetchObservation, Infer
 from .convert import observation_from_msg
 
 
@@ -19,7 +24,8 @@ class ObservationRefresher:
     for a robot that cannot answer in time (its round goes with the observation it has).
     `services[task_id]` names the robot's refresh service (set by the server per request)."""
 
-    def __init__(self, node, spec, timeout_s: float, callback_group) -> None:
+    def __init__(self, node, spec, timeout_s: float, callback_group, topic: str = "", topic_depth: int = 1000,
+                 verify=None) -> None:
         self.node, self.spec, self.timeout_s, self.group = node, spec, timeout_s, callback_group
         self.services: dict = {}  # task id -> its robot's FetchObservation service
         self.clients: dict = {}  # service name -> client (rclpy's Node keeps its own _clients)
@@ -28,6 +34,25 @@ class ObservationRefresher:
         # Rounds whose robot did not answer a refresh in time (oldest first, bounded): asked
         # ahead and failed, it is not asked again at dispatch, where the engine would wait.
         self._no_refresh: dict = {}
+        self.ages_s: deque = deque(maxlen=1024)  # a refreshed observation's age when handed to the batch
+        # The topic: latest message per task (only tasks the server holds: bounded by its ledger).
+        # `verify(msg)` raises RequestError for a message not from the task's robot (task auth).
+        self.latest: dict = {}
+        self.verify = verify
+        self.topic_used = self.topic_refused = 0
+        if topic:
+            from rclpy.qos import HistoryPolicy, QoSProfile, qos_profile_sensor_data
+
+            # Sensor-data QoS (best effort, volatile), but one history for all robots' writers:
+            # keep-last 1 on a keyless topic would keep one robot's message, not one per robot.
+            qos = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=topic_depth,
+                             reliability=qos_profile_sensor_data.reliability,
+                             durability=qos_profile_sensor_data.durability)
+            node.create_subscription(Infer.Request, topic, self._on_observation, qos, callback_group=callback_group)
+
+    def _on_observation(self, m) -> None:
+        if m.task_id in self.services:  # a task the server holds (use() ran): the newest wins
+            self.latest[m.task_id] = m
 
     def use(self, task_id: str, name: str) -> None:
         """Task `task_id` names `name` as its refresh service ('' none) from now on."""
@@ -37,6 +62,7 @@ class ObservationRefresher:
             self._reap(old)
 
     def forget(self, task_id: str) -> None:
+        self.latest.pop(task_id, None)
         old = self.services.pop(task_id, None)
         if old:
             self._reap(old)
@@ -54,13 +80,39 @@ class ObservationRefresher:
                 pass
 
     def __call__(self, reqs) -> list:
-        """All asked at once, all waited for within one timeout_s, so a slow or silent robot
+        """The topic's newest observation where it is newer than the queued one; the others
+        all asked at once, all waited for within one timeout_s, so a slow or silent robot
         costs the batch at most that, never the engine one timeout per robot."""
         t0 = time.monotonic()
         try:
-            return self._collect(reqs, [self._ask(req) for req in reqs], t0 + self.timeout_s)
+            got = [self._from_topic(req) for req in reqs]
+            asked = [(i, req) for i, (req, g) in enumerate(zip(reqs, got)) if g is None]
+            if asked:
+                for (i, _), res in zip(asked, self._collect([r for _, r in asked], [self._ask(r) for _, r in asked],
+                                                            t0 + self.timeout_s)):
+                    got[i] = res
+            now = self.node.get_clock().now().nanoseconds * 1e-9
+            self.ages_s.extend(now - g[1] for g in got if g is not None)
+            return got
         finally:
             self.durations_s.append(time.monotonic() - t0)
+
+    def _from_topic(self, req):
+        m = self.latest.get(req.task_id)
+        if m is None:
+            return None
+        try:
+            if self.verify is not None:
+                self.verify(m)
+            obs = observation_from_msg(m.observation, self.spec)
+        except RequestError:  # not the task's robot, or malformed: not used, counted
+            self.latest.pop(req.task_id, None)
+            self.topic_refused += 1
+            return None
+        if req.obs_stamp is not None and obs.stamp <= req.obs_stamp:
+            return None  # nothing newer than what the round carries
+        self.topic_used += 1
+        return obs, obs.stamp
 
     def _ask(self, req):
         name = self.services.get(req.task_id)

@@ -130,22 +130,29 @@ class PlacementConfig(PluginConfig):
         return PLACEMENTS.names()
 
 
+EXECUTORS = ("multithreaded", "single")  # rclpy's; its EventsExecutor cannot send a deferred reply (docs/scale.md)
+
+
 @dataclass(frozen=True)
 class QueueConfig(Config):
     """srv/Infer's queues (issue 29): DDS keeps `depth` requests until a thread takes them
     (past it DDS drops the oldest, which nobody can answer); at most `max_waiting` calls wait
-    for their round, the next is answered OVERLOADED at once, so threads stay free to drain."""
+    for their round, the next is answered OVERLOADED at once. A waiting call holds no thread
+    (its reply is deferred, nodes/deferred.py): max_waiting bounds the rounds held in memory."""
 
     # 10, rclpy's default: robots re-send an unanswered round themselves, so a deep queue only keeps
     # stale re-sends the server must answer one by one while it is behind (1000 lost 3-19 rounds in
-    # 4 of 6 fleet-live x100 runs, replies 10-22 s late; 10: 0 lost).
-    depth: int = param(10, "DDS history depth of srv/Infer's request and reply queues, >= 1")
-    max_waiting: int = param(0, "Infer calls waiting for their round at once, past it OVERLOADED, >= 0 "
-                                "(0: threads - 16, leaving threads for progress, timers and the services)")
+    # 4 of 6 fleet-live x100 runs, replies 10-22 s late; 10: 0 lost; again with deferred replies,
+    # issue 26: 35 lost at 1000, 0 at 10). A client that carries many robots' calls at once (a light
+    # fleet host: 150) needs it deeper: at 10 its burst of round 0s is dropped (reports/live/depth).
+    depth: int = param(10, "DDS history depth of srv/Infer's request and reply queues, >= 1 (deeper for "
+                           "clients that carry many robots' calls at once)")
+    max_waiting: int = param(4096, "Infer calls waiting for their round at once (they hold no thread), "
+                                   "past it OVERLOADED, >= 1")
 
     def check(self) -> None:
         check(self.depth >= 1, "depth", self.depth, "is not >= 1")
-        check(self.max_waiting >= 0, "max_waiting", self.max_waiting, "is not >= 0")
+        check(self.max_waiting >= 1, "max_waiting", self.max_waiting, "is not >= 1")
 
 
 @dataclass(frozen=True)
@@ -176,6 +183,8 @@ class InferenceServerConfig(Config):
                           "horizon policy name -> its keyword parameters (core/horizon)")
     stale_obs_s: float = param(0.25, "an observation older than this at dispatch is refreshed from the robot, > 0")
     refresh_timeout_s: float = param(0.05, "how long a refresh may take before the old observation is used, > 0")
+    refresh_topic: str = param("", "robots' newest observations (srv/Infer requests) on this topic, sensor-data "
+                               "QoS, the latest per task read at dispatch (nodes/refresh.py; empty: none)")
     task_timeout_s: float = param(10.0, "a task whose robot is silent this long is reaped, > 0")
     obs_cameras: int = param(-1, "images per observation (< 0: what the engine takes)")
     obs_width: int = param(-1, "image width (<= 0: what the engine takes)")
@@ -191,7 +200,9 @@ class InferenceServerConfig(Config):
     diagnostics_hz: float = param(1.0, "/diagnostics publication rate, > 0")
     diagnostics_window_s: float = param(30.0, "/diagnostics' level follows the share of requests refused in this "
                                         "many recent seconds (OK: none, WARN: some, ERROR: half or more), > 0")
-    threads: int = param(128, "Infer calls served at once, >= 4")
+    threads: int = param(128, "executor threads, >= 4 (an Infer call holds one only while it is checked and queued; side services' calls hold one while they wait)")
+    executor: str = param("multithreaded", "rclpy's executor: multithreaded (`threads` of them) or single (one "
+                          "thread, without services: theirs wait in a thread); bench fleet-live --executors compares them")
     infer_queue: QueueConfig = param(QueueConfig(), "srv/Infer's queues: DDS depth, calls waiting at once (OVERLOADED past)")
     task_auth: TaskAuthConfig = param(TaskAuthConfig(), "tasks bound to their robot by HMAC: key_dir, max_skew_s")
     remote_tiers: tuple[str, ...] = param((), "cloud tiers (GPU servers): names, each a section beside these "
@@ -244,12 +255,13 @@ class InferenceServerConfig(Config):
             check(getattr(self, name) > 0, name, getattr(self, name), "is not > 0")
         check(self.max_batch >= 0, "max_batch", self.max_batch, "is not >= 0 (0: the saturation batch)")
         check(self.threads >= 4, "threads", self.threads, "is not >= 4")
-        check(self.infer_queue.max_waiting < self.threads, "infer_queue.max_waiting", self.infer_queue.max_waiting,
-              f"is not < threads ({self.threads}): a call past it must find a thread to be answered OVERLOADED")
+        check_one_of("executor", self.executor, EXECUTORS)
+        check(self.executor != "single" or not self.services, "executor", self.executor,
+              "cannot serve `services` (their calls wait in an executor thread): use multithreaded")
 
     @property
     def max_waiting(self) -> int:
-        return self.infer_queue.max_waiting or max(1, self.threads - 16)
+        return self.infer_queue.max_waiting
 
     def tiers(self) -> dict:
         """Cloud tier name -> its RemoteTierConfig, in remote_tiers order."""

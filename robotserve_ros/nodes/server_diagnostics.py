@@ -58,7 +58,8 @@ def server_stats(node) -> dict:
             **_pcts("gap_handoff", r.gap_handoff_s), **_pcts("refresh", node.refresher.durations_s),
             **_pcts("gap_refresh", r.gap_refresh_s), **_pcts("in_server", node.in_server_s),
             "waiters": len(node.waiters), "reply_cache": len(core.last_reply),
-            "refresh_clients": len(node.refresher.clients),
+            "refresh_clients": len(node.refresher.clients), **_pcts("refresh_age", node.refresher.ages_s),
+            "refresh_topic_used": node.refresher.topic_used, "refresh_topic_refused": node.refresher.topic_refused,
             "refreshed_ahead": r.prefreshes["ok"], "refresh_ahead_failures": r.prefreshes["failed"],
             # Robots by namespace, never a task id (issue 29: task ids are what a spoofer needs):
             # the highest wait ratio of each robot's tasks; '(anonymous)' for robots sending no robot_id.

@@ -1,0 +1,62 @@
+"""Deferred service replies: a call whose answer comes later holds no executor thread.
+
+rclpy's executors call `service.send_response(response, header)` with whatever the callback
+returned. A callback that defers its answer returns the response object it was given after
+registering it here; the executor's send_response call then only records the request header,
+and the reply goes out when `finish` is called (from any thread: an engine thread, a timer).
+Whichever of the two comes second sends. rclpy Kilted has no deferred-response API of its
+own, and its coroutine callbacks are no substitute here: its Python executors resume every
+waiting coroutine on every spin (a busy loop), and its EventsExecutor deadlocks when a reply
+is sent from another thread (measured, docs/scale.md)."""
+from __future__ import annotations
+
+import threading
+
+
+class DeferredReplies:
+    """Replies of one rclpy Service that may be sent after its callback returned."""
+
+    def __init__(self, service) -> None:
+        self._send = service.send_response  # the bound method: the real send
+        self._lock = threading.Lock()
+        self._slots: dict = {}  # id(response) -> [header or None, finished]
+        self.unsent = 0  # replies whose service was gone by the time they were ready
+        service.send_response = self._executor_send  # what the executor calls after the callback
+
+    def defer(self, response) -> None:
+        """In the callback, before returning `response`: its reply is sent by finish()."""
+        with self._lock:
+            self._slots[id(response)] = [None, False]
+
+    def finish(self, response) -> None:
+        """`response` is filled in: send it now if its header is known, else when it is."""
+        with self._lock:
+            slot = self._slots.get(id(response))
+            if slot is None:
+                return
+            slot[1] = True
+            header = slot[0]
+            if header is not None:
+                del self._slots[id(response)]
+        if header is not None:
+            self._sent(response, header)
+
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._slots)
+
+    def _executor_send(self, response, header) -> None:
+        with self._lock:
+            slot = self._slots.get(id(response))
+            if slot is not None:
+                slot[0] = header
+                if not slot[1]:
+                    return  # not finished yet: finish() sends it
+                del self._slots[id(response)]
+        self._sent(response, header)
+
+    def _sent(self, response, header) -> None:
+        try:
+            self._send(response, header)
+        except Exception:  # the service was destroyed meanwhile (deactivate, shutdown): the robot re-sends
+            self.unsent += 1
