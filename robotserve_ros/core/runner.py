@@ -219,10 +219,12 @@ class Runner:
                 self.core.stats.errors["engine_failure"] += 1
                 log.error("%s", e)
                 return False
+            # Before they are handed on: a node may answer its caller inside on_replies
+            # (deferred replies), and its own "answered" stage must come after this one.
+            self._emit("reply", [(r.task_id, r.round_id) for r in replies])
             self.on_replies(replies, d, list(results))
             for listener in self.reply_listeners:
                 listener(replies, d, results)
-        self._emit("reply", [(r.task_id, r.round_id) for r in replies])
         return True
 
     def fail(self, d: Dispatch, e: Exception, started: Optional[float] = None) -> None:
