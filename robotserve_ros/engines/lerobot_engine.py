@@ -134,6 +134,9 @@ class LeRobotEngine(Engine):
     """
 
     name = "lerobot"
+    # SmolVLA checkpoints get LeRobot's RTC processor (supports_rtc); a subclass that decodes
+    # its own way (oxygen) says False and keeps the checkpoint's rtc_config untouched.
+    rtc_capable = True
 
     def __init__(self, profile: Optional[EngineProfile] = None, *, policy_dir: str, device: str = "cpu",
                  compile: bool = False, seed: int = 0, profile_file: Optional[str] = None, dtype: str = "fp32",
@@ -194,7 +197,7 @@ class LeRobotEngine(Engine):
         self._row_gens: Optional[list] = None
         self._in_rtc = False
         self._install_capture()
-        self.supports_rtc = self.policy_type == "smolvla" and hasattr(cfg, "rtc_config")
+        self.supports_rtc = self.rtc_capable and self.policy_type == "smolvla" and hasattr(cfg, "rtc_config")
         if self.supports_rtc:
             self._enable_rtc()
         if compile or cuda_graphs:

@@ -58,6 +58,7 @@ class OxyGenEngine(LeRobotEngine, TextDecoding):
     task's latest prefix so a question about "the current frame" needs no new prefill."""
 
     name = "oxygen"
+    rtc_capable = False  # its frames decode through its own prefix path, not LeRobot's RTC processor
 
     def __init__(self, profile=None, *, policy_dir: str, tokens_per_frame: int = 5, max_active: int = 64,
                  default_max_tokens: int = DEFAULT_MAX_TOKENS, keep_frames: bool = True, **kw) -> None:
