@@ -63,10 +63,16 @@ def _deny(code: grpc.StatusCode, message: str):
 
 
 class _Watch:
-    __slots__ = ("grace_end", "end", "context", "slot", "cut")
+    """One call waiting for its request. `ended` is set without the guard's lock (a plain
+    attribute store): the client stream's generator may be finalised by the garbage collector
+    on whatever thread runs it, the one holding the lock included, so its `finally` must not
+    take the lock (a non-reentrant lock taken twice by one thread hangs every call after it).
+    The watch loop and the call's own end (`_done`) retire an ended watch under the lock."""
+    __slots__ = ("grace_end", "end", "context", "slot", "cut", "ended")
 
     def __init__(self, grace_end: float, end: float, context) -> None:
         self.grace_end, self.end, self.context, self.slot, self.cut = grace_end, end, context, False, None
+        self.ended = False
 
 
 class CallGuard(grpc.ServerInterceptor):
@@ -159,13 +165,15 @@ class CallGuard(grpc.ServerInterceptor):
 
         return behavior
 
-    def _receiving(self, it, w: _Watch):
-        """The client stream, watched until it ends (or the handler stops reading it)."""
+    @staticmethod
+    def _receiving(it, w: _Watch):
+        """The client stream, watched until it ends (or the handler stops reading it). Its
+        `finally` takes no lock (see _Watch): it only marks the watch ended."""
         try:  # cut by the guard, the read fails: the handler answers as for any broken stream
             for item in it:
                 yield item
         finally:
-            self._done(w)
+            w.ended = True
 
     def _cut(self, w: _Watch, context) -> None:
         """The read failed: say why if it was the guard (the call is cancelled already)."""
@@ -185,6 +193,11 @@ class CallGuard(grpc.ServerInterceptor):
             now, cut = time.monotonic(), []
             with self.lock:
                 for w in list(self.watches):
+                    if w.ended:  # its stream ended (or was dropped): nothing left to watch
+                        self.watches.discard(w)
+                        if w.slot:
+                            self.slots_used -= 1
+                        continue
                     if not w.slot and now >= w.grace_end:
                         if self.slots_used < self.limits.receive_slots:
                             w.slot = True
