@@ -192,6 +192,7 @@ def test_chaos_robot_process_killed_its_tasks_are_reaped(tmp_path, monkeypatch):
     _apply_env(monkeypatch)
     r = run_scenario("client_kill", tmp_path, robots=4, before_s=3.0, after_s=5.0)
     assert r["robots_killed"] == 2 and r["robot_accounts"] == 2  # the killed process wrote no account
+    assert r["reaper_settled"], r  # the server reached the state below (waited for, not sampled)
     assert int(r["server_at_end"]["reaped_tasks"]) >= 2, r
     assert int(r["server_at_end"]["tasks"]) <= 2, r  # only the live robots' tasks are left
     assert r["lost_chunks"] == 0 and r["duplicate_chunks"] == 0, r

@@ -105,15 +105,22 @@ def assert_serves(eng, stub, tag: str) -> None:
     assert eng.batches[-1] == [(tag, 7)]
 
 
+def queued_together(eng, srv, stub, *msgs) -> list:
+    """Calls of `msgs` queued while the engine is held, so they share its next batch; returns
+    the blocker and their callers, all ended."""
+    blocker = hold_engine(eng, stub)
+    calls = [Caller(stub, m) for m in msgs]
+    assert until(lambda: len(srv.servicer.core.pending) == sum(len(m.requests) for m in msgs))
+    eng.gate.set()
+    for c in [blocker] + calls:
+        c.join(5.0)
+    return [blocker] + calls
+
+
 def test_two_concurrent_callers_share_one_batch(served):
     eng, srv, stub = served
-    blocker = hold_engine(eng, stub)
-    a = Caller(stub, message(("edgeA/t", 0), ("edgeA/u", 3)))
-    b = Caller(stub, message(("edgeB/t", 5)))
-    assert until(lambda: len(srv.servicer.core.pending) == 3)
-    eng.gate.set()
+    blocker, a, b = queued_together(eng, srv, stub, message(("edgeA/t", 0), ("edgeA/u", 3)), message(("edgeB/t", 5)))
     for c in (blocker, a, b):
-        c.join(5.0)
         assert c.error is None, c.error
     assert sorted(eng.batches[1]) == [("edgeA/t", 0), ("edgeA/u", 3), ("edgeB/t", 5)]  # one batch, both callers
     assert len(eng.batches) == 2
@@ -152,22 +159,28 @@ def test_call_bigger_than_saturation_batch_is_split_and_answered_whole(served):
     assert_clean(srv)
 
 
-def test_a_bad_call_is_refused_alone_and_its_neighbours_are_served(served):
-    eng, srv, stub = served
+def refused_while_a_good_call_waits(eng, srv, stub, bad_msg, *named):
+    """`bad_msg` is refused (INVALID_ARGUMENT naming each of `named`) while a good call waits
+    for the engine; the good call is served and nothing of the bad one reaches the engine."""
     blocker = hold_engine(eng, stub)
     good = Caller(stub, message(("good/t", 0)))
-    bad_msg = message(("bad/t", 0), ("bad/u", 0), ("bad/v", 0))
-    bad_msg.requests[1].observation.joints.data = np.array([0, np.nan, 0, 0, 0, 0], np.float32).tobytes()
     with pytest.raises(grpc.RpcError) as e:
         stub.InferBatch(bad_msg, timeout=5)
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "requests[1].observation.joints[1]" in e.value.details() and "finite" in e.value.details()
+    assert all(n in e.value.details() for n in named), e.value.details()
     eng.gate.set()
     for c in (blocker, good):
         c.join(5.0)
         assert c.error is None, c.error
     assert eng.batches[1] == [("good/t", 0)]
     assert not any(t.startswith("bad/") for b in eng.batches for t, _ in b)  # nothing of the bad call queued
+
+
+def test_a_bad_call_is_refused_alone_and_its_neighbours_are_served(served):
+    eng, srv, stub = served
+    bad_msg = message(("bad/t", 0), ("bad/u", 0), ("bad/v", 0))
+    bad_msg.requests[1].observation.joints.data = np.array([0, np.nan, 0, 0, 0, 0], np.float32).tobytes()
+    refused_while_a_good_call_waits(eng, srv, stub, bad_msg, "requests[1].observation.joints[1]", "finite")
     assert srv.counts["bad_request"] == 1 and srv.servicer.core.stats.errors["bad_observation"] == 1
     assert_clean(srv)
 
@@ -334,3 +347,39 @@ def test_gpu_server_refuses_a_wrong_flag_in_one_line(args, line, tmp_path):
     assert out.returncode == 2, out.stderr
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"robotserve gpu-server: {line}"), out.stderr
+
+
+def test_an_rtc_delay_longer_than_its_leftover_is_refused_before_it_joins_a_batch(served):
+    """Validated before batching: found only by the engine, it would fail every call batched with it."""
+    from robotserve_ros.core.rtc import RtcGuide
+
+    eng, srv, stub = served
+    bad = InferenceRequest("bad/t", 0, observation=obs(0), rtc=RtcGuide(np.zeros((2, 3), np.float32), 5))
+    refused_while_a_good_call_waits(eng, srv, stub, pb.InferBatchRequest(requests=[request_to_pb(pb, bad)]),
+                                    "requests[0].rtc_leftover", "longer than the leftover")
+    assert_clean(srv)
+
+
+def test_a_row_the_engine_fails_on_fails_only_its_own_call(served):
+    """An engine that still raises on one row: the other caller's requests in the same batch
+    are served, and the failing call gets the engine's refusal."""
+    from robotserve_ros.core.observation import BadObservation
+
+    eng, srv, stub = served
+    real = eng.infer
+
+    def picky(batch):
+        if len(batch) > 1 and any(r.task_id == "bad/t" for r in batch) or [r.task_id for r in batch] == ["bad/t"]:
+            eng.batches.append([(r.task_id, r.round_id) for r in batch])
+            raise BadObservation("image 0 holds a value the policy cannot take")
+        return real(batch)
+
+    eng.infer = picky
+    blocker, a, b = queued_together(eng, srv, stub, message(("edgeA/t", 0), ("edgeA/u", 1)), message(("bad/t", 0)))
+    assert blocker.error is None and a.error is None, a.error
+    assert [(c.task_id, c.round_id) for c in a.reply.chunks] == [("edgeA/t", 0), ("edgeA/u", 1)]
+    assert b.error is not None and b.error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "bad_observation" in b.error.details()
+    assert srv.servicer.runner.rows_failed == 1
+    assert_serves(eng, stub, "after")
+    assert_clean(srv)

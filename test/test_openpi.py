@@ -241,3 +241,32 @@ def test_failed_handshakes_give_their_slot_back(server):
         h.close()
     assert server.endpoint.active == 0
     assert Client("127.0.0.1", server.port).infer(obs())["actions"].shape == (8, 6)
+
+
+def test_a_round_the_engine_fails_on_ends_its_own_call_and_others_are_served():
+    """One request the engine raises on (past every check): its client gets the error at once
+    (not a reply timeout), and a client batched beside it is served."""
+    srv = sim_server(reply_timeout_s=30.0)
+    real = srv.engine.infer
+    seen = []
+
+    def infer(batch):
+        seen.append(len(batch))
+        if any(float(r.observation.joints[0]) == 666.0 for r in batch):
+            raise IndexError("index 17 is out of bounds")
+        return real(batch)
+
+    srv.engine.infer = infer
+    try:
+        good = Client("127.0.0.1", srv.port)
+        out: list = []
+        t = threading.Thread(target=lambda: out.extend(good.infer(obs())["actions"].shape for _ in range(6)))
+        t.start()
+        bad = Client("127.0.0.1", srv.port)
+        with pytest.raises(RuntimeError, match="round 0: the engine failed this round"):
+            bad.infer({"observation/state": np.full(6, 666.0, np.float32), "prompt": "x"})
+        t.join(30)
+        assert out == [(8, 6)] * 6
+        assert Client("127.0.0.1", srv.port).infer(obs())["actions"].shape == (8, 6)  # and after
+    finally:
+        srv.stop()

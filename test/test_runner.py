@@ -141,3 +141,75 @@ def test_a_listener_sees_every_batch_after_on_replies():
     runner.submit(InferenceRequest("b", 0))
     step(runner, clock, 0.5)
     assert heard == [(["a", "b"], 2, 2)]  # on_replies had already run (got holds both)
+
+
+# --- one request cannot fail its batch-mates ----------------------------------------------------
+class PoisonEngine(Engine):
+    """Raises on any batch holding a poisoned task, as an engine does on a row it cannot take."""
+
+    def __init__(self, poisoned, exc=None) -> None:
+        super().__init__()
+        self.poisoned, self.exc = set(poisoned), exc
+
+    def infer(self, batch):
+        self.calls.append([q.task_id for q in batch])
+        if any(q.task_id in self.poisoned for q in batch):
+            raise self.exc or IndexError("index 17 is out of bounds for axis 0 with size 16")
+        return [ChunkResult(np.full((8, 2), i, np.float32)) for i in range(len(batch))]
+
+
+def _batch_of(runner, core, tasks):
+    for t in tasks:
+        runner.submit(InferenceRequest(t, 0))
+    (d,) = runner.dispatch()
+    assert [p.task_id for p in d.requests] == list(tasks)
+    return d
+
+
+@pytest.mark.parametrize("exc", [None, "bad_observation"])
+def test_a_row_the_engine_fails_on_is_answered_alone_and_its_batch_mates_are_served(exc):
+    from robotserve_ros.core.observation import BadObservation
+
+    err = BadObservation("image 0: 96x96 but the policy takes 32x32") if exc else None
+    eng = PoisonEngine({"c"}, err)
+    runner, core, clock, got, gave_up, _ = make(eng, retry_pause_s=0.0)
+    d = _batch_of(runner, core, ["a", "b", "c", "d"])
+    runner.run_batch(d)
+    assert sorted(r.task_id for r in got) == ["a", "b", "d"]  # served in the same dispatch
+    assert gave_up == ["c"]  # answered with the error now, not retried behind others' backs
+    assert runner.rows_failed == 1 and not core.pending and not core.inflight
+    assert core.tier("edge").busy == 0  # the slot is free, not cooled down
+    assert core.stats.errors[exc or "engine_failure"] == 1 and runner.failures["edge"] == 0
+    # halves until the row that fails alone is found: whole, [a b] ok, [c d] fails, [c], [d]
+    assert eng.calls == [["a", "b", "c", "d"], ["a", "b"], ["c", "d"], ["c"], ["d"]]
+    replies = {r.task_id: float(r.actions[0, 0]) for r in got}
+    assert replies == {"a": 0.0, "b": 1.0, "d": 0.0}  # each got its own row's result
+
+
+def test_an_engine_refusing_a_batch_of_one_answers_it_without_retrying():
+    from robotserve_ros.core.observation import BadObservation
+
+    eng = PoisonEngine({"a"}, BadObservation("joint state has shape (5,), the policy takes (6,)"))
+    runner, core, clock, got, gave_up, _ = make(eng, retry_pause_s=0.0)
+    runner.run_batch(_batch_of(runner, core, ["a"]))
+    assert gave_up == ["a"] and eng.calls == [["a"]] and core.stats.errors["bad_observation"] == 1
+    assert core.tier("edge").busy == 0 and not core.pending
+
+
+def test_a_tier_failure_requeues_the_whole_batch_without_splitting_it():
+    class Down(Exception):
+        tier_failure = True
+
+    eng = PoisonEngine({"a", "b", "c"}, Down("GPU server unreachable"))
+    runner, core, clock, got, gave_up, _ = make(eng, retry_pause_s=0.0)
+    runner.run_batch(_batch_of(runner, core, ["a", "b", "c"]))
+    assert eng.calls == [["a", "b", "c"]]  # one call: a down tier is not asked again per row
+    assert sorted(core.pending) == ["a", "b", "c"] and not gave_up and runner.rows_failed == 0
+    assert runner.failures["edge"] == 1
+
+
+def test_every_row_failing_alone_is_the_engine_failing_and_requeues_the_batch():
+    eng = PoisonEngine({"a", "b"})
+    runner, core, clock, got, gave_up, _ = make(eng, retry_pause_s=0.0)
+    runner.run_batch(_batch_of(runner, core, ["a", "b"]))
+    assert sorted(core.pending) == ["a", "b"] and not gave_up and runner.failures["edge"] == 1

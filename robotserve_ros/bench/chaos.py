@@ -201,6 +201,11 @@ def run_scenario(name: str, tmp: Path, robots: int = 10, before_s: float = 8.0, 
         t1 = time.monotonic()
         fault["fault_s"] = round(t1 - t0, 2)
         listener.spin(max(after_s, task_timeout + 5.0 if name == "client_kill" else after_s))
+        if name == "client_kill":  # the reaper's state, not one instant of it: it runs on its own period
+            killed, alive_n = fault["robots_killed"], robots - fault["robots_killed"]
+            fault["reaper_settled"] = listener.spin(
+                task_timeout + 15.0, until=lambda d: int(d.get("reaped_tasks", 0)) >= killed
+                and int(d.get("tasks", 0)) <= alive_n)
         diag_after = dict(listener.last)
         t_stop = time.monotonic()
         codes = clients.stop(timeout=20.0)

@@ -171,10 +171,14 @@ class _Listener:
             if k.startswith("wait_ratio/"):
                 self.robots_seen.add(k.split("/")[1])
 
-    def spin(self, seconds: float) -> None:
+    def spin(self, seconds: float, until=None) -> bool:
+        """Spin for `seconds`, or until `until(self.last)` holds (then True)."""
         end = time.monotonic() + seconds
         while (left := end - time.monotonic()) > 0:
             self.ex.spin_once(timeout_sec=min(left, 0.1))
+            if until is not None and self.last and until(self.last):
+                return True
+        return False
 
     def close(self) -> None:
         try:

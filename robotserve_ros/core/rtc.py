@@ -36,8 +36,11 @@ class RtcGuide:
             out.append(f"rtc leftover has {a.shape[1]} values per action, the policy takes {action_dim}")
         if not np.all(np.isfinite(a)):
             out.append("rtc leftover holds a value that is not finite")
-        if self.delay_steps is not None and self.delay_steps < 0:
-            out.append(f"rtc delay_steps must be >= 0, got {self.delay_steps}")
+        if self.delay_steps is not None:
+            if self.delay_steps < 0:
+                out.append(f"rtc delay_steps must be >= 0, got {self.delay_steps}")
+            elif self.delay_steps > a.shape[0]:  # RTC §4: only executed leftover actions are frozen
+                out.append(f"rtc delay_steps {self.delay_steps} is longer than the leftover ({a.shape[0]} actions)")
         return out
 
     def with_delay(self, d: int) -> "RtcGuide":

@@ -13,7 +13,10 @@ policy, trim) -> reply. `Runner` holds each step once:
 
 A batch whose engine fails (a remote server down, a deadline passed) goes back to the queue
 (ServingCore.requeue) and its slot cools down for retry_pause_s: it is held busy, so the
-placement sends nothing there meanwhile. A reply for a batch that is no longer in flight
+placement sends nothing there meanwhile. One request cannot fail its batch-mates: when an
+engine raises on a batch of several for any reason but its tier being down (`tier_failure`),
+the batch is run again in halves until the rows that fail alone are found; those rows' senders
+get the error (the engine's own code when it raised a RequestError) and the others are served. A reply for a batch that is no longer in flight
 (requeued and served elsewhere meanwhile) is discarded and counted: no request is lost,
 none is answered twice.
 
@@ -43,6 +46,21 @@ StageObserver = Callable[[str, Rounds], None]
 
 def _rounds(d: Dispatch) -> list:
     return [(p.task_id, p.request.round_id) for p in d.requests]
+
+
+def tier_failure(e: BaseException) -> bool:
+    """The tier failed the batch (unreachable, past its deadline, a replica gone), not one of
+    its rows: engines' tier errors say so with a true `tier_failure` attribute."""
+    return bool(getattr(e, "tier_failure", False))
+
+
+class _RowFailed:
+    """In a batch's results: this row failed alone (its batch-mates did not)."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
 
 
 class Runner:
@@ -80,6 +98,8 @@ class Runner:
         self.on_given_up, self.max_attempts = on_given_up, max_attempts
         self.observers: list = [observer] if observer is not None else []
         self.reply_listeners: list = []  # more on_replies-like callbacks (other client protocols)
+        self.given_up_listeners: list = []  # and on_given_up-like ones
+        self.rows_failed = 0  # requests an engine failed on alone while their batch-mates were served
         self.busy_s: Counter = Counter()  # engine time per tier, on the core's clock
         self.failures: Counter = Counter()
         self.late_replies = 0
@@ -116,11 +136,14 @@ class Runner:
     def observe(self, observer: StageObserver) -> None:
         self.observers.append(observer)
 
-    def listen(self, on_replies: Callable[[list, Dispatch, list], None]) -> None:
+    def listen(self, on_replies: Callable[[list, Dispatch, list], None],
+               on_given_up: Optional[Callable[[list, Exception], None]] = None) -> None:
         """Another front end on the same fleet (an openpi endpoint beside the ROS service):
-        called like on_replies, under the lock, after it, with every batch's replies; each
-        front end picks its own tasks' replies out."""
+        called like on_replies (and on_given_up), under the lock, after it, with every batch's
+        replies (every round given up); each front end picks its own tasks' out."""
         self.reply_listeners.append(on_replies)
+        if on_given_up is not None:
+            self.given_up_listeners.append(on_given_up)
 
     def _emit(self, stage: str, rounds: Rounds) -> None:
         for ob in self.observers:
@@ -305,13 +328,53 @@ class Runner:
                 except Exception:  # freshness is an optimisation: never cost a round
                     log.exception("refresh ahead on %s failed", t)
 
-    def _requeue(self, d: Dispatch, e: Exception) -> None:
-        """Under the lock: the batch's requests wait again, up to max_attempts failures each."""
-        gave_up = self.core.fail(d, str(e), self.max_attempts)
+    def _requeue(self, d: Dispatch, e: Exception, max_attempts: Optional[int] = None) -> None:
+        """Under the lock: the batch's requests wait again, up to max_attempts failures each
+        (1: answered with the error now)."""
+        gave_up = self.core.fail(d, str(e), self.max_attempts if max_attempts is None else max_attempts)
         if gave_up:
-            log.error("%d request(s) failed %d batches; answered with an error: %r", len(gave_up), self.max_attempts, e)
-            if self.on_given_up is not None:
-                self.on_given_up(gave_up, e)
+            log.error("%d request(s) failed %d batches; answered with an error: %r", len(gave_up), gave_up[0].failures, e)
+            for cb in ([self.on_given_up] if self.on_given_up is not None else []) + self.given_up_listeners:
+                cb(gave_up, e)
+
+    def _infer_rows(self, engine, reqs: list, top: bool = True) -> list:
+        """The engine's results for `reqs`; a batch it fails on (not as a tier) is run again in
+        halves, so a row that fails alone comes back as _RowFailed and its batch-mates are
+        served. At the top a failure of every row raises, as the engine did."""
+        try:
+            return list(engine.infer(reqs))
+        except Exception as e:
+            if len(reqs) == 1 or tier_failure(e):
+                if top:
+                    raise
+                return [_RowFailed(e)] * len(reqs)
+            first = e
+        mid = len(reqs) // 2
+        out = self._infer_rows(engine, reqs[:mid], False) + self._infer_rows(engine, reqs[mid:], False)
+        if top and all(isinstance(r, _RowFailed) for r in out):
+            raise first
+        return out
+
+    def _fail_rows(self, d: Dispatch, results: list) -> list:
+        """Under no lock: the rows that failed alone leave the batch, their senders answered
+        with the error now (retrying them would fail their next batch-mates again); returns the
+        results of the rows left."""
+        bad = [i for i, r in enumerate(results) if isinstance(r, _RowFailed)]
+        if not bad:
+            return results
+        with self.lock:
+            if d.id not in self.core.inflight:
+                return [r for r in results if not isinstance(r, _RowFailed)]
+            carved = self.core.split(d, bad)
+            self.rows_failed += len(bad)
+            e = results[bad[0]].error
+            self.core.stats.errors[e.code if isinstance(e, RequestError) else "engine_failure"] += len(bad)
+            self._requeue(carved, e, max_attempts=1)
+        log.warning("tier %s: %d of %d request(s) failed alone (%r); their batch-mates are served",
+                    d.tier, len(bad), len(results), results[bad[0]].error)
+        if self.on_error is not None:
+            self.on_error(carved, results[bad[0]].error)
+        return [r for r in results if not isinstance(r, _RowFailed)]
 
     def end_cooldown(self, tier_name: str) -> None:
         with self.lock:
@@ -322,13 +385,29 @@ class Runner:
         """One batch on its tier's engine, start to reply (a live slot thread's work)."""
         started = self.begin(d)
         try:
-            results = self.engines[d.tier].infer([p.request for p in d.requests])
+            results = self._infer_rows(self.engines[d.tier], [p.request for p in d.requests])
         except Exception as e:
+            if isinstance(e, RequestError) and len(d.requests) == 1:  # the engine refused this row: no retry
+                self._refused_alone(d, e, started)
+                return
             self.fail(d, e, started)
             self._stop.wait(self.retry_pause_s)
             self.end_cooldown(d.tier)
             return
-        self.finish(d, results, started)
+        self.finish(d, self._fail_rows(d, results), started)
+
+    def _refused_alone(self, d: Dispatch, e: RequestError, started: float) -> None:
+        """A batch of one the engine refused as a bad request: its sender gets the engine's
+        code now; the slot is not cooled down (the tier is fine)."""
+        with self.lock:
+            self._engine_done(d.tier, started)
+            self.core.stats.errors[e.code] += 1
+            if d.id in self.core.inflight:
+                self._requeue(d, e, max_attempts=1)
+        log.warning("tier %s refused a request: %s", d.tier, e)
+        if self.on_error is not None:
+            self.on_error(d, e)
+        self.kick()
 
     # --- the live driver --------------------------------------------------------------------
     def start(self) -> "Runner":

@@ -372,6 +372,18 @@ class ServingCore:
         self.stats.completed += len(replies)
         return replies
 
+    def split(self, item: Dispatch, rows: Sequence[int]) -> Dispatch:
+        """Carve `rows` of an in-flight batch out into a batch of their own on the same slot
+        (held once more, so the two complete or fail apart): the engine failed on those rows
+        alone, and the rest of the batch must still be answered."""
+        d = self.inflight[item.id]
+        take = set(rows)
+        carved = Dispatch(next(self._ids), d.tier, [p for i, p in enumerate(d.requests) if i in take], d.started)
+        d.requests = [p for i, p in enumerate(d.requests) if i not in take]
+        self.inflight[carved.id] = carved
+        self.tier(d.tier).busy += 1
+        return carved
+
     def requeue(self, dispatch_id: int) -> int:
         """A batch failed or timed out: its requests wait again, none lost, none twice."""
         d = self.inflight.pop(dispatch_id)

@@ -351,8 +351,12 @@ class InferenceServerNode(ManagedNode):
     def _given_up(self, pendings, exc) -> None:
         """Under the lock (Runner): rounds in max_attempts failed batches get an error."""
         for p in pendings:
-            self._answer((p.task_id, p.request.round_id), error=(
-                "engine_failure", f"round {p.request.round_id} failed {p.failures} batches ({type(exc).__name__}); send it again"))
+            if isinstance(exc, RequestError):  # the engine refused this request alone: its own code
+                error = (exc.code, f"round {p.request.round_id}: {exc.message}")
+            else:
+                error = ("engine_failure", f"round {p.request.round_id} failed {p.failures} batches "
+                                           f"({type(exc).__name__}); send it again")
+            self._answer((p.task_id, p.request.round_id), error=error)
 
     # --- diagnostics ------------------------------------------------------------------
     def stats(self) -> dict:

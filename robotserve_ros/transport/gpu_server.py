@@ -69,6 +69,7 @@ class _Call:
     n_queued: int = 0  # counted in GpuServicer.queued for its holder until it ends
     left: int = 0
     error: Optional[str] = None  # the engine failed a batch holding one of its requests
+    refused: bool = False  # ... on one of its requests alone, as a bad request (INVALID_ARGUMENT)
     ended: bool = False  # answered, expired or cancelled: its tasks are gone from the core
 
     def live(self, now: float) -> bool:
@@ -219,7 +220,7 @@ class GpuServicer:
             finally:
                 self._end(call)
             if call.error is not None:
-                raise _Refused(grpc.StatusCode.INTERNAL, call.error)
+                raise _Refused(grpc.StatusCode.INVALID_ARGUMENT if call.refused else grpc.StatusCode.INTERNAL, call.error)
             if call.left:
                 raise _Refused(grpc.StatusCode.DEADLINE_EXCEEDED, "the call's deadline passed or it was cancelled")
         try:
@@ -261,13 +262,18 @@ class GpuServicer:
                 call.cond.notify_all()
 
     def _on_error(self, dispatch, exc: Exception) -> None:
-        self.counts["engine_failure"] += 1
-        log.error("engine failed on a batch of %d: %r", len(dispatch.requests), exc)
+        """The engine failed these requests (the Runner has carved out the ones that failed
+        alone, so a batch-mate from another call is not among them): their calls fail."""
+        refused = isinstance(exc, RequestError)
+        self.counts["bad_request" if refused else "engine_failure"] += 1
+        log.error("engine failed on %d request(s): %r", len(dispatch.requests), exc)
         with self.lock:
             for p in dispatch.requests:
                 call = p.request.call
                 if not call.ended and call.error is None:
-                    call.error = "engine failed on the batch (see the server log)"
+                    call.refused = refused
+                    call.error = (f"requests[{p.request.index}]: {exc.code}: {exc.message}" if refused
+                                  else "engine failed on the batch (see the server log)")
                     call.cond.notify_all()
 
     def Profile(self, request, context):

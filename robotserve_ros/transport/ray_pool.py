@@ -73,7 +73,19 @@ def _loopback_replica_grpc() -> None:
 
 
 class RayTierError(RuntimeError):
-    """The pool did not serve the batch (its replica died, a timeout, no replica): requeue it."""
+    """The pool did not serve the batch (its replica died, a timeout, no replica): requeue it.
+    `tier_failure` is false where the replica's engine itself raised on the batch (Ray's
+    RayTaskError): a request of the batch may be at fault, and the Runner looks for it."""
+
+    def __init__(self, message: str, tier_failure: bool = True) -> None:
+        super().__init__(message)
+        self.tier_failure = tier_failure
+
+
+def _engine_raised(e: BaseException) -> bool:
+    """Ray's error for an exception the replica's code raised (not its death, not a timeout)."""
+    names = {c.__name__ for c in type(e).__mro__}
+    return "RayTaskError" in names and not names & {"RayActorError", "ActorDiedError", "ActorUnavailableError"}
 
 
 class PolicyReplica:
@@ -320,7 +332,8 @@ class RayPoolEngine(Engine):
             out = self.pool.call(batch, self.call_timeout_s)
         except Exception as e:  # ActorDiedError, a timeout, an engine fault in the replica
             self.failures += 1
-            raise RayTierError(f"Ray pool {self.pool.app}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+            raise RayTierError(f"Ray pool {self.pool.app}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
+                               tier_failure=not _engine_raised(e)) from None
         if len(out) != len(batch):
             raise RayTierError(f"Ray pool {self.pool.app} returned {len(out)} results for {len(batch)} requests")
         return out

@@ -27,12 +27,20 @@ from .tensors import request_to_pb, result_from_pb
 log = logging.getLogger("robotserve.remote_engine")
 
 
+# What the GPU server answers when a request of the call (not the server) is at fault: the
+# Runner then looks for that row instead of requeueing the batch elsewhere (core/runner.py).
+ROW_FAULT_CODES = frozenset({grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.INTERNAL,
+                             grpc.StatusCode.OUT_OF_RANGE, grpc.StatusCode.FAILED_PRECONDITION})
+
+
 class RemoteEngineError(RuntimeError):
-    """The remote tier did not serve the batch (unreachable, deadline, refused, failed)."""
+    """The remote tier did not serve the batch (unreachable, deadline, refused, failed).
+    `tier_failure`: the server or the link failed, not a request of the batch."""
 
     def __init__(self, message: str, code: Optional[grpc.StatusCode] = None) -> None:
         super().__init__(message)
         self.code = code
+        self.tier_failure = code not in ROW_FAULT_CODES
 
 
 class RemoteEngine(Engine):
@@ -124,8 +132,10 @@ class RemoteEngine(Engine):
             rep = self.stub.InferBatch(msg, timeout=self.deadline_s, metadata=self._meta)
         except grpc.RpcError as e:
             self.failures += 1
-            self.link.mark_down(self._clock())
-            raise RemoteEngineError(f"GPU server {self.address}: {e.code().name}: {e.details()}", e.code()) from None
+            err = RemoteEngineError(f"GPU server {self.address}: {e.code().name}: {e.details()}", e.code())
+            if err.tier_failure:  # a refused request says nothing about the link
+                self.link.mark_down(self._clock())
+            raise err from None
         wall = time.perf_counter() - t
         if len(rep.chunks) != len(batch):
             raise RemoteEngineError(f"GPU server {self.address} returned {len(rep.chunks)} chunks for {len(batch)} requests")

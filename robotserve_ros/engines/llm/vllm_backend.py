@@ -104,17 +104,18 @@ class VLLMHost:
             raise VLLMUnavailable(f"the vLLM host did not start (log: {self.log_path}): {self._tail()}")
 
     def generate(self, rid: str, prompt: Sequence[int], max_tokens: int, *, priority: int = 0,
-                 on_tokens: Callable[[list], None], on_done: Callable[[dict], None], stop: Optional[list] = None,
-                 min_tokens: int = 0, ignore_eos: bool = False) -> None:
+                 on_tokens: Callable[..., None], on_done: Callable[[dict], None], stop: Optional[list] = None,
+                 min_tokens: int = 0, ignore_eos: bool = False, logprobs: int = 0) -> None:
         """Queue one call; `on_tokens(new ids)` as they come, then `on_done({"finish",
-        "prompt", "cached"} or {"error"})`, both on the reader thread."""
+        "prompt", "cached"} or {"error"})`, both on the reader thread. With `logprobs` K > 0:
+        `on_tokens(new ids, [{id: logprob} of the top K and the chosen token, per new id]`)."""
         with self._lock:
             if self.closed:
                 raise RuntimeError("the vLLM host is closed")
             self._cbs[rid] = (on_tokens, on_done)
             self._send({"op": "generate", "id": rid, "prompt": list(map(int, prompt)), "max_tokens": int(max_tokens),
                         "priority": int(priority), "stop": stop, "min_tokens": int(min_tokens),
-                        "ignore_eos": bool(ignore_eos)})
+                        "ignore_eos": bool(ignore_eos), "logprobs": int(logprobs)})
 
     def abort(self, rid: str) -> None:
         with self._lock:
@@ -181,7 +182,9 @@ class VLLMHost:
             if cb is None:
                 continue
             try:
-                if ev == "tokens":
+                if ev == "tokens" and "logprobs" in m:
+                    cb[0](m["tokens"], [{int(t): lp for t, lp in pos} for pos in m["logprobs"]])
+                elif ev == "tokens":
                     cb[0](m["tokens"])
                 elif ev == "done":
                     cb[1](m)

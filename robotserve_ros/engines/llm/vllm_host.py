@@ -3,10 +3,11 @@ project (its venv has transformers 4, vLLM needs 5). It serves vLLM's async engi
 over its stdin/stdout, one JSON object a line (engines/llm/vllm_backend.py is the client):
 
   in:  {"op": "generate", "id": S, "prompt": [token ids], "max_tokens": N, "priority": P,
-        "stop": ["\n"] | null, "min_tokens": M, "ignore_eos": bool}
+        "stop": ["\n"] | null, "min_tokens": M, "ignore_eos": bool, "logprobs": K (0: none)}
        {"op": "abort", "id": S}      {"op": "reset_prefix_cache"}      {"op": "shutdown"}
   out: {"ev": "ready", "load_s": x, "vllm": version}
        {"ev": "tokens", "id": S, "tokens": [new ids]}          (streamed, as generated)
+         with "logprobs": [[[id, logprob], ...] per new token] (the top K, and the chosen one) when K > 0
        {"ev": "done", "id": S, "finish": "stop"|"length"|"abort", "prompt": n, "cached": n}
        {"ev": "error", "id": S, "message": text}      {"ev": "reset", "ok": bool}
 
@@ -56,14 +57,17 @@ def main() -> int:
         sp = SamplingParams(temperature=0.0, max_tokens=int(m["max_tokens"]), min_tokens=int(m.get("min_tokens", 0)),
                             stop=m.get("stop") or None, include_stop_str_in_output=True,
                             ignore_eos=bool(m.get("ignore_eos", False)), output_kind=RequestOutputKind.DELTA,
-                            detokenize=bool(m.get("stop")))
+                            detokenize=bool(m.get("stop")), logprobs=int(m.get("logprobs", 0)) or None)
         finish, cached, n_prompt = "abort", 0, len(m["prompt"])
         try:
             async for out in engine.generate({"prompt_token_ids": m["prompt"]}, sp, request_id=rid,
                                              priority=int(m.get("priority", 0))):
                 o = out.outputs[0]
                 if o.token_ids:
-                    send({"ev": "tokens", "id": rid, "tokens": list(o.token_ids)})
+                    ev = {"ev": "tokens", "id": rid, "tokens": list(o.token_ids)}
+                    if sp.logprobs:  # tests compare backends by them (vLLM's own check_logprobs_close)
+                        ev["logprobs"] = [[[int(t), float(lp.logprob)] for t, lp in pos.items()] for pos in o.logprobs]
+                    send(ev)
                 if out.num_cached_tokens is not None:
                     cached = int(out.num_cached_tokens)
                 if out.finished:

@@ -62,7 +62,7 @@ class OpenPiEndpoint:
         self.active = 0
         self._waiting: dict = {}  # (task_id, round_id) -> (loop, future); under runner.lock
         self._n = 0
-        runner.listen(self._on_replies)
+        runner.listen(self._on_replies, self._on_given_up)
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._stop: Optional[asyncio.Event] = None
         self._ready = threading.Event()
@@ -229,6 +229,20 @@ class OpenPiEndpoint:
             if w is not None:
                 loop, fut = w
                 loop.call_soon_threadsafe(lambda f=fut, r=r: f.done() or f.set_result(r))
+
+    def _on_given_up(self, pendings, exc) -> None:
+        """Runner listener, under its lock: rounds the engine failed (one that failed alone, or
+        in max_attempts batches) end their infer() call with the error."""
+        if isinstance(exc, RequestError):
+            key, text = "counted", f"{exc.code}: {exc.message}"
+        else:
+            key, text = "engine_failure", f"the engine failed this round ({type(exc).__name__}); send it again"
+        for p in pendings:
+            w = self._waiting.pop((p.task_id, p.request.round_id), None)
+            if w is not None:
+                loop, fut = w
+                err = Refusal(key, f"round {p.request.round_id}: {text}")
+                loop.call_soon_threadsafe(lambda f=fut, e=err: f.done() or f.set_exception(e))
 
     def _end(self, c: _Conn) -> None:
         """The robot left (or reset): its queued round and observation history go."""
