@@ -12,7 +12,13 @@ Per robot namespace NS (the only one in the bag, or --robot):
 LeRobot datasets are sampled at one fps; a bag is not. Frames are taken on a grid of 1/fps
 from the first moment camera, joints and command have all been seen, each topic holding
 its latest message (zero-order hold), as rosetta's bag converter does. A new instruction
-starts a new episode. Images are stored as PNG frames (no video encoder needed)."""
+starts a new episode. Images are stored as PNG frames (no video encoder needed).
+
+A bag is outside input: every message is decoded once, as it is read, and checked (image
+geometry, a compressed frame's size read from its header before it is decoded, finite
+joints, a command with a point); a bad one is one line naming its topic, its index on that
+topic and what is wrong (exit 2). The dataset is written into a scratch folder beside --out
+and renamed to it only when whole: a refused bag leaves nothing behind."""
 from __future__ import annotations
 
 import io
@@ -26,6 +32,9 @@ from ... import bags
 from ...cli_types import UsageError, positive
 
 IMAGE_TYPES = (bags.IMAGE, bags.COMPRESSED_IMAGE)
+MAX_FPS = 1000  # a dataset's frame rate; a grid finer than the bag's messages only repeats them
+MAX_PIXELS = 4096 * 4096  # one camera frame, checked before it is decoded
+MAX_FRAMES = 2_000_000  # dataset frames of one bag (duration x fps)
 COMMAND_TYPES = ("trajectory_msgs/msg/JointTrajectory", "std_msgs/msg/Float64MultiArray")
 STRING = "std_msgs/msg/String"
 
@@ -55,17 +64,37 @@ def session_topics(topics: dict, robot: Optional[str]) -> dict:
     return out
 
 
+class BadMessage(ValueError):
+    """One message of the bag that cannot be taken; the caller names its topic and index."""
+
+
 def image_array(msg, msgtype: str) -> np.ndarray:
-    """HxWx3 uint8 RGB of a sensor_msgs Image (rgb8, bgr8, mono8) or CompressedImage."""
+    """HxWx3 uint8 RGB of a sensor_msgs Image (rgb8, bgr8, mono8) or CompressedImage
+    (BadMessage if its geometry does not hold or it is larger than MAX_PIXELS)."""
     if msgtype == bags.COMPRESSED_IMAGE:
         from PIL import Image
 
-        return np.asarray(Image.open(io.BytesIO(bytes(msg.data))).convert("RGB"))
+        try:
+            im = Image.open(io.BytesIO(bytes(msg.data)))  # reads the header only
+            w, h = im.size
+            if w < 1 or h < 1 or w * h > MAX_PIXELS:
+                raise BadMessage(f"a {w}x{h} frame ({msg.format!r}); at most {MAX_PIXELS} pixels are taken")
+            return np.asarray(im.convert("RGB"))
+        except BadMessage:
+            raise
+        except Image.DecompressionBombError:  # PIL's own header check, past twice its limit
+            raise BadMessage(f"a frame of more than {MAX_PIXELS} pixels ({msg.format!r}): refused undecoded") from None
+        except Exception as e:  # noqa: BLE001 - PIL's errors for junk are many kinds
+            raise BadMessage(f"{len(msg.data)} bytes that are not a readable image ({type(e).__name__})") from None
     channels = {"rgb8": 3, "bgr8": 3, "mono8": 1}.get(msg.encoding)
     if channels is None:
-        raise UsageError(f"camera image encoding {msg.encoding!r} is not one of rgb8, bgr8, mono8")
-    rows = np.frombuffer(bytes(msg.data), np.uint8).reshape(msg.height, msg.step)
-    img = rows[:, : msg.width * channels].reshape(msg.height, msg.width, channels)
+        raise BadMessage(f"camera image encoding {msg.encoding!r} is not one of rgb8, bgr8, mono8")
+    h, w, step, n = int(msg.height), int(msg.width), int(msg.step), len(msg.data)
+    if h < 1 or w < 1 or h * w > MAX_PIXELS or step < w * channels or n != h * step:
+        raise BadMessage(f"image geometry {w}x{h} {msg.encoding}, step {step}, {n} bytes of data "
+                         f"(needs step >= {w * channels}, data = height x step, at most {MAX_PIXELS} pixels)")
+    rows = np.frombuffer(bytes(msg.data), np.uint8).reshape(h, step)
+    img = rows[:, : w * channels].reshape(h, w, channels)
     return np.repeat(img, 3, axis=2) if channels == 1 else img[..., ::-1] if msg.encoding == "bgr8" else img
 
 
@@ -73,26 +102,66 @@ def command_vector(msg, msgtype: str) -> tuple[np.ndarray, list]:
     """(positions, joint names or []) of a command: a JointTrajectory's first point, or the array."""
     if msgtype == COMMAND_TYPES[0]:
         if not len(msg.points):
-            return np.zeros(0, np.float32), list(msg.joint_names)
-        return np.asarray(msg.points[0].positions, np.float32), list(msg.joint_names)
-    return np.asarray(msg.data, np.float32), []
+            raise BadMessage("a JointTrajectory with no points (the action is its first point)")
+        q, names = np.asarray(msg.points[0].positions, np.float32), list(msg.joint_names)
+    else:
+        q, names = np.asarray(msg.data, np.float32), []
+    if q.ndim != 1 or not q.size or not np.all(np.isfinite(q)):
+        raise BadMessage(f"command positions must be finite numbers, got {q.size} value(s)")
+    return q, names
 
 
-def sample(messages, roles: dict, fps: float):
-    """Frames (t_ns, {role: latest message}) on a 1/fps grid from when camera, joints and
-    command have all been seen; each topic holds its latest message (zero-order hold)."""
+def joint_vector(msg) -> tuple[np.ndarray, list]:
+    q = np.asarray(msg.position, np.float32)
+    if not q.size or not np.all(np.isfinite(q)):
+        raise BadMessage(f"joint positions must be finite numbers, got {q.size} value(s)")
+    return q, list(msg.name)
+
+
+def decoded(bag: str, roles: dict, task: Optional[str]):
+    """The bag's messages of `roles`, each deserialized and converted once as it is read:
+    (t_ns, role, value); UsageError naming the topic and the message's index on it."""
+    ts = bags.make_typestore()
+    index: dict = {}
     role_of = {t: r for r, t in roles.items()}
+    try:
+        for m in bags.iter_bag(bag, list(roles.values()), typestore=ts, raw=True):
+            i = index[m.topic] = index.get(m.topic, -1) + 1
+            role = role_of[m.topic]
+            try:
+                msg = ts.deserialize_cdr(m.data, m.msgtype)
+                if role == "camera":
+                    value = image_array(msg, m.msgtype)
+                elif role == "joints":
+                    value = joint_vector(msg)
+                elif role == "command":
+                    value = command_vector(msg, m.msgtype)
+                else:
+                    value = msg.data if isinstance(msg.data, str) else task
+            except BadMessage as e:
+                raise UsageError(f"{m.topic} message {i}: {e}") from None
+            except Exception as e:  # noqa: BLE001 - junk CDR fails in many ways inside rosbags
+                raise UsageError(f"{m.topic} message {i}: not a readable {m.msgtype} ({type(e).__name__})") from None
+            yield m.timestamp, role, value
+    except bags.BagError as e:
+        raise UsageError(str(e)) from None
+
+
+def sample(values, fps: float):
+    """Frames (t_ns, {role: latest value}) on a 1/fps grid from when camera, joints and
+    command have all been seen; each topic holds its latest value (zero-order hold).
+    `values`: (t_ns, role, value) in time order, as decoded() gives them."""
     latest: dict = {}
     step = int(round(1e9 / fps))
     next_t = last = None
-    for m in messages:
-        last = m.timestamp
-        while next_t is not None and m.timestamp > next_t:  # every grid point before this message
+    for t, role, value in values:
+        last = t
+        while next_t is not None and t > next_t:  # every grid point before this message
             yield next_t, dict(latest)
             next_t += step
-        latest[role_of[m.topic]] = (m.msgtype, m.data)
+        latest[role] = value
         if next_t is None and {"camera", "joints", "command"} <= set(latest):
-            next_t = m.timestamp
+            next_t = t
     while next_t is not None and next_t <= last:  # the grid points up to the last message, none after it
         yield next_t, dict(latest)
         next_t += step
@@ -109,19 +178,22 @@ def record_dataset(bag: str, out: str, repo_id: str, *, robot: Optional[str] = N
     if "instruction" not in roles and not task:
         raise UsageError(f"the bag has no {roles['joints'].rsplit('/', 1)[0]}/instruction (std_msgs/String): "
                          "give the task with --task TEXT")
+    if not 0 < fps <= MAX_FPS:
+        raise UsageError(f"--fps {fps!r}: must be a whole number from 1 to {MAX_FPS}")
     frames = []
-    for t, latest in sample(bags.iter_bag(bag, list(roles.values())), roles, fps):
-        state_msg = latest["joints"][1]
-        action, action_names = command_vector(*latest["command"][::-1])
-        instruction = latest["instruction"][1].data if "instruction" in latest else task
-        frames.append((t, image_array(latest["camera"][1], latest["camera"][0]),
-                       np.asarray(state_msg.position, np.float32), list(state_msg.name), action, action_names,
-                       instruction))
+    for t, latest in sample(decoded(bag, roles, task), fps):
+        (state, state_names), (action, action_names) = latest["joints"], latest["command"]
+        frames.append((t, latest["camera"], state, state_names, action, action_names, latest.get("instruction", task)))
+        if len(frames) > MAX_FRAMES:
+            raise UsageError(f"{bag}: more than {MAX_FRAMES} frames at --fps {fps}: give a lower --fps")
     if not frames:
         raise UsageError(f"{bag}: no moment where camera, joints and command had all been recorded")
     _, img, state, state_names, action, action_names, _ = frames[0]
-    if any(f[2].shape != state.shape or f[4].shape != action.shape or f[1].shape != img.shape for f in frames):
-        raise UsageError(f"{bag}: the joint count, command length or image size changes during the session")
+    for t, *f in frames:
+        if f[1].shape != state.shape or f[3].shape != action.shape or f[0].shape != img.shape:
+            raise UsageError(f"{bag}: at {t} ns the joint count, command length or image size changes "
+                             f"({f[1].shape[0]} joints, {f[3].shape[0]} commands, image {f[0].shape}; first "
+                             f"{state.shape[0]}, {action.shape[0]}, {img.shape}): one session per bag")
     features = {
         "observation.images.camera": {"dtype": "image", "shape": img.shape, "names": ["height", "width", "channels"]},
         "observation.state": {"dtype": "float32", "shape": state.shape,
@@ -131,22 +203,40 @@ def record_dataset(bag: str, out: str, repo_id: str, *, robot: Optional[str] = N
     }
     if len(features["action"]["names"]) != len(action):
         features["action"]["names"] = [f"joint_{i}" for i in range(len(action))]
+    if len(features["observation.state"]["names"]) != len(state):
+        features["observation.state"]["names"] = [f"joint_{i}" for i in range(len(state))]
+    return _write(out, repo_id, fps, features, frames, robot_type, roles)
+
+
+def _write(out: str, repo_id: str, fps: int, features: dict, frames: list, robot_type, roles) -> dict:
+    """The dataset, written whole into a scratch folder beside `out`, then renamed to it."""
+    import shutil
+    import tempfile
 
     from ...engines.torch_env import import_torch
 
     import_torch()  # torchvision's CPU shim before LeRobot imports it (docs/building.md)
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
-    ds = LeRobotDataset.create(repo_id, fps, features, root=out, robot_type=robot_type, use_videos=False)
-    episodes, current = 0, None
-    for _, img, st, _, act, _, instruction in frames:
-        if current is not None and instruction != current:
-            ds.save_episode()
-            episodes += 1
-        current = instruction
-        ds.add_frame({"observation.images.camera": img, "observation.state": st, "action": act, "task": instruction})
-    ds.save_episode()
-    ds.finalize()
+    final = Path(out)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{final.name}.partial-", dir=final.parent))
+    try:
+        root = scratch / "dataset"  # LeRobot creates its root itself
+        ds = LeRobotDataset.create(repo_id, fps, features, root=root, robot_type=robot_type, use_videos=False)
+        episodes, current = 0, None
+        for _, img, st, _, act, _, instruction in frames:
+            if current is not None and instruction != current:
+                ds.save_episode()
+                episodes += 1
+            current = instruction
+            ds.add_frame({"observation.images.camera": img, "observation.state": st, "action": act,
+                          "task": instruction})
+        ds.save_episode()
+        ds.finalize()
+        root.rename(final)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     return {"repo_id": repo_id, "root": str(out), "episodes": episodes + 1, "frames": len(frames), "fps": fps,
             "topics": roles, "features": {k: list(v["shape"]) for k, v in features.items()}}
 
@@ -156,7 +246,8 @@ def add_arguments(p) -> None:
     p.add_argument("--out", required=True, help="dataset root to create (must not exist)")
     p.add_argument("--repo-id", default=None, help="the dataset's repo_id (default local/<bag name>)")
     p.add_argument("--robot", help="the robot namespace to take (default: the only one in the bag)")
-    p.add_argument("--fps", type=positive(int), default=15, help="frames per second of the dataset")
+    p.add_argument("--fps", type=positive(int), default=15, help=f"frames per second of the dataset, 1 to {MAX_FPS} "
+                   "(default: %(default)s)")
     p.add_argument("--task", help="the instruction, when the bag has no <robot>/instruction topic")
     p.add_argument("--robot-type", help="robot_type of the dataset's metadata, e.g. so101")
 
