@@ -261,6 +261,30 @@ def test_remaining_learns_per_type_and_ignores_the_client_hint():
     assert s.expected_remaining("short", 9) == 1.0
 
 
+def test_remaining_keeps_a_bounded_number_of_type_tables():
+    """Clients name the types (the instruction): 50,000 finished tasks with distinct
+    instructions must not grow the server. The type finished longest ago goes first; one that
+    keeps finishing stays."""
+    import tracemalloc
+
+    s = make_scheduler("remaining", max_kinds=100)
+    s.task_finished(_Rec(4), "pick the cube")
+    tracemalloc.start()
+    try:
+        for i in range(50_000):
+            s.task_finished(_Rec(5 + i % 7), f"instruction number {i}")
+            if i % 50 == 0:  # within the last 100 types finished
+                s.task_finished(_Rec(4), "pick the cube")  # a live type keeps its table
+        grown = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert len(s._by_kind) == 100 and grown < 5 << 20, grown
+    assert "pick the cube" in s._by_kind and "instruction number 0" not in s._by_kind
+    assert s.expected_remaining("pick the cube", 2) == pytest.approx(2.0)
+    with pytest.raises(ValueError, match="max_kinds"):
+        make_scheduler("remaining", max_kinds=0)
+
+
 def test_remaining_without_any_finished_task_is_fifo():
     L = TaskLedger()
     for tid in "ABC":

@@ -22,7 +22,7 @@ wait-ratio bucket gave back part of the gain and bought no P95 (reports/fleet/re
 """
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
 
 from ..ledger import wait_ratio
 from .base import Scheduler, top
@@ -56,16 +56,19 @@ class RemainingScheduler(Scheduler):
     name = "remaining"
 
     def __init__(self, buckets: int = 1, aging: int = 4, window: int = 200, unknown_rounds: float = 1000.0,
-                 max_estimate_rounds: float = 1000.0) -> None:
-        if buckets < 1 or aging < 1 or window < 1:
-            raise ValueError("buckets, aging and window must be >= 1")
+                 max_estimate_rounds: float = 1000.0, max_kinds: int = 1024) -> None:
+        if buckets < 1 or aging < 1 or window < 1 or max_kinds < 1:
+            raise ValueError("buckets, aging, window and max_kinds must be >= 1")
         if not (unknown_rounds >= 1 and max_estimate_rounds >= 1):
             raise ValueError("unknown_rounds and max_estimate_rounds must be >= 1")
         self.buckets, self.aging, self.window = int(buckets), int(aging), int(window)
         # The cap bounds every estimate, and with it how long aging needs (starvation bound).
         self.cap = float(max_estimate_rounds)
         self.unknown = min(float(unknown_rounds), self.cap)
-        self._by_kind: dict = {}
+        # One table per task type, at most max_kinds (clients name the types: a fleet sending a
+        # new instruction per task must not grow the server): the type finished longest ago goes.
+        self.max_kinds = int(max_kinds)
+        self._by_kind: OrderedDict = OrderedDict()
         self._all = _Lengths(window)
 
     def task_finished(self, record, kind) -> None:
@@ -77,6 +80,10 @@ class RemainingScheduler(Scheduler):
             lengths = self._by_kind.get(kind)
             if lengths is None:
                 lengths = self._by_kind[kind] = _Lengths(self.window)
+                if len(self._by_kind) > self.max_kinds:
+                    self._by_kind.popitem(last=False)
+            else:
+                self._by_kind.move_to_end(kind)
             lengths.add(r)
 
     def expected_remaining(self, kind, k: int) -> float:
