@@ -69,6 +69,57 @@ def test_a_frame_claiming_more_pixels_than_allowed_is_refused_undecoded(no_decod
         decode_frame("compressed_images[0]", "png", png_claiming(60000, 60000), ObservationSpec())
 
 
+def test_a_requests_frames_share_one_decoded_budget_checked_before_any_decoding(no_decoding):
+    """Per-frame limits alone let every frame of a request claim the most: together they may
+    decode to spec.max_bytes, and a call's frames to the call's budget (DecodeBudget)."""
+    from types import SimpleNamespace
+
+    from robotserve_ros.transport.images import DecodeBudget, decode_frames
+
+    frame = SimpleNamespace(format="png", data=png_claiming(1000, 1000))  # 3 MB decoded each, < 8 MB alone
+    with pytest.raises(PayloadTooLarge, match=r"cams\[2\]: decodes to 3000000 bytes, past the 8388608 bytes its request"):
+        decode_frames("cams", [frame] * 16, ObservationSpec())  # refused at the third header, nothing decoded
+    call = DecodeBudget(5_000_000, "call")
+    with pytest.raises(PayloadTooLarge, match=r"cams\[1\].*5000000 bytes its call"):
+        decode_frames("cams", [frame, frame], ObservationSpec(), call)
+
+
+def test_the_gpu_server_bounds_what_one_call_decodes(monkeypatch):
+    import grpc
+
+    from robotserve_ros.core import EngineProfile
+    from robotserve_ros.core.observation import Observation
+    from robotserve_ros.core.types import InferenceRequest
+    from robotserve_ros.engines.simulated import SimulatedEngine
+    from robotserve_ros.transport import stubs
+    from robotserve_ros.transport.gpu_server import GpuServer
+    from robotserve_ros.transport.tensors import Limits, request_to_pb
+
+    pb, pb_grpc = stubs()
+    req = InferenceRequest("arm/t", 0, observation=Observation(images=[scene(3)], joints=np.zeros(6, np.float32)))
+    eng = SimulatedEngine(EngineProfile({1: 1.0}), chunk_size=8, action_dim=3)  # no observation spec: any size
+    with GpuServer(eng, "127.0.0.1:0", limits=Limits(max_call_decoded_bytes=4_000_000)) as srv, \
+            grpc.insecure_channel(srv.address) as ch:
+        stub = pb_grpc.GpuServerStub(ch)
+        msg = pb.InferBatchRequest(requests=[request_to_pb(pb, req, "png", 3) for _ in range(3)])
+        zeros = encode_frame(np.zeros((1000, 1000, 3), np.uint8), "rgb8", "png", 9)[1]
+        assert len(zeros) < 20_000  # a few KB on the wire, 3 MB decoded
+        for r in msg.requests:
+            r.observation.compressed_images[0].data = zeros
+        import cv2
+
+        calls = []
+        real = cv2.imdecode
+        monkeypatch.setattr(cv2, "imdecode", lambda *a: calls.append(1) or real(*a))
+        with pytest.raises(grpc.RpcError) as e:
+            stub.InferBatch(msg, timeout=5)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "requests[1].observation.compressed_images[0]" in e.value.details() and "its call" in e.value.details()
+        assert len(calls) == 1  # the first frame's: the second was refused from its header
+        ok = stub.InferBatch(pb.InferBatchRequest(requests=[request_to_pb(pb, req, "png", 3)]), timeout=5)
+        assert len(ok.chunks) == 1  # and a good call is served
+
+
 @pytest.mark.parametrize("what, fmt, data, text", [
     ("garbage", "jpeg", b"\x00\x01not an image" * 10, "not a readable jpeg"),
     ("unknown format", "webp", b"RIFF", "is not jpeg or png"),

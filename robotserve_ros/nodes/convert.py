@@ -21,7 +21,7 @@ from ..core.observation import (
 from ..core.rtc import RtcGuide
 from ..core.types import ChunkReply, ExecInfo, HorizonChoice, InferenceRequest
 from ..msg import Status
-from ..transport.images import decode_frame
+from ..transport.images import decode_frames
 from .common import to_sec, to_time
 
 # Core error code ("unknown_task") -> msg/Status code, read from the message's constants so
@@ -39,7 +39,7 @@ def observation_from_msg(m, spec: ObservationSpec, compressed=()) -> Observation
     check_text("observation.instruction", m.instruction, spec.max_instruction_bytes)
     check_size(sum(len(im.data) for im in frames) + 8 * len(m.joint_state.position), spec)
     check_camera_count(len(frames), spec)
-    images = [decode_frame(f"compressed_images[{i}]", im.format, im.data, spec) for i, im in enumerate(compressed)] or \
+    images = decode_frames("compressed_images", compressed, spec) or \
         [decode_image(i, im.encoding, im.width, im.height, im.step, im.data, spec) for i, im in enumerate(m.images)]
     joints = check_joints(m.joint_state.position, spec)
     return Observation(images, joints, m.instruction, int(m.timestep), to_sec(m.header.stamp))

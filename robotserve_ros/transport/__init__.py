@@ -71,6 +71,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-id-bytes", type=int, default=256, help="longest task_id accepted (UTF-8 bytes)")
     p.add_argument("--max-text-bytes", type=int, default=4096, help="longest instruction accepted (UTF-8 bytes)")
     p.add_argument("--max-call-requests", type=int, default=1024, help="most requests in one InferBatch call")
+    p.add_argument("--max-call-decoded-mb", type=float, default=128.0,
+                   help="MiB every compressed camera frame of one call may decode to together, checked from the "
+                        "frames' headers before decoding (default: %(default)s)")
     p.add_argument("--receive-timeout", type=float, default=5.0,
                    help="seconds a call's request may take to arrive; a stalled call is cancelled (its worker freed)")
     p.add_argument("--max-calls-per-peer", type=int, help="calls in flight from one connection (default: 4 x workers, "

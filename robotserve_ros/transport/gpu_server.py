@@ -41,6 +41,7 @@ from ..config import ConfigError, engine_config, relabel
 from ..params import parse_key_values
 from . import DEFAULT_MAX_MESSAGE, TOKEN_ENV, add_arguments, channel_options, stubs  # noqa: F401 (re-exported)
 from .call_guard import CallGuard, GuardLimits
+from .images import DecodeBudget
 from .tensors import BadField, log_failure, Limits, check_rtc, check_spec, request_from_pb, result_to_pb
 
 log = logging.getLogger("robotserve.gpu_server")
@@ -189,7 +190,8 @@ class GpuServicer:
             raise BadField("requests: empty batch")
         if n > lim.max_call_requests:
             raise BadField(f"requests: {n} in one call, at most {lim.max_call_requests}")
-        sent = [request_from_pb(m, i, lim, self.spec) for i, m in enumerate(request.requests)]
+        decoded = DecodeBudget(lim.max_call_decoded_bytes, "call")
+        sent = [request_from_pb(m, i, lim, self.spec, decoded) for i, m in enumerate(request.requests)]
         if self.spec is not None:
             for i, q in enumerate(sent):
                 check_spec(q.observation, self.spec, i)
@@ -393,6 +395,7 @@ def gpu_server_setup(a):
     params.update(parse_key_values(a.engine_param))
     for flag, v in (("--max-message-mb", a.max_message_mb), ("--workers", a.workers), ("--max-id-bytes", a.max_id_bytes),
                     ("--max-text-bytes", a.max_text_bytes), ("--max-call-requests", a.max_call_requests),
+                    ("--max-call-decoded-mb", a.max_call_decoded_mb),
                     ("--receive-timeout", a.receive_timeout), ("--max-calls-per-peer", a.max_calls_per_peer or 1),
                     ("--max-token-requests", a.max_token_requests)):
         if not v > 0:
@@ -423,7 +426,8 @@ def cli(a) -> int:
         srv = GpuServer(engine, a.address, token=token, tls_cert=a.tls_cert, tls_key=a.tls_key,
                         max_message_bytes=int(a.max_message_mb * (1 << 20)), workers=a.workers,
                         limits=Limits(max_id_bytes=a.max_id_bytes, max_text_bytes=a.max_text_bytes,
-                                      max_call_requests=a.max_call_requests),
+                                      max_call_requests=a.max_call_requests,
+                                      max_call_decoded_bytes=int(a.max_call_decoded_mb * (1 << 20))),
                         guard=gpu_guard_limits(a.workers, receive_timeout_s=a.receive_timeout,
                                                max_calls_per_peer=a.max_calls_per_peer),
                         max_token_requests=a.max_token_requests)

@@ -88,13 +88,27 @@ def frame_kind(fmt: str) -> Optional[str]:
     return "jpeg" if "jpeg" in f or "jpg" in f else "png" if "png" in f else None
 
 
-def decode_frame(what: str, fmt: str, data, spec: ObservationSpec) -> np.ndarray:
-    """One compressed frame -> HxWxC uint8 (rgb8 or mono8), or BadObservation / PayloadTooLarge
-    naming `what` (the field). The header is checked against `spec` before a pixel is decoded."""
+class DecodeBudget:
+    """Bytes the frames of a request (or of a whole call) may decode to, together: each frame
+    claims its size from its header before a pixel is decoded, and the one that would pass
+    the budget is refused undecoded. Per-frame limits alone let many small files of zeros
+    claim the most each (docs/security.md)."""
+
+    def __init__(self, limit: int, name: str) -> None:
+        self.limit, self.name, self.used = int(limit), name, 0
+
+    def take(self, what: str, n: int) -> None:
+        if self.used + n > self.limit:
+            raise PayloadTooLarge(f"{what}: decodes to {n} bytes, past the {self.limit} bytes its {self.name} may "
+                                  f"decode to ({self.used} taken already; not decoded)")
+        self.used += n
+
+
+def _header(what: str, fmt: str, data: bytes, spec: ObservationSpec) -> tuple:
+    """A frame's header checked against `spec`: (kind, w, h, encoding, flag, decoded bytes)."""
     kind = frame_kind(fmt)
     if kind is None:
         raise BadObservation(f"{what}: format {fmt[:40]!r} is not jpeg or png")
-    data = bytes(data)
     from PIL import Image as PILImage
 
     try:  # Pillow reads the header only (lazy): the size a file claims, before any decoding
@@ -122,11 +136,39 @@ def decode_frame(what: str, fmt: str, data, spec: ObservationSpec) -> np.ndarray
     if kind == "jpeg" and not data.rstrip(b"\0").endswith(b"\xff\xd9"):
         # libjpeg fills a truncated scan with grey and only warns: the policy must not see that
         raise BadObservation(f"{what}: truncated jpeg (no end-of-image marker)")
+    return kind, w, h, encoding, flag, raw
+
+
+def _decode(what: str, data: bytes, kind: str, w: int, h: int, flag: str) -> np.ndarray:
     cv2 = _cv2()
     img = cv2.imdecode(np.frombuffer(data, np.uint8), getattr(cv2, flag))
     if img is None or img.shape[:2] != (h, w):
         raise BadObservation(f"{what}: corrupt {kind} data")
     return img.reshape(h, w, -1)
+
+
+def decode_frame(what: str, fmt: str, data, spec: ObservationSpec) -> np.ndarray:
+    """One compressed frame -> HxWxC uint8 (rgb8 or mono8), or BadObservation / PayloadTooLarge
+    naming `what` (the field). The header is checked against `spec` before a pixel is decoded."""
+    data = bytes(data)
+    kind, w, h, _, flag, _ = _header(what, fmt, data, spec)
+    return _decode(what, data, kind, w, h, flag)
+
+
+def decode_frames(prefix: str, frames, spec: ObservationSpec, call: Optional[DecodeBudget] = None) -> list:
+    """A request's compressed frames (objects with .format and .data), named `prefix[i]`: every
+    header checked first, their decoded sizes together within spec.max_bytes (the request's
+    budget) and `call`'s (a call's, shared by its requests), then decoded."""
+    budget = DecodeBudget(spec.max_bytes, "request")
+    heads = []
+    for i, f in enumerate(frames):
+        what, data = f"{prefix}[{i}]", bytes(f.data)
+        head = _header(what, f.format, data, spec)
+        budget.take(what, head[5])
+        if call is not None:
+            call.take(what, head[5])
+        heads.append((what, data, head))
+    return [_decode(what, data, kind, w, h, flag) for what, data, (kind, w, h, _, flag, _) in heads]
 
 
 class FrameEncoder:

@@ -19,7 +19,7 @@ from ..core.observation import ENCODINGS, BadObservation, Observation, Observati
 from ..core.rtc import RtcGuide
 from ..core.types import ChunkResult, InferenceRequest
 from . import DEFAULT_MAX_MESSAGE
-from .images import compressible, decode_frame, encode_frame
+from .images import DecodeBudget, compressible, decode_frames, encode_frame
 
 ALLOWED_DTYPES = ("bool", "uint8", "int8", "uint16", "int16", "int32", "int64", "float16", "float32", "float64")
 MAX_DIMS = 8
@@ -42,6 +42,9 @@ class Limits:
     max_images: int = 16  # cameras per observation
     max_call_requests: int = 1024  # requests per call: each becomes a queued task
     max_elements: int = DEFAULT_MAX_MESSAGE  # a message of N bytes holds at most N elements
+    # What every compressed frame of one call may decode to together (100 robots x 3 cameras of
+    # 224x224 rgb8 take 45 MB): a small file of zeros claims many bytes decoded.
+    max_call_decoded_bytes: int = 128 << 20
 
 
 def shown(s, n: int = 32) -> str:
@@ -121,9 +124,11 @@ def _text(s: str, what: str, cap: int) -> None:
         raise BadField(f"{what}: {n} bytes, at most {cap}")
 
 
-def request_from_pb(m, index: int = 0, limits: Limits = Limits(), spec: Optional[ObservationSpec] = None) -> InferenceRequest:
+def request_from_pb(m, index: int = 0, limits: Limits = Limits(), spec: Optional[ObservationSpec] = None,
+                    call_budget: Optional[DecodeBudget] = None) -> InferenceRequest:
     """The index-th request of a call, validated; errors name `requests[index].<field>`.
-    `spec`: the policy's observation spec, which compressed frames are checked against."""
+    `spec`: the policy's observation spec, which compressed frames are checked against;
+    `call_budget`: the bytes every compressed frame of the call may decode to together."""
     at = f"requests[{index}]"
     if not m.task_id:
         raise BadField(f"{at}.task_id: empty")
@@ -143,8 +148,7 @@ def request_from_pb(m, index: int = 0, limits: Limits = Limits(), spec: Optional
         # Decoded against the policy's spec (size checked from the header first); without one,
         # no frame may claim more elements than a message of the server's limit could carry.
         bound = spec or ObservationSpec(encodings=("rgb8", "mono8"), max_bytes=limits.max_elements)
-        images = [decode_frame(f"{at}.observation.compressed_images[{i}]", c.format, c.data, bound)
-                  for i, c in enumerate(o.compressed_images)]
+        images = decode_frames(f"{at}.observation.compressed_images", o.compressed_images, bound, call_budget)
         for i, t in enumerate(o.images):
             where = f"{at}.observation.images[{i}]"
             im = decode(t, where, limits)
