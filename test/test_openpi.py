@@ -166,6 +166,47 @@ def test_api_key_and_healthz(tmp_path):
         srv.stop()
 
 
+def _upgrade(port: int, *headers) -> int:
+    """A websocket upgrade request with extra headers; the HTTP status it gets."""
+    h = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    h.putrequest("GET", "/")
+    for k, v in (("Upgrade", "websocket"), ("Connection", "Upgrade"), ("Sec-WebSocket-Version", "13"),
+                 ("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ=="), *headers):
+        h.putheader(k, v)
+    h.endheaders()
+    return h.getresponse().status
+
+
+def test_two_authorization_headers_are_refused_not_an_error(tmp_path):
+    key = tmp_path / "key"
+    key.write_text("s3cret\n")
+    srv = sim_server(api_key_file=str(key))
+    try:
+        assert _upgrade(srv.port, ("Authorization", "Api-Key s3cret"), ("Authorization", "Api-Key s3cret")) == 401
+        assert _upgrade(srv.port, ("Authorization", "Api-Key s3cret")) == 101
+        assert srv.endpoint.refused["bad_api_key"] == 1
+    finally:
+        srv.stop()
+
+
+def test_a_bare_tcp_connect_is_one_counted_log_line(server, caplog):
+    import logging
+    import socket
+    import time
+
+    caplog.set_level(logging.DEBUG)
+    for _ in range(3):
+        socket.create_connection(("127.0.0.1", server.port)).close()
+    deadline = time.monotonic() + 5
+    while server.endpoint.refused["bad_handshake"] < 3 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert server.endpoint.refused["bad_handshake"] == 3
+    failed = [r for r in caplog.records if "handshake failed" in r.getMessage()]
+    assert len(failed) == 3 and all(r.exc_info is None and r.levelno == logging.INFO for r in failed)
+    assert "Traceback" not in caplog.text
+    assert Client("127.0.0.1", server.port).infer(obs())["actions"].shape == (8, 6)  # and it serves on
+
+
 @pytest.mark.parametrize("content", ["", "  \n"])
 def test_empty_or_unreadable_key_file_stops_the_start(tmp_path, content):
     from robotserve_ros.cli import main

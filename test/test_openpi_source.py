@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from robotserve_ros.transport.tensors import shown
+from robotserve_ros.transport import policy_source
 from robotserve_ros.transport.policy_source import PolicySourceError, hub_patterns, resolve_policy
 
 REV = "0123456789abcdef0123456789abcdef01234567"
@@ -42,6 +43,7 @@ def offline_cache(tmp_path, monkeypatch):
     cache.mkdir()
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # nothing from the network, whatever the test asks
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(policy_source, "HUB", policy_source.HubResolutions())  # each test its own budget
     return cache
 
 
@@ -158,3 +160,55 @@ def test_a_hub_id_is_pinned_once_per_process(offline_cache):
     first = resolve_policy("lerobot/pinned", allow_hub=("lerobot/*",))
     (snap.parent.parent / "refs" / "main").write_text("f" * 40)  # main moves on the hub meanwhile
     assert resolve_policy("lerobot/pinned", allow_hub=("lerobot/*",)) == first  # still the pinned revision
+
+
+def test_hub_resolutions_are_budgeted_and_failures_remembered(offline_cache, monkeypatch):
+    """Clients name hub ids: a name that failed is answered from memory for failure_ttl_s, at
+    most per_window new names are resolved per window (then hub_busy at once), a name being
+    resolved is resolved once for every caller waiting on it."""
+    import threading
+    import time
+
+    now = [0.0]
+    hub = policy_source.HubResolutions(per_window=3, window_s=60.0, failure_ttl_s=300.0, clock=lambda: now[0])
+    monkeypatch.setattr(policy_source, "HUB", hub)
+    allow = ("lerobot/*",)
+    for _ in range(5):  # not in the (offline) cache: one hub call, then the remembered failure
+        with pytest.raises(PolicySourceError) as e:
+            resolve_policy("lerobot/missing", allow_hub=allow)
+        assert e.value.code == "hub_unavailable"
+    assert hub.hub_calls == 1
+    lay_out(offline_cache, "lerobot/a", {"model.safetensors": _weights()})
+    assert resolve_policy("lerobot/a", allow_hub=allow).hub_id == "lerobot/a"
+    with pytest.raises(PolicySourceError):
+        resolve_policy("lerobot/b", allow_hub=allow)
+    with pytest.raises(PolicySourceError) as e:  # a fourth new name in the window
+        resolve_policy("lerobot/c", allow_hub=allow)
+    assert e.value.code == "hub_busy" and hub.hub_calls == 3
+    assert resolve_policy("lerobot/a", allow_hub=allow).hub_id == "lerobot/a"  # pinned: no budget needed
+    now[0] = 61.0  # the window moved on; the failure is still remembered
+    with pytest.raises(PolicySourceError) as e:
+        resolve_policy("lerobot/missing", allow_hub=allow)
+    assert e.value.code == "hub_unavailable" and hub.hub_calls == 3
+    now[0] = 400.0  # remembered no longer: asked again
+    with pytest.raises(PolicySourceError):
+        resolve_policy("lerobot/missing", allow_hub=allow)
+    assert hub.hub_calls == 4
+
+    # one resolution for many callers of the same name at once
+    slow = policy_source.HubResolutions(clock=time.monotonic)
+    calls = []
+
+    def fetch():
+        calls.append(1)
+        time.sleep(0.2)
+        return policy_source.PolicySource("/x", "lerobot/slow", "r")
+
+    got = []
+    threads = [threading.Thread(target=lambda: got.append(slow.resolve(("lerobot/slow", None, "c"), fetch)))
+               for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(5)
+    assert len(calls) == 1 and len(got) == 8 and len(set(got)) == 1

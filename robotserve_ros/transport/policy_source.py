@@ -31,7 +31,8 @@ NOT_ALLOWED = "policy_not_allowed"
 
 
 class PolicySourceError(ValueError):
-    """`code`: policy_not_allowed (outside or missing: one answer), hub_unavailable, not_safetensors."""
+    """`code`: policy_not_allowed (outside or missing: one answer), hub_unavailable, not_safetensors,
+    hub_busy (too many hub ids resolved lately)."""
 
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
@@ -91,16 +92,76 @@ def resolve_policy(spec: str, policy_dirs: Sequence[str] = (), allow_hub: Sequen
     return PolicySource(real)
 
 
-_PINNED: dict = {}  # (hub id, revision asked, cache) -> PolicySource: resolved once per process, then pinned
+class HubResolutions:
+    """Hub ids are named by clients, so resolving them is budgeted: each (id, revision) is
+    resolved once per process and pinned, a failure is remembered for `failure_ttl_s` (asked
+    again, it is answered from memory, not from the hub), at most `per_window` new resolutions
+    start per `window_s` (past that: `hub_busy`, at once), and at most `max_entries` are kept
+    (the oldest go). A name being resolved is resolved once: other callers wait for it."""
+
+    def __init__(self, per_window: int = 8, window_s: float = 60.0, failure_ttl_s: float = 300.0,
+                 max_entries: int = 256, clock=None) -> None:
+        import threading
+        import time
+        from collections import OrderedDict, deque
+
+        self.per_window, self.window_s, self.failure_ttl_s, self.max_entries = per_window, window_s, failure_ttl_s, max_entries
+        self.clock = clock or time.monotonic
+        self.entries: OrderedDict = OrderedDict()  # key -> PolicySource | (PolicySourceError, until) | Event (resolving)
+        self.started: deque = deque()  # when each resolution of the window started
+        self.lock = threading.Lock()
+        self.hub_calls = 0
+
+    def resolve(self, key: tuple, fetch) -> PolicySource:
+        import threading
+
+        while True:
+            with self.lock:
+                now, got = self.clock(), self.entries.get(key)
+                if isinstance(got, PolicySource):
+                    return got
+                if isinstance(got, tuple) and now < got[1]:
+                    raise got[0]
+                if not isinstance(got, threading.Event):
+                    while self.started and now - self.started[0] >= self.window_s:
+                        self.started.popleft()
+                    if len(self.started) >= self.per_window:
+                        raise PolicySourceError("hub_busy", f"{self.per_window} hub ids resolved in the last "
+                                                f"{self.window_s:g} s already; ask again later")
+                    self.started.append(now)
+                    self.hub_calls += 1
+                    mine = self.entries[key] = threading.Event()
+                    break
+            got.wait(60.0)  # another caller is resolving the same name
+        try:
+            result = fetch()
+        except Exception as e:  # noqa: BLE001 - remembered like any failure; never a stuck name
+            err = e if isinstance(e, PolicySourceError) else PolicySourceError(
+                "hub_unavailable", f"hub id {shown(key[0])} could not be resolved: {type(e).__name__}")
+            result = (err, self.clock() + self.failure_ttl_s)
+        with self.lock:
+            self.entries[key] = result
+            self.entries.move_to_end(key)
+            while len(self.entries) > self.max_entries:
+                old_key, old = next(iter(self.entries.items()))
+                if isinstance(old, threading.Event):
+                    break  # being resolved: it stays until done
+                del self.entries[old_key]
+        mine.set()
+        if isinstance(result, tuple):
+            raise result[0]
+        return result
+
+
+HUB = HubResolutions()  # one per process: every endpoint's clients share the budget
 
 
 def _from_hub(hub_id: str, revision: Optional[str], cache_dir: Optional[str]) -> PolicySource:
     from huggingface_hub import constants
 
     key = (hub_id, revision, cache_dir or constants.HF_HUB_CACHE)
-    if key not in _PINNED:  # every client naming it gets the revision the first one pinned, no hub call each
-        _PINNED[key] = _snapshot(hub_id, revision, cache_dir)
-    return _PINNED[key]
+    # every client naming it gets the revision the first one pinned, no hub call each
+    return HUB.resolve(key, lambda: _snapshot(hub_id, revision, cache_dir))
 
 
 def _snapshot(hub_id: str, revision: Optional[str], cache_dir: Optional[str]) -> PolicySource:

@@ -42,6 +42,25 @@ class _Conn:
         self.tokens, self.refilled = float(burst), time.monotonic()
 
 
+class _HandshakeFailures(logging.Filter):
+    """websockets logs a failed opening handshake (a port scan, a bare TCP connect, a health
+    check speaking plain TCP) as an error with its traceback chain: one counted info line
+    instead, so a probe cannot flood the log."""
+
+    def __init__(self, counts: Counter) -> None:
+        super().__init__()
+        self.counts = counts
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.getMessage() == "opening handshake failed" and record.exc_info:
+            exc = record.exc_info[1]
+            self.counts["bad_handshake"] += 1
+            record.msg, record.args = "openpi: opening handshake failed: %s", (shown(str(exc) or type(exc).__name__, 120),)
+            record.exc_info = record.exc_text = None
+            record.levelno, record.levelname = logging.INFO, "INFO"
+        return True
+
+
 class OpenPiEndpoint:
     """openpi's protocol (a msgpack metadata frame, then one observation frame answered by one
     actions frame) served on `runner`'s fleet: each connection is a task of its core,
@@ -57,6 +76,8 @@ class OpenPiEndpoint:
                          **self.keys.metadata(), "control_hz": cfg.control_hz,
                          "horizon": cfg.horizon or self.keys.feats.chunk_len}
         self.refused: Counter = Counter()  # refusals by limit/reason, before or after the core
+        self._ws_log = logging.getLogger(f"robotserve.openpi.ws.{id(self):x}")
+        self._ws_log.addFilter(_HandshakeFailures(self.refused))
         self.counts: Counter = Counter()  # connections, rounds, chunks
         self.mix: Counter = Counter()  # batches with openpi robots, by the protocols in them
         self.active = 0
@@ -89,7 +110,8 @@ class OpenPiEndpoint:
             # max_size: websockets refuses a larger frame from its header, before reading it.
             server = await serve(self._handle, self.cfg.host, self.cfg.port, process_request=self._http,
                                  process_response=self._http_done,
-                                 max_size=self.cfg.max_message_bytes, compression=None, max_queue=4)
+                                 max_size=self.cfg.max_message_bytes, compression=None, max_queue=4,
+                                 logger=self._ws_log)
         except OSError as e:
             self._error = e
             self._ready.set()
@@ -111,7 +133,8 @@ class OpenPiEndpoint:
         if request.path == "/healthz":
             return connection.respond(http.HTTPStatus.OK, "OK\n")
         if self.api_key is not None:
-            given = (request.headers.get("Authorization") or "").encode("utf-8", "replace")
+            values = request.headers.get_all("Authorization")  # two of them: refused, not a 500
+            given = (values[0] if len(values) == 1 else "").encode("utf-8", "replace")
             if not hmac.compare_digest(given, b"Api-Key " + self.api_key):  # constant time
                 self.refused["bad_api_key"] += 1
                 return connection.respond(http.HTTPStatus.UNAUTHORIZED, "missing or wrong API key (Authorization: Api-Key ...)\n")
