@@ -36,11 +36,17 @@ class RtcGuide:
             out.append(f"rtc leftover has {a.shape[1]} values per action, the policy takes {action_dim}")
         if not np.all(np.isfinite(a)):
             out.append("rtc leftover holds a value that is not finite")
-        if self.delay_steps is not None:
-            if self.delay_steps < 0:
-                out.append(f"rtc delay_steps must be >= 0, got {self.delay_steps}")
-            elif self.delay_steps > a.shape[0]:  # RTC §4: only executed leftover actions are frozen
-                out.append(f"rtc delay_steps {self.delay_steps} is longer than the leftover ({a.shape[0]} actions)")
+        if self.delay_steps is not None and self.delay_steps < 0:
+            out.append(f"rtc delay_steps must be >= 0, got {self.delay_steps}")
+        return out
+
+    def sent_problems(self, action_dim: Optional[int] = None) -> list[str]:
+        """problems(), and those of a guide that arrives with its delay set (a remote tier's
+        request): the server that set d never sets it past the leftover (RTC §4: only leftover
+        actions are frozen), so a longer d is a bad request, refused before it joins a batch."""
+        out = self.problems(action_dim)
+        if not out and self.delay_steps is not None and self.delay_steps > self.leftover.shape[0]:
+            out.append(f"rtc delay_steps {self.delay_steps} is longer than the leftover ({self.leftover.shape[0]} actions)")
         return out
 
     def with_delay(self, d: int) -> "RtcGuide":

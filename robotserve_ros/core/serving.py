@@ -462,7 +462,7 @@ class ServingCore:
     def _check_rtc(self, req: InferenceRequest) -> None:
         """An RTC leftover the engine can inpaint (core/rtc.py), and the control rate its d needs."""
         dim, chunk = self.rtc_shape or (None, None)
-        problems = req.rtc.problems(dim) if hasattr(req.rtc, "problems") else ["rtc must be an RtcGuide"]
+        problems = req.rtc.sent_problems(dim) if hasattr(req.rtc, "sent_problems") else ["rtc must be an RtcGuide"]
         k = len(req.rtc.leftover) if not problems else 0
         if chunk is not None and k > chunk:
             problems.append(f"rtc leftover has {k} actions, more than a chunk of {chunk}")

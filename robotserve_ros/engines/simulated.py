@@ -70,7 +70,8 @@ class SimulatedEngine(Engine):
         t0 = req.round_id * self.chunk_size
         actions = (0.5 * np.sin(0.05 * (self._t + t0) + phase)).astype(np.float32)
         d = getattr(req.rtc, "delay_steps", None)
-        if d is not None:  # the RTC stand-in: the frozen prefix is the leftover's
+        if d is not None:  # the RTC stand-in: the frozen prefix is the leftover's (at most all of it)
+            d = min(int(d), len(req.rtc.leftover), len(actions))
             actions[:d] = req.rtc.leftover[:d]
         if not self.updates:
             return ChunkResult(actions, rtc_delay_steps=d)

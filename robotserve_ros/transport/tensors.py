@@ -204,7 +204,7 @@ def check_rtc(req: InferenceRequest, engine, index: int = 0) -> None:
     g, dim, chunk = req.rtc, getattr(engine, "action_dim", None), getattr(engine, "chunk_len", None)
     if g is None:
         return
-    problems = g.problems(dim)
+    problems = g.sent_problems(dim)
     if chunk is not None and len(g.leftover) > chunk:
         problems.append(f"{len(g.leftover)} actions, more than a chunk of {chunk}")
     if problems:
