@@ -45,7 +45,7 @@ import sys
 from dataclasses import dataclass
 
 import numpy as np
-from rclpy.action import ActionServer, CancelResponse
+from rclpy.action import ActionServer, CancelResponse, GoalResponse
 from rclpy.task import Future
 from rclpy.qos import QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
 from sensor_msgs.msg import Image, JointState
@@ -201,7 +201,7 @@ class RobotClientNode(ManagedNode):
         self.task_id, self.done, self.task_start, self.chunk_names = f"{self.robot}/task0", True, None, None
         # Only where goals are taken: each action server is 3 services and 2 topics more for
         # the executor of a process hosting many robots (see LEAN_ABOVE).
-        self.actions = ActionServer(self, RunTask, "~/run_task", self._run_task,
+        self.actions = ActionServer(self, RunTask, "~/run_task", self._run_task, goal_callback=self._on_goal,
                                     cancel_callback=lambda _goal: CancelResponse.ACCEPT) \
             if c.task_source == "action" else None
         self.loop = []
@@ -566,11 +566,19 @@ class RobotClientNode(ManagedNode):
         self.get_logger().info(f"task {self.task_id} {outcome}: {message}")
         return res
 
-    def _goal_error(self, g) -> str:
-        if self.state() != "active":
-            return f"the robot client is {self.state()}, not active"
-        if self.goal is not None:
-            return f"task {self.task_id} is running: cancel it first"
+    def _on_goal(self, g) -> "GoalResponse":
+        """The goal response: a goal that is bad in itself (an unknown success condition, a
+        negative time limit, a horizon without a name) is rejected here, counted and logged;
+        one this robot cannot take now (inactive, busy) is accepted and answered `rejected`
+        with why, in its result."""
+        why = self._bad_goal(g)
+        if why:
+            self.acct.errors["goal_rejected"] += 1
+            self.get_logger().warning(f"RunTask goal rejected: {why}")
+            return GoalResponse.REJECT
+        return GoalResponse.ACCEPT
+
+    def _bad_goal(self, g) -> str:
         if not math.isfinite(g.time_limit_s) or g.time_limit_s < 0:
             return f"time_limit_s {g.time_limit_s} is not >= 0"
         if g.success_condition and g.success_condition not in SUCCESS_CONDITIONS:
@@ -578,6 +586,13 @@ class RobotClientNode(ManagedNode):
         if g.has_horizon and not g.horizon.name:
             return "horizon.name is empty"
         return ""
+
+    def _goal_error(self, g) -> str:
+        if self.state() != "active":
+            return f"the robot client is {self.state()}, not active"
+        if self.goal is not None:
+            return f"task {self.task_id} is running: cancel it first"
+        return self._bad_goal(g)
 
     def _check_goal(self) -> None:
         """Each tick of a goal's task: cancel, time limit, success condition."""
