@@ -82,6 +82,18 @@ def test_a_plugin_knob_is_typed_and_ranged_where_the_plugin_declares_it(knobs, l
     assert str(e.value) == line
 
 
+@pytest.mark.parametrize("tree,line", [
+    ({"services": ["planner"], "planner": {"max_batch": "x"}}, "parameter 'planner.max_batch': 'x' is not an integer"),
+    ({"services": ["vlm"], "vlm": {"shap": "tiny"}}, "parameter 'vlm.shap': given 'tiny', but service 'vlm' has no "
+                                                     "such knob; its knobs: service, shape,"),
+    ({"horizon": {"static": {"h": 2.5}}}, "parameter 'horizon.static.h': 2.5 is not an integer"),
+])
+def test_a_service_or_horizon_section_is_typed_by_its_plugin_before_anything_starts(tree, line):
+    with pytest.raises(ConfigError) as e:
+        from_tree(InferenceServerConfig, tree)
+    assert str(e.value).startswith(line), str(e.value)
+
+
 def test_every_plugin_knob_is_declared_or_read_from_its_factory():
     """Each registered plug-in has one list of knobs (declared, or its factory's keyword
     parameters); the ones whose knobs cannot be known are named here, on purpose."""
@@ -93,6 +105,10 @@ def test_every_plugin_knob_is_declared_or_read_from_its_factory():
     unknown = {f"{r.role} {n}" for r in (ENGINES, SCHEDULERS, HORIZON_POLICIES, PLACEMENTS) for n in r.names()
                if r.knobs(n) is None}
     assert unknown <= {"engine sampled", "engine ray", "placement fill_in_order"}, unknown
+    from robotserve_ros.nodes.services import SERVICES
+
+    # openpi and lerobot check theirs in their own config dataclass; vla_language hands the rest to its engine
+    assert {n for n in SERVICES.names() if SERVICES.knobs(n) is None} <= {"openpi", "lerobot", "vla_language"}
     sched = from_tree(SchedulerConfig, {"name": "remaining", "remaining": {"unknown_rounds": 10}})
     assert sched.chosen == {"unknown_rounds": 10.0} and isinstance(sched.chosen["unknown_rounds"], float)
 

@@ -98,6 +98,8 @@ def in_range(name: str, value, meta: Mapping) -> None:
         check(value <= hi, name, value, f"is not <= {hi}")
 
 
+# Parameters a caller wires, never a config: a service's node.
+WIRING = ("node",)
 # Annotations a config can give a value of; a parameter of any other type (a clock, a profile,
 # a callable) is wiring, not a knob.
 _CONFIGURABLE = (int, float, bool, str, dict, Any)
@@ -135,7 +137,7 @@ def knobs_from_signature(factory: Callable, role: str = "plug-in") -> Optional[t
             seen = {r[0] for r in rows}
             rows += [(f.name, f.type, _same(f)) for f in dataclasses.fields(more) if f.name not in seen]
             continue
-        if p.kind not in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) or p.name == "profile":
+        if p.kind not in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) or p.name in WIRING:
             continue
         has_default = p.default is not p.empty
         hint = hints.get(p.name)

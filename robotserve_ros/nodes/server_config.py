@@ -236,6 +236,10 @@ class InferenceServerConfig(Config):
 
         for name in self.services:
             check_one_of("services", name, SERVICES.names())
+            try:  # its section's knobs, as the service declares them, before anything starts
+                SERVICES.check(name, self.service_params(name))
+            except ConfigError as e:
+                raise e.under(name) from None
         for name, kw in self.horizon.items():
             check_one_of("horizon", name, HORIZON_POLICIES.names())
             check(isinstance(kw, dict), f"horizon.{name}", kw, "is not a section of keyword parameters")
