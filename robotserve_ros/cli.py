@@ -106,7 +106,7 @@ def cmd_workload(a) -> int:
 def demo_scratch_dir() -> Path:
     """Where `robotserve demo` writes unless --out says otherwise: a scratch folder that exists
     wherever the command runs (a checkout or an installed package) and never dirties a git tree;
-    the run of record is made on purpose with --out reports/live."""
+    the run of record is made on purpose with --out reports/live --force."""
     return Path(scratch("demo"))
 
 
@@ -322,7 +322,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--seed", type=seed, default=0)
     d.add_argument("--config", help="with --workload: ROS params file (default config/fleet.yaml)")
     d.add_argument("--out", help="report folder (default: a scratch folder, $TMPDIR/robotserve-demo; "
-                   "the run of record: --out reports/live)")
+                   "the run of record: --out reports/live --force)")
     d.add_argument("--ablation", action="store_true", help="with --workload: also run FIFO with the dynamic horizon")
     d.set_defaults(func=cmd_demo)
 
