@@ -49,14 +49,19 @@ class Registry(Generic[T]):
         except KeyError:
             raise UnknownName(f"unknown {self.role} '{name}'; known: {', '.join(self.names())}") from None
 
+    def _source(self, name: str) -> Callable:
+        """What declares `name`'s knobs: its knobs dataclass, the class it builds, or the factory."""
+        factory, k = self._factory(name), self._knobs.get(name)
+        if k is None or (isinstance(k, type) and hasattr(k, "__dataclass_fields__")):
+            return k or factory
+        return k()  # the class it builds, imported now
+
     def knobs(self, name: str) -> Optional[type]:
         """The knobs dataclass of `name`; None when they cannot be known (a factory taking **kw)."""
-        factory, k = self._factory(name), self._knobs.get(name)
-        if k is None:
-            return knobs_from_signature(factory, self.role)
-        if isinstance(k, type) and hasattr(k, "__dataclass_fields__"):
-            return k
-        return knobs_from_signature(k(), self.role)  # the class it builds, imported now
+        src = self._source(name)
+        if self._knobs.get(name) is src:
+            return src
+        return knobs_from_signature(src, self.role)
 
     def check(self, name: str, params: Mapping) -> dict:
         """Refuse a name or knob the implementation does not take, before building anything:
@@ -75,7 +80,8 @@ class Registry(Generic[T]):
         if knobs is None:
             return factory(**params)
         own = {f.name for f in dataclasses.fields(knobs)}
-        wiring = {k: v for k, v in params.items() if k not in own and k in _named_parameters(factory)}
+        named = _named_parameters(factory) | _named_parameters(self._source(name))  # an engine's link, a clock
+        wiring = {k: v for k, v in params.items() if k not in own and k in named}
         return factory(**wiring, **self.check(name, {k: v for k, v in params.items() if k not in wiring}))
 
     def names(self) -> list[str]:
