@@ -237,6 +237,27 @@ def test_robot_client_lifecycle_and_run_task_goals(ros_ctx):
     assert robot.stop() == 0, robot.output()
 
 
+def test_a_goal_waiting_for_an_unconfigured_server_hears_so_in_its_feedback(ros_ctx):
+    from rclpy.action import ActionClient
+
+    from robotserve_ros.action import RunTask
+
+    ros_ctx.start_node(server_args("autostart:=false"))  # up, but unconfigured: no srv/Infer
+    drive(ros_ctx, "/r4", NAMES)
+    robot = ros_ctx.start_node(client_args("/r4", "command_type:=position", "task_source:=action"))
+    ac = ActionClient(ros_ctx.node, RunTask, "/r4/robot_client/run_task")
+    assert ac.wait_for_server(timeout_sec=20), robot.output()
+    fb: list = []
+    send = ac.send_goal_async(RunTask.Goal(instruction="pick", max_actions=30), feedback_callback=lambda m: fb.append(m.feedback))
+    assert ros_ctx.wait_for(send.done, 10) and send.result().accepted
+    assert ros_ctx.wait_for(lambda: any("waiting for /robotserve/infer" in f.status for f in fb), 10), [f.status for f in fb]
+    assert "not started, or not configured and active" in fb[-1].status and fb[-1].round == 0
+    assert transition(ros_ctx, "/inference_server", "configure") and transition(ros_ctx, "/inference_server", "activate")
+    res = send.result().get_result_async()
+    assert ros_ctx.wait_for(res.done, 30), robot.output()
+    assert res.result().result.outcome == "succeeded" and any(f.status == "running" for f in fb), [f.status for f in fb]
+
+
 def test_named_joints_are_mapped_by_name_and_trajectory_chunks(ros_ctx):
     """The test serves srv/Infer itself: every chunk commands a=1, b=2, c=3 by name."""
     from std_msgs.msg import Float64MultiArray

@@ -505,7 +505,9 @@ class RobotClientNode(ManagedNode):
 
     # --- progress and refresh -------------------------------------------------------------
     def _publish_progress(self, task_done: bool = False) -> None:
-        if self.task_start is None:
+        if self.task_start is None:  # no round sent yet: a goal hears what it waits for
+            if self.goal is not None:
+                self._goal_feedback()
             return
         m = ExecutionProgress()
         m.header.stamp = to_time(self.clock.now())
@@ -524,9 +526,24 @@ class RobotClientNode(ManagedNode):
             m.auth_mac = task_mac(self.task_key, m.task_id, m.round_id, to_ns(m.header.stamp))
         self.progress.publish(m)
         if self.goal is not None and not task_done:
-            self.goal.publish_feedback(RunTask.Feedback(
-                task_id=self.task_id, round=self.chunks, actions_executed=self.queue.timestep, idle_s=self.idle,
-                last_latency_s=self.last_latency_s))
+            self._goal_feedback()
+
+    def _goal_feedback(self) -> None:
+        self.goal.publish_feedback(RunTask.Feedback(
+            task_id=self.task_id, round=self.chunks, actions_executed=self.queue.timestep, idle_s=self.idle,
+            last_latency_s=self.last_latency_s, status=self._waiting_for() or "running"))
+
+    def _waiting_for(self) -> str:
+        """What keeps the task from its next round, for a human ('' when nothing does)."""
+        if not self.cli.service_is_ready():
+            return (f"waiting for {self.cli.srv_name}: no inference server offers it (not started, or not "
+                    "configured and active)")
+        if not self._sensors_ready():
+            c = self.config
+            missing = [t for t, im in zip(c.image_topics, self.images) if im is None]
+            missing += [c.joint_topic] if self.joints is None else []
+            return f"waiting for the robot's sensors: nothing yet on {', '.join(missing)}"
+        return ""
 
     def _on_fetch(self, request, response):
         if request.task_id != self.task_id or not self._sensors_ready():
