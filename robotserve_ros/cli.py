@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-from .cli_types import Parser as _Parser, UsageError, comma_list, positive, seed
+from .cli_types import Parser as _Parser, UsageError, check_out, comma_list, positive, scratch, seed
 from .params import parse_key_values
 
 
@@ -106,10 +106,8 @@ def cmd_workload(a) -> int:
 def demo_scratch_dir() -> Path:
     """Where `robotserve demo` writes unless --out says otherwise: a scratch folder that exists
     wherever the command runs (a checkout or an installed package) and never dirties a git tree;
-    the run of record is made on purpose with --out reports/live."""
-    import tempfile
-
-    return Path(tempfile.gettempdir()) / "robotserve-demo"
+    the run of record is made on purpose with --out reports/live --force."""
+    return Path(scratch("demo"))
 
 
 def cmd_demo(a) -> int:
@@ -191,7 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--scheduler", default="kairos", choices=SCHEDULERS.names(), metavar="NAME",
                    help=f"one of {', '.join(SCHEDULERS.names())}")
     s.add_argument("--scheduler-param", action="append", metavar="KEY=VALUE", help="e.g. buckets=5")
-    s.add_argument("--horizon", choices=("static", "dynamic"), default="static")
+    s.add_argument("--horizon", choices=("static", "dynamic"), default="static", help="execution horizon policy")
     load = s.add_mutually_exclusive_group(required=True)
     load.add_argument("--rate", type=positive(), help="online mode: Poisson task arrivals per second")
     load.add_argument("--robots", type=positive(int), help="fleet mode: robots running the tasks back to back")
@@ -202,7 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench", required=True)
     f = b.add_parser("fleet", help="schedulers x horizons on every built-in workload; Markdown + PNG report")
-    f.add_argument("--out", default="reports/fleet")
+    f.add_argument("--out", default=scratch("fleet"), help="report folder (the report of record: reports/fleet)")
     f.add_argument("--seeds", type=seed, nargs="+", default=[0, 1, 2])
     f.add_argument("--tasks", type=positive(int), default=400)
     f.add_argument("--workloads", nargs="+")
@@ -210,15 +208,16 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--quick", action="store_true", help="one seed, 150 tasks: a smoke run")
     f.set_defaults(func=cmd_bench_fleet)
     rg = b.add_parser("regime", help="where execution-aware ordering pays: sweep + heat map (reports/fleet/regime.md)")
-    rg.add_argument("--out", default="reports/fleet")
+    rg.add_argument("--out", default=scratch("fleet"), help="report folder (the report of record: reports/fleet)")
     rg.add_argument("--seeds", type=seed, nargs="+", default=[0, 1])
     rg.add_argument("--tasks", type=positive(int), default=300)
     rg.add_argument("--workers", type=positive(int))
     rg.add_argument("--quick", action="store_true", help="one seed, 120 tasks: a smoke run")
     rg.set_defaults(func=cmd_bench_regime)
     sc = b.add_parser("scheduler", help="scheduling decision time at 10/100/1000 pending requests")
-    sc.add_argument("--out", default="reports/scheduler_bench.json")
-    sc.add_argument("--sizes", type=positive(int), nargs="+", default=[10, 100, 1000])
+    sc.add_argument("--out", default=scratch("scheduler_bench.json"),
+                    help="result JSON (the record: reports/scheduler_bench.json)")
+    sc.add_argument("--sizes", type=positive(int), nargs="+", default=[10, 100, 1000], help="pending requests to time a decision at")
     sc.add_argument("--repeats", type=positive(int), default=300)
     sc.set_defaults(func=cmd_bench_scheduler)
     # Live benchmarks on real ROS 2 processes (robotserve_ros/bench/transport.py, fleet_live.py).
@@ -251,20 +250,20 @@ def build_parser() -> argparse.ArgumentParser:
     fl.set_defaults(func=cmd_bench_fleet_live)
 
     so = b.add_parser("soak", help="the server under a steady light fleet for minutes: RSS growth, lost chunks, ledger freed")
-    so.add_argument("--minutes", type=positive(), default=20.0)
+    so.add_argument("--minutes", type=positive(), default=20.0, help="how long the fleet runs")
     so.add_argument("--robots", type=positive(int), default=50)
     so.add_argument("--config", help="ROS params file (default config/fleet.yaml)")
-    so.add_argument("--out", default="reports/live/soak.json", help="result JSON")
+    so.add_argument("--out", default=scratch("soak.json"), help="result JSON (the record: reports/live/soak.json)")
     so.add_argument("--memory-trace", action="store_true",
                     help="the server traces Python allocations (tracemalloc; slower) and the report names what grew")
     so.set_defaults(func=cmd_bench_soak)
 
     ch = b.add_parser("chaos", help="faults in a live light fleet: server killed/restarted, robot process killed, server frozen")
     ch.add_argument("--scenarios", nargs="+", default=["server_kill", "client_kill", "server_freeze", "partition"],
-                    choices=["server_kill", "client_kill", "server_freeze", "partition"])
+                    help="faults to inject, one run each", choices=["server_kill", "client_kill", "server_freeze", "partition"])
     ch.add_argument("--robots", type=positive(int), default=10)
     ch.add_argument("--config", help="ROS params file (default config/fleet.yaml)")
-    ch.add_argument("--out", default="reports/live/chaos.json", help="result JSON")
+    ch.add_argument("--out", default=scratch("chaos.json"), help="result JSON (the record: reports/live/chaos.json)")
     ch.set_defaults(func=cmd_bench_chaos)
 
     sec = sub.add_parser("security", help="access control: the SROS 2 policy and keystore script of the fleet")
@@ -323,7 +322,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--seed", type=seed, default=0)
     d.add_argument("--config", help="with --workload: ROS params file (default config/fleet.yaml)")
     d.add_argument("--out", help="report folder (default: a scratch folder, $TMPDIR/robotserve-demo; "
-                   "the run of record: --out reports/live)")
+                   "the run of record: --out reports/live --force)")
     d.add_argument("--ablation", action="store_true", help="with --workload: also run FIFO with the dynamic horizon")
     d.set_defaults(func=cmd_demo)
 
@@ -341,7 +340,30 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--out")
     w.add_argument("--seed", type=seed, default=0)
     w.set_defaults(func=cmd_workload)
+    _add_force(p)
     return p
+
+
+def _subparsers(p: argparse.ArgumentParser):
+    """`p` and every parser under it."""
+    yield p
+    for a in p._actions:
+        if isinstance(a, argparse._SubParsersAction):
+            for sp in a.choices.values():
+                yield from _subparsers(sp)
+
+
+def _add_force(p: argparse.ArgumentParser) -> None:
+    """Every command with --out takes --force: a non-empty --out is written over only then."""
+    for sp in _subparsers(p):
+        opts = sp._option_string_actions
+        if "--out" in opts and "--force" not in opts:
+            sp.add_argument("--force", action="store_true", help="write over a non-empty --out")
+
+
+def _named_out(argv) -> bool:
+    """Whether --out was given on the command line (a default scratch path is ours to reuse)."""
+    return any(x == "--out" or x.startswith("--out=") for x in argv)
 
 
 def _given_paths(args) -> set:
@@ -357,8 +379,11 @@ def _given_paths(args) -> set:
 def main(argv=None) -> int:
     from .core.errors import ConfigError, WorkloadError
 
+    argv = sys.argv[1:] if argv is None else [str(x) for x in argv]
     args = build_parser().parse_args(argv)
     try:
+        if getattr(args, "out", None) and _named_out(argv):
+            check_out(args.out, getattr(args, "force", False))
         return args.func(args)
     except (WorkloadError, ConfigError, UsageError) as e:
         print(f"robotserve: {e}", file=sys.stderr)

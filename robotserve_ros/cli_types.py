@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import math
+import tempfile
+from pathlib import Path
 
 
 class UsageError(Exception):
@@ -45,9 +47,67 @@ def comma_list(choices):
     return parse
 
 
+def scratch(name: str) -> str:
+    """A default output folder or file: a scratch path that exists wherever the command runs
+    (a checkout or an installed package) and never dirties a git tree or the package; a run
+    of record is written on purpose with --out (and --force over the one in git)."""
+    return str(Path(tempfile.gettempdir()) / f"robotserve-{name}")
+
+
+def check_out(path, force: bool) -> None:
+    """Refuse to write over a non-empty --out the user named unless --force: an existing folder
+    with anything in it, or an existing non-empty file (`--out models/metaworld_flow` would
+    otherwise replace the trained policy)."""
+    p = Path(path)
+    full = p.is_dir() and any(p.iterdir()) or p.is_file() and p.stat().st_size > 0
+    if full and not force:
+        raise UsageError(f"--out {str(path)!r} is not empty; name a new or empty one, or add --force to write over it")
+
+
+# Help of the options that mean the same in every command (one wording for one meaning).
+COMMON_HELP = {
+    "--seed": "random seed (a whole number >= 0): the same seed, the same run",
+    "--seeds": "random seeds, one run each",
+    "--workers": "worker processes running cells in parallel (default: one per core)",
+    "--threads": "torch threads",
+    "--repeats": "measured repetitions of each point",
+    "--warmup": "unmeasured warm-up repetitions first",
+    "--out": "where to write the result",
+    "--robots": "robots in the fleet",
+    "--tasks": "tasks to run",
+    "--workloads": "workload names (robotserve workload list; default: all built-in ones)",
+    "--dtype": "model dtype (default: the model folder's)",
+    "--device": "torch device",
+    "--host": "address to listen on (127.0.0.1: this machine only)",
+    "--port": "TCP port to listen on",
+    "--scheduler": "fleet scheduler (core/schedulers registry)",
+    "--scheduler-param": "a scheduler knob KEY=VALUE (repeatable), e.g. buckets=5",
+    "--max-batch": "largest batch the engine gets (default: the engine profile's saturation batch)",
+    "--batch-sizes": "batch sizes to measure",
+    "--report-dir": "Markdown + PNG report folder",
+}
+
+
 class Parser(argparse.ArgumentParser):
+    """`robotserve`'s parser: one-line errors, and every option's help shows its default."""
+
     def error(self, message: str):  # one line naming the argument and what is allowed, no usage dump
         self.exit(2, f"{self.prog}: {message}\n")
 
+    def format_help(self) -> str:
+        for action in self._actions:  # groups add theirs past add_argument: fill them in here
+            finish_help(action)
+        return super().format_help()
 
-__all__ = ["Parser", "UsageError", "comma_list", "positive", "seed"]
+
+def finish_help(action: argparse.Action) -> None:
+    """An option without help takes the common one; a default not yet in its help is shown."""
+    if not action.option_strings or action.help is argparse.SUPPRESS:
+        return
+    action.help = action.help or COMMON_HELP.get(action.option_strings[-1], "")
+    h = action.help
+    if not (any(action.default is x for x in (None, False, argparse.SUPPRESS)) or "%(default)" in h or "default: " in h):
+        action.help = f"{h} (default: %(default)s)".lstrip()
+
+
+__all__ = ["COMMON_HELP", "Parser", "finish_help", "UsageError", "check_out", "comma_list", "positive", "scratch", "seed"]

@@ -22,32 +22,10 @@ from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Optional, TypeVar, Union, get_args, get_origin, get_type_hints
 
 from .core import errors
+from .core.knobs import bad, check, typed
 
 
-class ConfigError(errors.ConfigError):
-    """`parameter 'engine.name': 'x' is not one of ...`: the dotted name and what is wrong."""
-
-    def __init__(self, name: str, what: Optional[str] = None) -> None:
-        super().__init__(name if what is None else f"parameter '{name}': {what}")  # one argument: the whole line
-        self.name, self.what = (name, what) if what is not None else ("", None)
-
-    def under(self, prefix: str) -> "ConfigError":
-        """The same error, its name inside the section `prefix`."""
-        if self.what is None or not prefix:
-            return self
-        return ConfigError(f"{prefix}.{self.name}", self.what)
-
-
-def bad(name: str, value: Any, what: str) -> ConfigError:
-    """`parameter 'rate': 0.0 is not > 0`: the parameter, its value, what is allowed."""
-    if isinstance(value, (list, tuple)):
-        value = list(value)
-    return ConfigError(name, f"{value!r} {what}")
-
-
-def check(ok: bool, name: str, value: Any, what: str) -> None:
-    if not ok:
-        raise bad(name, value, what)
+ConfigError = errors.ConfigError  # `parameter 'engine.name': 'x' is not one of ...`: the dotted name and what is wrong
 
 
 def check_one_of(name: str, value: Any, choices) -> None:
@@ -110,8 +88,13 @@ class PluginConfig(Config):
     params: dict
 
     @classmethod
-    def choices(cls) -> list:
+    def registry(cls):
+        """The registry the names and each one's knobs come from."""
         raise NotImplementedError
+
+    @classmethod
+    def choices(cls) -> list:
+        return cls.registry().names()
 
     @classmethod
     def extra_keys(cls, tree: Mapping, extra: dict) -> dict:
@@ -123,6 +106,12 @@ class PluginConfig(Config):
 
     def check(self) -> None:
         check_one_of("name", self.name, self.choices())
+        # the chosen one's knobs, typed (30 -> 30.0 where a float is declared) before anything is built
+        try:
+            knobs = self.registry().check(self.name, self.params.get(self.name, {}))
+        except ConfigError as e:
+            raise e.under(self.name) from None
+        object.__setattr__(self, "params", {**self.params, self.name: knobs})
 
     @property
     def chosen(self) -> dict:
@@ -196,41 +185,19 @@ def unflatten(values: Mapping[str, Any]) -> dict:
     return tree
 
 
+def _section(name: str, hint, value):
+    """A nested config section from its mapping (knobs.typed's hook); None where hint is no section."""
+    if not (isinstance(hint, type) and issubclass(hint, Config)):
+        return None
+    if isinstance(value, hint):
+        return value
+    check(isinstance(value, Mapping), name, value, "is not a section")
+    return from_tree(hint, value, name)
+
+
 def _typed(name: str, hint, value):
     """value as the field's type (float, int, bool, str, dict, tuple[X, ...], Optional[X], a section)."""
-    if get_origin(hint) in (Union, types.UnionType):  # Optional[X]: None means "not set"
-        if value is None:
-            return None
-        (hint,) = [a for a in get_args(hint) if a is not type(None)]
-    if isinstance(hint, type) and issubclass(hint, Config):
-        if isinstance(value, hint):
-            return value
-        check(isinstance(value, Mapping), name, value, "is not a section")
-        try:
-            return from_tree(hint, value)
-        except ConfigError as e:
-            raise e.under(name) from None
-    if hint is dict or get_origin(hint) is dict:
-        check(isinstance(value, Mapping), name, value, "is not a section (a mapping)")
-        return _copy(dict(value))
-    if get_origin(hint) is tuple:
-        item = get_args(hint)[0]
-        listed = not isinstance(value, (str, bytes, Mapping)) and isinstance(value, Iterable)
-        value = list(value) if listed else value
-        check(listed and all(_KINDS[item][0](x) for x in value), name, value, f"is not a list of {_KINDS[item][2]}")
-        return tuple(float(x) if item is float else x for x in value)
-    ok, one, _ = _KINDS[hint]
-    check(ok(value), name, value, f"is not {one}")
-    return float(value) if hint is float else value
-
-
-_KINDS = {  # type: (accepts, "is not ...", "is not a list of ...")
-    float: (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v),
-            "a finite number", "finite numbers"),
-    int: (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer", "integers"),
-    bool: (lambda v: isinstance(v, bool), "true or false", "booleans"),
-    str: (lambda v: isinstance(v, str), "a string", "strings"),
-}
+    return typed(name, hint, value, _section)
 
 
 def defaults_of(cls) -> dict:
@@ -248,10 +215,10 @@ class SchedulerConfig(PluginConfig):
                          beside=True)
 
     @classmethod
-    def choices(cls) -> list:
+    def registry(cls):
         from .core.schedulers import SCHEDULERS
 
-        return SCHEDULERS.names()
+        return SCHEDULERS
 
     def build(self, at: str = "scheduler"):
         """The scheduler; a bad knob is a ConfigError naming its section (under `at`)."""
@@ -267,7 +234,8 @@ class SchedulerConfig(PluginConfig):
 class EngineConfig(PluginConfig):
     """The model runner and its engine profile (latency vs batch) the scheduler plans with."""
 
-    name: str = param("simulated", "the engine (engines registry): simulated, lerobot, flow, oxygen, sampled, remote")
+    name: str = param("simulated", "the engine (engines registry): simulated, lerobot, flow, oxygen, sampled, remote, "
+                     "ray")
     params: dict = param({}, "each engine's keyword parameters under its name, e.g. lerobot: {policy_dir: D}",
                          beside=True)
     profile: str = param("", "an engine profile of record (robotserve_ros/profiles/NAME.json); '' = the engine's "
@@ -277,10 +245,10 @@ class EngineConfig(PluginConfig):
     latency_ms: tuple[float, ...] = param((), "the explicit profile's latency (ms) at each of batch_sizes")
 
     @classmethod
-    def choices(cls) -> list:
+    def registry(cls):
         from .engines import ENGINES
 
-        return ENGINES.names()
+        return ENGINES
 
     def check(self) -> None:
         super().check()
@@ -328,7 +296,12 @@ def engine_config(name: str, params: Mapping, profile_ms: Optional[Mapping] = No
     if profile_ms:
         pts = sorted((int(b), float(ms)) for b, ms in profile_ms.items())
         kw.update(batch_sizes=tuple(b for b, _ in pts), latency_ms=tuple(ms for _, ms in pts))
-    return EngineConfig(name=name, params={name: dict(params)}, **kw)
+    try:
+        return EngineConfig(name=name, params={name: dict(params)}, **kw)
+    except ConfigError as e:  # a knob of the chosen engine: named as the flat form names it
+        if e.what is not None and e.name.startswith(f"{name}."):
+            raise ConfigError(f"engine_params.{e.name[len(name) + 1:]}", e.what) from None
+        raise
 
 
 def relabel(e: ConfigError, names: Mapping[str, str]) -> ConfigError:

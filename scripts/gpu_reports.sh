@@ -38,9 +38,9 @@ for kind in "${KINDS[@]}"; do
     [ -f "$dir/model.safetensors" ] || "$PY" -m robotserve_ros.cli make-policy --kind "$kind" --size real --out "$dir"
     "$PY" -m robotserve_ros.cli profile --engine lerobot \
         --engine-params "{\"policy_dir\": \"$dir\", \"device\": \"cuda\"}" --batch-sizes "$BATCHES" \
-        --warmup 2 --repeats 5 --variants fp32,bf16,compile,graphs --out "$OUT/${kind}_real_profile.json" \
+        --warmup 2 --repeats 5 --variants fp32,bf16,compile,graphs --out "$OUT/${kind}_real_profile.json" --force \
         --title "$kind (real size, random weights) on $GPU"
     "$PY" -m robotserve_ros.cli bench peer --policy-dir "$dir" --device cuda --max-batch "$MAX_BATCH" \
-        --warmup 2 --repeats 5 --time-cap 540 --out "$OUT/${kind}_real_peer.json"
+        --warmup 2 --repeats 5 --time-cap 540 --out "$OUT/${kind}_real_peer.json" --force
 done
 echo "gpu_reports.sh: reports in $OUT"

@@ -30,7 +30,8 @@ def test_sim_online_writes_the_documented_keys(small_workload, tmp_path, capsys)
     first = json.loads(out.read_text())
     assert REQUIRED <= set(first)
     assert first["tasks"] == 30 and first["horizon"] == "dynamic" and first["scheduler"] == "kairos"
-    assert main(args) == 0  # same seed, same numbers
+    assert main(args) == 2  # a result there already: not written over unless --force
+    assert main(args + ["--force"]) == 0  # same seed, same numbers
     assert json.loads(out.read_text()) == first
 
 

@@ -235,13 +235,16 @@ def test_every_seed_option_refuses_a_negative_seed():
 # --- the registry, where the knob check lives -------------------------------------------------
 
 def test_registries_refuse_unknown_or_mistyped_knobs():
-    with pytest.raises(ConfigError, match=r"no knob 'nosuch'; its knobs: buckets, aging"):
+    with pytest.raises(ConfigError, match=r"'nosuch': given 3, but scheduler 'kairos' has no such knob; its knobs: "
+                                          r"buckets, aging"):
         make_scheduler("kairos", nosuch=3)
-    with pytest.raises(ConfigError, match=r"knob 'buckets' takes a number, got 'x'"):
+    with pytest.raises(ConfigError, match=r"'buckets': 'x' is not an integer"):
         make_scheduler("kairos", buckets="x")
-    with pytest.raises(ConfigError, match=r"'fifo' has no knob 'k'; it takes none"):
+    with pytest.raises(ConfigError, match=r"'buckets': 2.5 is not an integer"):
+        make_scheduler("kairos", buckets=2.5)
+    with pytest.raises(ConfigError, match=r"'k': given 1, but scheduler 'fifo' has no such knob; it takes none"):
         make_scheduler("fifo", k=1)
-    with pytest.raises(ConfigError, match=r"horizon policy 'static' has no knob 'hh'; its knobs: h"):
+    with pytest.raises(ConfigError, match=r"'hh': given 3, but horizon policy 'static' has no such knob; its knobs: h"):
         make_horizon_policy("static", hh=3)
     assert make_scheduler("kairos", buckets=5).buckets == 5  # a knob it takes still works
     assert make_horizon_policy("static", h=7).h == 7
@@ -284,8 +287,9 @@ def test_demo_writes_to_scratch_unless_out_says_otherwise(monkeypatch, capsys):
     seen = []
     monkeypatch.setattr(demo, "run_demo", lambda out, robots, **kw: seen.append(out) or {"runs": {}})
     assert cli.main(["demo", "--robots", "1"]) == 0
-    assert cli.main(["demo", "--robots", "1", "--out", "reports/live"]) == 0
-    assert seen == [cli.demo_scratch_dir(), Path("reports/live")]
+    assert cli.main(["demo", "--robots", "1", "--out", str(ROOT / "reports/live")]) == 2  # the record: --force
+    assert cli.main(["demo", "--robots", "1", "--out", str(ROOT / "reports/live"), "--force"]) == 0
+    assert seen == [cli.demo_scratch_dir(), ROOT / "reports/live"]
     assert ROOT not in cli.demo_scratch_dir().resolve().parents  # never over the tracked reports
     out = capsys.readouterr().out
     assert f"report: {cli.demo_scratch_dir() / 'live_demo.md'}" in out  # it says where the report went
@@ -303,7 +307,7 @@ def test_demo_refuses_a_wrong_workload_before_starting_anything(monkeypatch, cap
 
 
 def test_a_wrong_horizon_knob_fails_when_the_core_is_built(make_core):
-    with pytest.raises(ConfigError, match=r"horizon policy 'static' has no knob 'hh'; its knobs: h"):
+    with pytest.raises(ConfigError, match=r"'hh': given 25, but horizon policy 'static' has no such knob; its knobs: h"):
         make_core(horizon_params={"static": {"hh": 25}})
     core, _ = make_core(horizon_params={"static": {"h": 25}})  # the knobs it takes still build
     assert core is not None
@@ -324,4 +328,5 @@ def test_the_inference_server_names_a_wrong_knob_at_start(param, wrong, knobs):
         proc.stop()
     lines = [ln for ln in proc.stderr().splitlines() if ln.strip()]
     assert code == 2 and len(lines) == 1, proc.output()
-    assert f"'{wrong}'" in lines[0] and knobs in lines[0] and "Traceback" not in proc.output(), proc.output()
+    key = param.split(":=")[0]  # the dotted key, named whole
+    assert f"'{key}'" in lines[0] and knobs in lines[0] and "Traceback" not in proc.output(), proc.output()

@@ -8,6 +8,7 @@ import pytest
 
 from robotserve_ros.config import (Config, ConfigError, EngineConfig, SchedulerConfig, engine_config, flatten,
                                    from_tree, param, relabel, unflatten)
+from robotserve_ros.nodes.server_config import InferenceServerConfig
 
 
 @dataclass(frozen=True)
@@ -59,10 +60,57 @@ def test_a_plugin_section_keeps_each_plugins_knobs_under_its_name_and_uses_the_c
     assert sc.chosen == {} and sc.params["kairos"] == {"buckets": 3}
     assert type(sc.build()).__name__ != type(from_tree(SchedulerConfig, {"name": "kairos"}).build()).__name__
     assert flatten(from_tree(SchedulerConfig, {"kairos": {"buckets": 3}}))["kairos.buckets"][0] == 3
-    with pytest.raises(ConfigError, match=r"^parameter 'scheduler.kairos': no kairos scheduler with \{'nosuch': 1\}"):
-        from_tree(SchedulerConfig, {"name": "kairos", "kairos": {"nosuch": 1}}).build()
+    with pytest.raises(ConfigError, match=r"^parameter 'kairos.nosuch': given 1, but scheduler 'kairos' has no such "
+                                          r"knob; its knobs: buckets, aging"):
+        from_tree(SchedulerConfig, {"name": "kairos", "kairos": {"nosuch": 1}})  # refused before anything is built
     with pytest.raises(ConfigError, match="^parameter 'nosuch': 1 is not a parameter here nor one of "):
         from_tree(SchedulerConfig, {"nosuch": 1})
+
+
+@pytest.mark.parametrize("knobs,line", [
+    ({"chunk_size": 30.5}, "parameter 'engine.simulated.chunk_size': 30.5 is not an integer"),
+    ({"chunk_size": "abc"}, "parameter 'engine.simulated.chunk_size': 'abc' is not an integer"),
+    ({"chunk_size": 0}, "parameter 'engine.simulated.chunk_size': 0 is not >= 1"),
+    ({"chunk_sise": 30}, "parameter 'engine.simulated.chunk_sise': given 30, but engine 'simulated' has no such knob; "
+                         "its knobs: chunk_size, action_dim, steps, updates, realtime, seed"),
+])
+def test_a_plugin_knob_is_typed_and_ranged_where_the_plugin_declares_it(knobs, line):
+    """The engine's own declaration (engines/simulated.py SimulatedKnobs) is the one list: the
+    config refuses a bad knob with its dotted key, value and what is allowed, before building."""
+    with pytest.raises(ConfigError) as e:
+        from_tree(InferenceServerConfig, {"engine": {"name": "simulated", "simulated": knobs}})
+    assert str(e.value) == line
+
+
+@pytest.mark.parametrize("tree,line", [
+    ({"services": ["planner"], "planner": {"max_batch": "x"}}, "parameter 'planner.max_batch': 'x' is not an integer"),
+    ({"services": ["vlm"], "vlm": {"shap": "tiny"}}, "parameter 'vlm.shap': given 'tiny', but service 'vlm' has no "
+                                                     "such knob; its knobs: service, shape,"),
+    ({"horizon": {"static": {"h": 2.5}}}, "parameter 'horizon.static.h': 2.5 is not an integer"),
+])
+def test_a_service_or_horizon_section_is_typed_by_its_plugin_before_anything_starts(tree, line):
+    with pytest.raises(ConfigError) as e:
+        from_tree(InferenceServerConfig, tree)
+    assert str(e.value).startswith(line), str(e.value)
+
+
+def test_every_plugin_knob_is_declared_or_read_from_its_factory():
+    """Each registered plug-in has one list of knobs (declared, or its factory's keyword
+    parameters); the ones whose knobs cannot be known are named here, on purpose."""
+    from robotserve_ros.core.horizon import HORIZON_POLICIES
+    from robotserve_ros.core.placement import PLACEMENTS
+    from robotserve_ros.core.schedulers import SCHEDULERS
+    from robotserve_ros.engines import ENGINES
+
+    unknown = {f"{r.role} {n}" for r in (ENGINES, SCHEDULERS, HORIZON_POLICIES, PLACEMENTS) for n in r.names()
+               if r.knobs(n) is None}
+    assert unknown <= {"engine sampled", "engine ray", "placement fill_in_order"}, unknown
+    from robotserve_ros.nodes.services import SERVICES
+
+    # openpi and lerobot check theirs in their own config dataclass; vla_language hands the rest to its engine
+    assert {n for n in SERVICES.names() if SERVICES.knobs(n) is None} <= {"openpi", "lerobot", "vla_language"}
+    sched = from_tree(SchedulerConfig, {"name": "remaining", "remaining": {"unknown_rounds": 10}})
+    assert sched.chosen == {"unknown_rounds": 10.0} and isinstance(sched.chosen["unknown_rounds"], float)
 
 
 def test_the_command_lines_flat_engine_flags_build_the_engine_section_of_the_nodes():

@@ -330,7 +330,8 @@ def test_many_calls_leave_no_tasks_behind(served):
      "--tls-cert '/nonexistent/cert.pem' is not a readable file"),
     (["--tls-key", "KEY"], "--tls-key 'KEY' is not a readable file"),
     (["--engine", "nosuch"], "--engine 'nosuch' is not one of "),
-    (["--engine-param", "nosuch=1"], "--engine-params no simulated engine with "),
+    (["--engine-param", "nosuch=1"], "--engine-params nosuch: given 1, but engine 'simulated' has no such knob; "),
+    (["--engine-param", "chunk_size=30.5"], "--engine-params chunk_size: 30.5 is not an integer"),
 ])
 def test_gpu_server_refuses_a_wrong_flag_in_one_line(args, line, tmp_path):
     import subprocess

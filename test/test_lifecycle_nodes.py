@@ -42,6 +42,19 @@ def set_params(ctx, node: str, **values) -> list:
     return fut.result().results
 
 
+def set_values(ctx, node: str, values: dict) -> list:
+    """SetParameters with each value's own ROS type (int, double, string, bool), as `ros2 param set` sends."""
+    from rclpy.parameter import Parameter
+    from rcl_interfaces.srv import SetParameters
+
+    cli = ctx.node.create_client(SetParameters, f"{node}/set_parameters")
+    assert cli.wait_for_service(timeout_sec=15)
+    ps = [Parameter(k, value=v).to_parameter_msg() for k, v in values.items()]
+    fut = cli.call_async(SetParameters.Request(parameters=ps))
+    assert ctx.wait_for(fut.done, 10)
+    return fut.result().results
+
+
 def drive(ctx, ns: str, names, hz: float = 20.0) -> None:
     """A robot driver: a 96x96 rgb8 camera and /joint_states in `names`' order, at hz."""
     from sensor_msgs.msg import Image, JointState
@@ -78,6 +91,28 @@ def commanding_robot(ctx, ns: str):
     robot = ctx.start_node(client_args(ns, "command_type:=position", "task_actions:=100000"))
     assert ctx.wait_for(lambda: len(cmds) > 20, 30), robot.output()
     return robot, cmds, progress
+
+
+def test_a_parameter_set_while_unconfigured_is_checked_in_one_line_and_any_plugins_knob_may_be_set(ros_ctx):
+    """`ros2 param set` on an unconfigured server answers what configure would say, naming
+    the dotted key; a knob of an engine not chosen at start (engine.lerobot.policy_dir on a
+    server from config/fleet.yaml) may be set: the reload recipe of docs/lifecycle.md."""
+    srv = ros_ctx.start_node(server_args("autostart:=false"))
+    for values, line in (
+        ({"engine.simulated.chunk_size": "abc"}, "parameter 'engine.simulated.chunk_size': 'abc' is not an integer"),
+        ({"engine.simulated.chunk_size": 30.5}, "parameter 'engine.simulated.chunk_size': 30.5 is not an integer"),
+        ({"engine.simulated.chunk_sise": 30}, "parameter 'engine.simulated.chunk_sise': given 30, but engine "
+                                               "'simulated' has no such knob; its knobs: chunk_size, "),
+    ):
+        (res,) = set_values(ros_ctx, "/inference_server", values)
+        assert not res.successful and res.reason.startswith(line), res.reason
+    missing = "/nonexistent/robotserve-policy"
+    assert all(r.successful for r in set_values(ros_ctx, "/inference_server", {
+        "engine.name": "lerobot", "engine.lerobot.policy_dir": missing}))
+    assert not transition(ros_ctx, "/inference_server", "configure")  # no such policy: refused, said in its log
+    assert ros_ctx.wait_for(lambda: missing in srv.output(), 10), srv.output()
+    assert set_values(ros_ctx, "/inference_server", {"engine.name": "simulated"})[0].successful
+    assert transition(ros_ctx, "/inference_server", "configure"), srv.output()
 
 
 def test_server_lifecycle_and_a_policy_reload_under_a_running_robot(ros_ctx):
@@ -178,8 +213,10 @@ def test_robot_client_lifecycle_and_run_task_goals(ros_ctx):
     ros_ctx.spin(0.7)
     assert len(cmds) == n, "a canceled task kept moving"
 
-    res = run_goal(ros_ctx, ac, [], instruction="x", success_condition="no_such_hook")
-    assert res.outcome == "rejected" and "no_such_hook" in res.message and "action_budget" in res.message
+    # A bad goal is rejected at the goal response (the sender knows at once), the why in the robot's log.
+    send = ac.send_goal_async(RunTask.Goal(instruction="x", success_condition="no_such_hook"))
+    assert ros_ctx.wait_for(send.done, 10) and not send.result().accepted
+    assert ros_ctx.wait_for(lambda: "no_such_hook" in robot.output() and "action_budget" in robot.output(), 5)
 
     res = run_goal(ros_ctx, ac, [], instruction="x", success_condition="first_chunk_executed", max_actions=100000)
     assert res.outcome == "succeeded" and res.rounds >= 1, res
@@ -198,6 +235,27 @@ def test_robot_client_lifecycle_and_run_task_goals(ros_ctx):
     assert transition(ros_ctx, "/r2/robot_client", "activate")
     assert run_goal(ros_ctx, ac, [], instruction="again", max_actions=30).outcome == "succeeded"
     assert robot.stop() == 0, robot.output()
+
+
+def test_a_goal_waiting_for_an_unconfigured_server_hears_so_in_its_feedback(ros_ctx):
+    from rclpy.action import ActionClient
+
+    from robotserve_ros.action import RunTask
+
+    ros_ctx.start_node(server_args("autostart:=false"))  # up, but unconfigured: no srv/Infer
+    drive(ros_ctx, "/r4", NAMES)
+    robot = ros_ctx.start_node(client_args("/r4", "command_type:=position", "task_source:=action"))
+    ac = ActionClient(ros_ctx.node, RunTask, "/r4/robot_client/run_task")
+    assert ac.wait_for_server(timeout_sec=20), robot.output()
+    fb: list = []
+    send = ac.send_goal_async(RunTask.Goal(instruction="pick", max_actions=30), feedback_callback=lambda m: fb.append(m.feedback))
+    assert ros_ctx.wait_for(send.done, 10) and send.result().accepted
+    assert ros_ctx.wait_for(lambda: any("waiting for /robotserve/infer" in f.status for f in fb), 10), [f.status for f in fb]
+    assert "not started, or not configured and active" in fb[-1].status and fb[-1].round == 0
+    assert transition(ros_ctx, "/inference_server", "configure") and transition(ros_ctx, "/inference_server", "activate")
+    res = send.result().get_result_async()
+    assert ros_ctx.wait_for(res.done, 30), robot.output()
+    assert res.result().result.outcome == "succeeded" and any(f.status == "running" for f in fb), [f.status for f in fb]
 
 
 def test_named_joints_are_mapped_by_name_and_trajectory_chunks(ros_ctx):

@@ -147,6 +147,9 @@ def test_bad_inputs_get_clear_errors_and_the_good_robot_keeps_going(ros_ctx):
     vals = counted()
     for code in ("unknown_task", "round_out_of_order"):
         assert vals[f"errors/{code}"] == "1", vals
+    # The operator sees why, not only how many: the last refusal of each kind (robotserve up/status print it).
+    assert "bytes of data" in vals["last_error/bad_observation"], vals  # the truncated image came last
+    assert "round 0 arrived after round 1" in vals["last_error/round_out_of_order"], vals
 
 
 def merge(tree: dict, over: dict) -> dict:

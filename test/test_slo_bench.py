@@ -30,5 +30,5 @@ def test_bench_slo_bad_flags_exit_2_with_one_line(tmp_path, capsys):
     assert "--chunk-tokens" in capsys.readouterr().err
     bad = tmp_path / "bad.json"
     bad.write_text('{"kind": "engine_profile"}')
-    assert main(["bench", "slo", "--out", str(tmp_path), "--profile", str(bad)]) == 2
+    assert main(["bench", "slo", "--out", str(tmp_path / "out"), "--profile", str(bad)]) == 2
     assert "llm_slo_profile" in capsys.readouterr().err

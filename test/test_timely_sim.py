@@ -63,10 +63,10 @@ def test_bench_refuses_a_bad_scheduler_name_with_one_line(tmp_path, capsys):
 
     trace = tmp_path / "t.json"
     trace.write_text("[]")
-    assert main(["bench", "timely", "--trace", str(trace), "--out", str(tmp_path), "--schedulers", "nosuch"]) == 2
+    assert main(["bench", "timely", "--trace", str(trace), "--out", str(tmp_path / "out"), "--schedulers", "nosuch"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "nosuch" in err[0] and "timely" in err[0]
-    assert main(["bench", "timely", "--trace", str(trace), "--out", str(tmp_path), "--sim"]) == 2
+    assert main(["bench", "timely", "--trace", str(trace), "--out", str(tmp_path / "out"), "--sim"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "trace" in err[0]
 

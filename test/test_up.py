@@ -16,7 +16,7 @@ import pytest
 
 from robotserve_ros.cli import main
 from robotserve_ros.launch_description import COMMON_ARGS, default_config, load_launch_file
-from robotserve_ros.live.fleet_status import death_reason, status_line
+from robotserve_ros.live.fleet_status import death_reason, last_errors, plural, status_line, typed
 from rosutil import REPO_ROOT, requires_rclpy, ros_env
 
 CONFIG = str(Path(default_config()).resolve())
@@ -122,6 +122,18 @@ def test_status_line_counts_robots_rounds_errors():
     assert "25 rounds served (+15)" in status_line(now, before) and "errors 4 (+3)" in status_line(now, before)
 
 
+def test_status_names_the_last_refusal_of_each_kind_and_types_its_values():
+    before = {"robots": "1", "served": "10", "errors/bad_observation": "1",
+              "last_error/bad_observation": "robot_0.images[0]: 96x96, the policy takes 32x32"}
+    now = dict(before, **{"errors/bad_observation": "3", "errors/stale": "1", "last_error/stale": "round 4 is old"})
+    assert status_line(before).startswith("1 robot connected,")
+    assert last_errors(before) == ["bad_observation: robot_0.images[0]: 96x96, the policy takes 32x32"]
+    assert last_errors(now, now) == []  # nothing new since: nothing repeated
+    assert last_errors(now, before) == [last_errors(before)[0], "stale: round 4 is old"]
+    assert [typed(v) for v in ("3", "0.25", "None", "True", "nan-ish", "1e3")] == [3, 0.25, None, True, "nan-ish", 1000.0]
+    assert plural(1, "process", "processes") == "1 process" and plural(2, "robot") == "2 robots"
+
+
 def test_death_reason_is_the_error_line_not_see_its_log(tmp_path):
     log = tmp_path / "n.log"
     log.write_text("[INFO] starting\nTraceback (most recent call last):\n  File \"x.py\", line 1\n"
@@ -161,7 +173,9 @@ def test_a_newcomer_sees_the_fleet_work_within_10_s(tmp_path):
     assert seen <= 10.0, f"the fleet showed it works only after {seen} s"
     assert status.returncode == 0, status.stderr
     d = json.loads(status.stdout)
-    assert d["level"] in ("OK", "WARN") and int(d["served"]) > 0 and int(d["robots"]) == 2
+    assert d["level"] in ("OK", "WARN") and d["served"] > 0 and d["robots"] == 2  # numbers as numbers
+    assert "None" not in d.values() and isinstance(d["engine_utilization"], float)
+    assert re.search(r"robotserve up: stopped \d+ process(es)? after \d+ s", out), out[-2000:]  # it says when it stops
 
 
 @requires_rclpy

@@ -56,8 +56,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="result JSON (a Markdown summary is written beside it)")
     p.add_argument("--rates", type=float, nargs="+", default=[2.0, 4.0, 6.0], help="task arrivals per second")
     p.add_argument("--duration", type=float, default=20.0, help="seconds of Poisson arrivals per run (tasks run whole)")
-    p.add_argument("--wan-rtt-ms", type=float, default=100.0)
-    p.add_argument("--rate-mbit", type=float, default=1000.0)
+    p.add_argument("--wan-rtt-ms", type=float, default=100.0, help="round-trip time of the shaped link to the cloud tier, ms")
+    p.add_argument("--rate-mbit", type=float, default=1000.0, help="bandwidth of the shaped link, Mbit/s")
     p.add_argument("--image", type=int, default=96, help="side of each request's rgb8 observation")
     p.add_argument("--seed", type=seed, default=0)
 

@@ -22,13 +22,13 @@ from pathlib import Path
 
 import numpy as np
 
-from ..cli_types import UsageError, positive, seed
+from ..cli_types import UsageError, positive, scratch, seed
 
 TARGET_RATIO, TARGET_DECODE_MS = 5.0, 2.0
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--out", default="reports/live/jpeg.json", help="result JSON")
+    p.add_argument("--out", default=scratch("jpeg.json"), help="result JSON (the record: reports/live/jpeg.json)")
     p.add_argument("--frames", type=positive(int), default=120, help="rendered frames measured")
     p.add_argument("--size", type=positive(int), default=224, help="side of the square camera frame")
     p.add_argument("--quality", type=positive(int), default=90, help="JPEG quality, 1..100")

@@ -46,7 +46,8 @@ def add_arguments(p) -> None:
     p.add_argument("--threads", type=positive(int), default=1, help="engine threads of both backends")
     p.add_argument("--arrival-scale", type=positive(), default=4.0, help="live replay: trace times x this")
     p.add_argument("--live-window", type=positive(), default=10.0, help="live replay: requests of the first N s (scaled)")
-    p.add_argument("--schedulers", nargs="+", default=["timely", "fcfs", "seg_fcfs"], metavar="NAME")
+    p.add_argument("--schedulers", nargs="+", default=["timely", "fcfs", "seg_fcfs"], metavar="NAME",
+                   help="segment schedulers to compare")
     p.add_argument("--slo-requests", type=positive(int), default=16, help="SLO workload: requests per run")
     p.add_argument("--slo-load", type=positive(), default=1.0, help="SLO workload: rate as a multiple of fcfs_cb's knee")
     p.add_argument("--vllm-python", default="", help="the vLLM venv's python ('' = .venv-vllm/bin/python)")

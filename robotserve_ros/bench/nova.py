@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..cli_types import scratch
 from ..core.errors import ConfigError
 from ..core.nova import PartitionPlan, StageProfile, VLMCore, VLMRequest, make_vlm_scheduler, paper_profile
 from ..core.nova.live import NovaServer
@@ -349,9 +350,9 @@ def add_arguments(p) -> None:
                    choices=("tiny", "small", "smolvlm2_500m"), help="vision towers to offload; the last is the record")
     p.add_argument("--requests", type=positive(int), default=300, help="requests per simulated trace")
     p.add_argument("--seeds", type=positive(int), default=3, help="simulated traces per point")
-    p.add_argument("--live-requests", type=positive(int), default=12)
+    p.add_argument("--live-requests", type=positive(int), default=12, help="VLM requests of the live run")
     p.add_argument("--reps", type=positive(int), default=5, help="repetitions per profiled point")
-    p.add_argument("--report-dir", default="reports/nova")
+    p.add_argument("--report-dir", default=scratch("nova"), help="Markdown + PNG report folder (the record: reports/nova)")
     p.add_argument("--pin", action="store_true", help="also pin each worker to its cores (sched_setaffinity)")
     p.set_defaults(func=cli)
 

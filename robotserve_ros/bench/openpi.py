@@ -47,7 +47,7 @@ STAGES = ("submit", "dispatch", "engine_start", "engine_end", "reply")  # the is
 def add_arguments(p) -> None:
     p.add_argument("--out", required=True, help="the report JSON (FILE.meta.json beside it)")
     p.add_argument("--horizon", type=positive(int), default=10, help="actions executed per chunk (ActionChunkBroker)")
-    p.add_argument("--control-hz", type=positive(), default=50.0)
+    p.add_argument("--control-hz", type=positive(), default=50.0, help="control rate of every client, Hz")
     p.add_argument("--seconds", type=positive(), default=8.0, help="measured time per fleet size")
     p.add_argument("--sizes", type=positive(int), nargs="+", default=[1, 2, 4, 6, 8, 12, 16, 24, 32, 48],
                    help=f"fleet sizes tried in order; a server stops at its first hungry size past {MIN_ROWS_TO}")

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..cli_types import scratch
 from ..core.errors import ConfigError
 from .oxygen_modes import (_frame_rates, _load, _obs, _peak_rss_mb, _sync, frame_actions, frame_language_isolated,
                            run_inline, run_poisson)
@@ -242,7 +243,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from ..cli_types import seed
 
     p.add_argument("--out", required=True, help="directory for oxygen.json")
-    p.add_argument("--report-dir", default="reports/oxygen", help="Markdown + PNG report directory")
+    p.add_argument("--report-dir", default=scratch("oxygen"), help="Markdown + PNG report folder (the record: reports/oxygen)")
     p.add_argument("--policy", help="a SmolVLA policy directory (default: build one with random weights)")
     p.add_argument("--size", choices=("default", "real"), default="default",
                    help="the SmolVLA built when --policy is not given: tiny, or SmolVLA's real (450M) shape")
@@ -258,7 +259,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", type=_positive_ints, default=[3], help="frames before measuring (oxygen adds N/k)")
     p.add_argument("--poisson", type=_rates, default=[0.5, 1.0, 2.0],
                    help="Poisson arrival rates (observations per frame), oxygen vs sequential")
-    p.add_argument("--poisson-tokens", type=_positive_ints, default=[20])
+    p.add_argument("--poisson-tokens", type=_positive_ints, default=[20], help="mean language tokens per request (Poisson), one run each")
     p.add_argument("--threads", type=_positive_ints, default=[1], help="torch threads per process")
     p.add_argument("--seed", type=seed, default=0)
 

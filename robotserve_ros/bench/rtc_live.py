@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from ..cli_types import positive
+from ..cli_types import positive, scratch
 
 
 def add_arguments(p) -> None:
@@ -33,7 +33,7 @@ def add_arguments(p) -> None:
     p.add_argument("--trigger-actions", type=positive(int), default=20,
                    help="both runs: the robots send with this many actions left (RTC inpaints a leftover longer "
                         "than the delay; config/fleet.yaml's expected latency leaves about 3)")
-    p.add_argument("--out", default="reports/rtc_serving/rtc_live.json", help="result JSON")
+    p.add_argument("--out", default=scratch("rtc_live.json"), help="result JSON (the record: reports/rtc_serving/rtc_live.json)")
 
 
 def _with_rtc(base: str, rtc: bool, trigger: int, out: Path) -> str:

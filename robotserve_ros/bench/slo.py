@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..cli_types import scratch
 from ..core.errors import ConfigError
 from ..core.slo import LLMProfile, SLO_SCHEDULERS
 from ..machine import machine_info
@@ -62,15 +63,15 @@ LIVE_MIX = LengthMix(short_median=64, short_sigma=0.8, min_prompt=8, p_long=0.12
 def add_arguments(p) -> None:
     from ..cli_types import positive, seed
 
-    p.add_argument("--out", default="reports/slo", help="folder for slo.json, slo.md, slo.png")
+    p.add_argument("--out", default=scratch("slo"), help="folder for slo.json, slo.md, slo.png (the record: reports/slo)")
     p.add_argument("--profile", default=str(PROFILE_OF_RECORD), help="LLM profile JSON (robotserve llm-profile)")
     p.add_argument("--sim-requests", type=positive(int), default=1000, help="requests per simulated run (paper: 1000)")
     p.add_argument("--sim-loads", type=positive(), nargs="+",
                    default=[0.25, 0.5, 0.75, 0.85, 0.95, 1.0, 1.05, 1.15, 1.3, 1.5, 2.0],
                    help="simulated rates as multiples of the rate where fcfs_cb attains 50 %% e2e")
-    p.add_argument("--sim-seeds", type=seed, nargs="+", default=[0, 1, 2])
+    p.add_argument("--sim-seeds", type=seed, nargs="+", default=[0, 1, 2], help="seeds of the simulated runs")
     p.add_argument("--chunk-tokens", type=int, default=256, help="chunked prefill size in the simulator (0: whole prompts)")
-    p.add_argument("--max-decode-batch", type=positive(int), default=16)
+    p.add_argument("--max-decode-batch", type=positive(int), default=16, help="largest decode batch")
     p.add_argument("--live-requests", type=int, default=20, help="requests per live run (0: no live runs)")
     p.add_argument("--live-loads", type=positive(), nargs="+", default=[0.25, 0.5, 0.75, 1.0],
                    help="live rates as multiples of the rate where the simulator puts fcfs_cb at 50 %% e2e")

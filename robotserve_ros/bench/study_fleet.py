@@ -12,6 +12,7 @@ import json
 import os
 import time
 from pathlib import Path
+from ..cli_types import scratch
 
 CONFIGS = (("FIFO", "fifo", "static"), ("Kairos", "kairos", "dynamic"), ("FIFO dynamic", "fifo", "dynamic"),
            ("Kairos static", "kairos", "static"))
@@ -93,7 +94,7 @@ def add_arguments(p) -> None:
     from ..cli_types import positive, seed
 
     p.add_argument("--workloads", nargs="+", default=["pushgust-diffusion", "pushgust-flow-matching"])
-    p.add_argument("--out", default="reports/horizon")
+    p.add_argument("--out", default=scratch("horizon"), help="report folder (the record: reports/horizon)")
     p.add_argument("--seeds", type=seed, nargs="+", default=[0, 1, 2])
     p.add_argument("--tasks", type=positive(int), default=400, help="tasks per run at peak load")
     p.add_argument("--robots", type=positive(int), default=100)

@@ -24,6 +24,7 @@ import threading
 import time
 from pathlib import Path
 
+from ..cli_types import scratch
 from ..core.errors import ConfigError
 from ..core.timely import SCHEDULER_NAMES, SEGMENT_SCHEDULERS, LLMProfile, Plan, SkillTimeModel, TimelyCore, TUF
 from ..profiles import load_llm_profile as load_profile
@@ -51,7 +52,7 @@ def add_arguments(p) -> None:
     p.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
                    help="prefill each whole prompt (default: the kind's system turn is a server-side prefix, "
                         "prefilled once, §4.1)")
-    p.add_argument("--report-dir", default="reports/timely")
+    p.add_argument("--report-dir", default=scratch("timely"), help="Markdown + PNG report folder (the record: reports/timely)")
     p.set_defaults(func=cli)
 
 

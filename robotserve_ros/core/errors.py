@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import re
+from typing import Optional
 
 
 class RequestError(Exception):
@@ -81,7 +82,20 @@ class WorkloadError(ValueError):
 
 class ConfigError(ValueError):
     """A configuration name or value a component cannot take (a CLI flag, a node
-    parameter, a workload name): reported as one line naming it and what is allowed."""
+    parameter, a workload name): reported as one line naming it and what is allowed.
+
+    ConfigError(line), or ConfigError(name, what): `parameter 'engine.name': 'x' is not one
+    of ...`, the dotted name and what is wrong; `under(prefix)` puts it inside a section."""
+
+    def __init__(self, name: str, what: Optional[str] = None) -> None:
+        super().__init__(name if what is None else f"parameter '{name}': {what}")  # one argument: the whole line
+        self.name, self.what = (name, what) if what is not None else ("", None)
+
+    def under(self, prefix: str) -> "ConfigError":
+        """The same error, its name inside the section `prefix`."""
+        if self.what is None or not prefix:
+            return self
+        return ConfigError(f"{prefix}.{self.name}", self.what)
 
 
 class UnknownName(ConfigError, KeyError):

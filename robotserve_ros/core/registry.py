@@ -1,41 +1,22 @@
 """Config name -> implementation. Adding a scheduler or horizon policy is a file plus a line."""
 from __future__ import annotations
 
+import dataclasses
 import inspect
-import numbers
-from typing import Callable, Generic, Mapping, TypeVar
+from typing import Callable, Generic, Mapping, Optional, TypeVar, Union
 
-from .errors import ConfigError, UnknownName
+from .errors import UnknownName
+from .knobs import check_knobs, knobs_from_signature
 
 T = TypeVar("T")
 
 
-def _knobs(factory: Callable) -> dict[str, inspect.Parameter] | None:
-    """The keyword parameters `factory` takes; None when it takes any (**kw) or cannot be read."""
+def _named_parameters(factory: Callable) -> set:
     try:
-        sig = inspect.signature(factory)
-    except (TypeError, ValueError):  # some builtins have no signature: let the call decide
-        return None
-    params = sig.parameters.values()
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
-        return None
-    return {p.name: p for p in params
-            if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)}
-
-
-def _wrong_type(default, value) -> str | None:
-    """What `value` should have been, judged by the knob's default; None when it fits, or
-    the default says nothing (None, an object), or the value is None (the caller's "default")."""
-    if value is None:
-        return None
-    if isinstance(default, bool):
-        return None if isinstance(value, bool) else "true or false"
-    if isinstance(default, (int, float)):
-        ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
-        return None if ok else "a number"
-    if isinstance(default, str):
-        return None if isinstance(value, str) else "a string"
-    return None
+        return {p.name for p in inspect.signature(factory).parameters.values()
+                if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    except (TypeError, ValueError):
+        return set()
 
 
 class Registry(Generic[T]):
@@ -43,16 +24,21 @@ class Registry(Generic[T]):
         """`entries`: the built-in implementations by config name (each registered as below)."""
         self.role = role
         self._items: dict[str, Callable[..., T]] = {}
+        self._knobs: dict[str, Union[type, Callable[[], type], None]] = {}
         for name, factory in (entries or {}).items():
             self.register(name, factory)
 
-    def register(self, name: str, factory: Callable[..., T] | None = None):
-        """Register `factory` under `name`; usable as a decorator. Names are unique."""
+    def register(self, name: str, factory: Callable[..., T] | None = None, *, knobs=None):
+        """Register `factory` under `name`; usable as a decorator. Names are unique. `knobs`:
+        its declared knobs (a dataclass of core.knobs.knob fields), or a function returning
+        the class whose keyword parameters they are (imported on use: torch, grpc); without
+        it, the factory's own keyword parameters."""
 
         def add(f: Callable[..., T]) -> Callable[..., T]:
             if name in self._items and self._items[name] is not f:
                 raise ValueError(f"{self.role} '{name}' is already registered")
             self._items[name] = f
+            self._knobs[name] = knobs
             return f
 
         return add(factory) if factory is not None else add
@@ -63,25 +49,40 @@ class Registry(Generic[T]):
         except KeyError:
             raise UnknownName(f"unknown {self.role} '{name}'; known: {', '.join(self.names())}") from None
 
-    def check(self, name: str, params: Mapping) -> None:
+    def _source(self, name: str) -> Callable:
+        """What declares `name`'s knobs: its knobs dataclass, the class it builds, or the factory."""
+        factory, k = self._factory(name), self._knobs.get(name)
+        if k is None or (isinstance(k, type) and hasattr(k, "__dataclass_fields__")):
+            return k or factory
+        return k()  # the class it builds, imported now
+
+    def knobs(self, name: str) -> Optional[type]:
+        """The knobs dataclass of `name`; None when they cannot be known (a factory taking **kw)."""
+        src = self._source(name)
+        if self._knobs.get(name) is src:
+            return src
+        return knobs_from_signature(src, self.role)
+
+    def check(self, name: str, params: Mapping) -> dict:
         """Refuse a name or knob the implementation does not take, before building anything:
-        UnknownName / ConfigError name the wrong one and what is allowed, so
-        the CLI, the nodes and the LeRobot endpoint all give the same one line."""
-        knobs = _knobs(self._factory(name))
+        UnknownName / ConfigError name the wrong one, its value and what is allowed, so the
+        CLI, the nodes and the LeRobot endpoint all give the same one line. Returns the
+        knobs typed (an int where a float is declared becomes a float)."""
+        knobs = self.knobs(name)
         if knobs is None:
-            return
-        allowed = f"its knobs: {', '.join(knobs)}" if knobs else "it takes none"
-        for k, v in params.items():
-            p = knobs.get(k)
-            if p is None:
-                raise ConfigError(f"{self.role} '{name}' has no knob '{k}'; {allowed}")
-            want = None if p.default is inspect.Parameter.empty else _wrong_type(p.default, v)
-            if want:
-                raise ConfigError(f"{self.role} '{name}' knob '{k}' takes {want}, got {v!r}")
+            return dict(params)
+        return {**params, **check_knobs(knobs, params, f"{self.role} '{name}'")}
 
     def create(self, name: str, **params) -> T:
-        self.check(name, params)
-        return self._factory(name)(**params)
+        """Build `name` from its knobs, checked; the factory's parameters that are no knobs (an
+        engine's profile, a placement's links: wiring the caller supplies) pass as they are."""
+        factory, knobs = self._factory(name), self.knobs(name)
+        if knobs is None:
+            return factory(**params)
+        own = {f.name for f in dataclasses.fields(knobs)}
+        named = _named_parameters(factory) | _named_parameters(self._source(name))  # an engine's link, a clock
+        wiring = {k: v for k, v in params.items() if k not in own and k in named}
+        return factory(**wiring, **self.check(name, {k: v for k, v in params.items() if k not in wiring}))
 
     def names(self) -> list[str]:
         return sorted(self._items)

@@ -184,6 +184,7 @@ class Runner:
         """A request refused before it reached the core (malformed message): count it there."""
         with self.lock:
             self.core.stats.errors[err.code] += 1
+            self.core.stats.last_error[err.code] = str(err)
 
     def dispatch(self) -> list[Dispatch]:
         with self.lock:
@@ -259,6 +260,7 @@ class Runner:
                 self._engine_done(d.tier, started)
             self.failures[d.tier] += 1
             self.core.stats.errors["engine_failure"] += 1
+            self.core.stats.last_error["engine_failure"] = f"tier {d.tier}: {e!r}"
             if d.id in self.core.inflight:
                 self._requeue(d, e)
             tier.busy += 1

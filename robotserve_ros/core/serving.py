@@ -98,6 +98,7 @@ Refresher = Callable[[Sequence[InferenceRequest]], Sequence[Optional[tuple]]]
 @dataclass
 class ServingStats:
     errors: Counter = field(default_factory=Counter)
+    last_error: dict = field(default_factory=dict)  # kind -> the newest refusal's reason, for the operator
     submitted: int = 0
     superseded: int = 0
     dispatched: int = 0
@@ -194,6 +195,7 @@ class ServingCore:
             return self._submit(req)
         except RequestError as e:
             self.stats.errors[e.code] += 1
+            self.stats.last_error[e.code] = str(e)
             raise
 
     def _submit(self, req: InferenceRequest) -> PendingRequest:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ..core.profile import EngineProfile
 from ..core.registry import Registry
-from .simulated import SimulatedEngine
+from .simulated import SimulatedEngine, SimulatedKnobs
 
 ENGINES: Registry = Registry("engine")
 
@@ -58,13 +58,22 @@ def _oxygen(profile, **kw):
     return OxyGenEngine(profile, **kw)
 
 
-ENGINES.register("simulated", lambda profile, **kw: SimulatedEngine(profile, **kw))
-ENGINES.register("remote", _remote)
-ENGINES.register("lerobot", _lerobot)
-ENGINES.register("flow", _flow)
-ENGINES.register("sampled", _sampled)
-ENGINES.register("oxygen", _oxygen)
-ENGINES.register("ray", _ray)
+def _cls(module: str, name: str):
+    """knobs=: the engine class whose keyword parameters are its knobs, imported when asked."""
+    def load():
+        import importlib
+
+        return getattr(importlib.import_module(module, __name__), name)
+    return load
+
+
+ENGINES.register("simulated", lambda profile, **kw: SimulatedEngine(profile, **kw), knobs=SimulatedKnobs)
+ENGINES.register("remote", _remote, knobs=_cls("..transport.remote_engine", "RemoteEngine"))
+ENGINES.register("lerobot", _lerobot, knobs=_cls(".lerobot_engine", "LeRobotEngine"))
+ENGINES.register("flow", _flow, knobs=_cls(".flow_engine", "FlowEngine"))
+ENGINES.register("sampled", _sampled)  # its knobs: inner, k, saturation_batch and the inner engine's
+ENGINES.register("oxygen", _oxygen, knobs=_cls(".oxygen", "OxyGenEngine"))
+ENGINES.register("ray", _ray)  # its knobs: a ray tier's section (nodes/server_config.py RayTierConfig)
 
 
 def make_engine(name: str, profile: EngineProfile, **params):

@@ -16,14 +16,28 @@ from __future__ import annotations
 
 import time
 import zlib
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
 
 from ..core.engine import Engine
+from ..core.knobs import knob
 from ..core.observation import Observation
 from ..core.profile import EngineProfile
 from ..core.types import ChunkResult, InferenceRequest
+
+
+@dataclass(frozen=True)
+class SimulatedKnobs:
+    """The simulated engine's knobs (a config's engine.simulated.*), checked before it is built."""
+
+    chunk_size: int = knob(50, "actions per chunk", lo=1)
+    action_dim: int = knob(6, "action dimensions", lo=1)
+    steps: int = knob(10, "denoising steps whose updates it emits", lo=2)
+    updates: bool = knob(False, "emit per-step denoising updates (the confidence horizon reads them)")
+    realtime: bool = knob(False, "sleep the engine profile's latency for each batch (a live server)")
+    seed: int = knob(0, "seed of the chunks", lo=0)
 
 
 class SimulatedEngine(Engine):

@@ -232,12 +232,12 @@ def add_arguments(p, *, positional: bool = False) -> None:
         p.add_argument("kind", choices=tuple(REAL))
         p.add_argument("out")
     else:
-        p.add_argument("--kind", required=True, choices=tuple(REAL))
+        p.add_argument("--kind", required=True, choices=tuple(REAL), help="policy type")
         p.add_argument("--out", required=True, help="policy directory to write (SmolVLA's VLM goes beside it, OUT_vlm)")
     p.add_argument("--size", choices=SIZES, default="default",
                    help="default: small, quick; real: LeRobot's default architecture at real input size")
-    p.add_argument("--n-obs-steps", type=int)
-    p.add_argument("--cameras", type=int)
+    p.add_argument("--n-obs-steps", type=int, help="observation steps the policy takes (default: the kind's)")
+    p.add_argument("--cameras", type=int, help="camera inputs (default: the kind's)")
     p.add_argument("--image", type=int, help="side of the square camera image")
     p.add_argument("--steps", type=int, help="denoising steps (diffusion, smolvla)")
     p.add_argument("--scheduler", help="DDIM or DDPM (diffusion)")

@@ -381,6 +381,7 @@ def summarize_episodes(run: dict) -> dict:
     return {
         "episodes": len(eps),
         "avg_latency_s": float(np.mean(lat)),
+        "sd_latency_s": float(np.std(lat, ddof=1)) if len(lat) > 1 else float("nan"),
         "p95_latency_s": float(np.percentile(lat, 95)),
         "success": ok / len(eps) if eps else float("nan"),
         "success_ci95": wilson_ci(ok, len(eps)),
@@ -422,17 +423,43 @@ def why_closed_loop(runs: dict) -> str:
             f"{ws['success']:.2f} vs {ls['success']:.2f}.")
 
 
+TARGET_REDUCTION = 0.20  # the closed-loop demo's claimed effect: average episode time 20 % below FIFO's
+
+
+def reduction_ci(f: dict, b: dict) -> tuple[float, float] | None:
+    """95 % CI of the relative reduction of the average episode time (normal approximation of
+    the difference of the two means over FIFO's mean); None without the spreads."""
+    sf, sb = f.get("sd_latency_s", float("nan")), b.get("sd_latency_s", float("nan"))
+    if not (np.isfinite(sf) and np.isfinite(sb)):
+        return None
+    red = (f["avg_latency_s"] - b["avg_latency_s"]) / f["avg_latency_s"]
+    half = 1.96 * float(np.sqrt(sf ** 2 / f["episodes"] + sb ** 2 / b["episodes"])) / f["avg_latency_s"]
+    return red - half, red + half
+
+
 def closed_loop_target(runs: dict) -> dict:
-    """Issue 28's target: >= 20 % lower average episode time than FIFO + static, success not
-    lower within CI: at or above the lower bound of FIFO's 95 % CI (the horizon study's rule)."""
+    """The closed-loop demo's target: >= 20 % lower average episode time than FIFO + static,
+    success not lower within CI: at or above the lower bound of FIFO's 95 % CI (the horizon
+    study's rule). Met only when shown: a 95 % CI (of the reduction, of FIFO's success) wider
+    than the 20 % claimed cannot show it, and the verdict says so instead."""
     fifo, best = _fifo_and_best(runs)
     if best is None:
-        return {"met": False, "why": "a run finished no episode"}
+        return {"met": False, "verdict": "not shown: a run finished no episode", "why": "a run finished no episode"}
     f, b = runs[fifo]["summary"], runs[best]["summary"]
     red = (f["avg_latency_s"] - b["avg_latency_s"]) / f["avg_latency_s"]
     success_ok = b["success"] >= f["success_ci95"][0]
-    return {"fifo": fifo, "aware": best, "avg_latency_reduction": red, "latency_met": red >= 0.20,
-            "success_not_lower": success_ok, "met": bool(red >= 0.20 and success_ok)}
+    ci = reduction_ci(f, b)
+    wide = [f"FIFO's success CI {f['success_ci95'][0]:.2f}-{f['success_ci95'][1]:.2f}"] \
+        if f["success_ci95"][1] - f["success_ci95"][0] > TARGET_REDUCTION else []
+    if ci is not None and ci[1] - ci[0] > TARGET_REDUCTION:
+        wide.append(f"the reduction's CI {100 * ci[0]:.0f} to {100 * ci[1]:.0f} %")
+    shown = not wide
+    point = bool(red >= TARGET_REDUCTION and success_ok)
+    verdict = ("met" if point else "MISSED") if shown else \
+        f"not shown: too few episodes ({' and '.join(wide)}: wider than the {100 * TARGET_REDUCTION:.0f} % claimed)"
+    return {"fifo": fifo, "aware": best, "avg_latency_reduction": red, "reduction_ci95": ci,
+            "latency_met": red >= TARGET_REDUCTION, "success_not_lower": success_ok, "conclusive": shown,
+            "met": point and shown, "verdict": verdict}
 
 
 def write_metaworld_report(results: dict, out_dir: Path) -> None:
@@ -476,10 +503,10 @@ def write_metaworld_report(results: dict, out_dir: Path) -> None:
         by = run["summary"]["success_by_task"]
         lines.append(f"| {label} | " + " | ".join(f"{by[k]:.2f}" if k in by else "-" for k in results["tasks"]) + " |")
     if "avg_latency_reduction" in t:
-        lines += ["", f"Target (issue 28): {t['aware']} >= 20 % below {t['fifo']} in average episode time, success "
+        lines += ["", f"Target: {t['aware']} >= 20 % below {t['fifo']} in average episode time, success "
                       f"not lower within CI (at or above FIFO's lower CI bound): {t['avg_latency_reduction'] * 100:.1f} % lower "
                       f"({'met' if t['latency_met'] else 'MISSED'}), success "
-                      f"{'not lower' if t['success_not_lower'] else 'LOWER'} -> **{'met' if t['met'] else 'MISSED'}**."]
+                      f"{'not lower' if t['success_not_lower'] else 'LOWER'} -> **{t['verdict']}**."]
     lines += ["", "Why: " + results["why"], "", "![episode times](live_demo.png)", ""]
     (out_dir / "live_demo.md").write_text("\n".join(lines))
     print("\n".join(line for line in lines[lines.index("| configuration | episodes | success (95 % CI) | avg episode s "
@@ -490,9 +517,11 @@ def write_metaworld_report(results: dict, out_dir: Path) -> None:
     fig, ax = plt.subplots(1, 2, figsize=(11, 4))
     for label, run in runs.items():
         lat = np.sort([e["latency_s"] for e in run["episodes"]])
-        ax[0].plot(lat, np.arange(1, len(lat) + 1) / max(1, len(lat)), label=label)
+        # the empirical CDF: a step up by 1/n at each episode, from 0 (no episode done yet)
+        ax[0].step(np.concatenate(([0.0], lat)), np.arange(len(lat) + 1) / max(1, len(lat)), where="post", label=label)
         ax[1].hist([e["idle_s"] for e in run["episodes"]], bins=20, alpha=0.5, label=label)
-    ax[0].set(title="episode time (CDF)", xlabel="s", ylabel="share of episodes")
+    ax[0].set(title="episode time (CDF)", xlabel="s", ylabel="share of episodes", ylim=(0, 1.02))
+    ax[0].set_xlim(left=0)
     ax[1].set(title="robot idle time per episode", xlabel="s", ylabel="episodes")
     _save_panels(fig, ax, out_dir / "live_demo.png")
 

@@ -33,6 +33,38 @@ def error_count(d: dict) -> int:
     return sum(_num(d, k, int) for k in d if k.startswith("errors/"))
 
 
+def plural(n: int, word: str, words: str = "") -> str:
+    """'1 robot', '3 robots'; '1 process', '2 processes' (words: the plural when not word + s)."""
+    return f"{n} {word}" if n == 1 else f"{n} {words or word + 's'}"
+
+
+def typed(v: str):
+    """A diagnostics value (always a string on the wire) as JSON would say it: numbers as
+    numbers, None as null, True/False as booleans, anything else the string."""
+    if v in ("None", "True", "False"):
+        return {"None": None, "True": True, "False": False}[v]
+    try:
+        x = json.loads(v)
+    except ValueError:
+        return v
+    return x if isinstance(x, (int, float)) else v
+
+
+def last_errors(d: dict, previous: Optional[dict] = None) -> list[str]:
+    """`kind: reason` of the newest refusal of each error kind (the server's last_error/<kind>);
+    with the previous values, only the kinds whose count grew since."""
+    out = []
+    for k in sorted(d):
+        if k.startswith("errors/"):
+            kind = k[len("errors/"):]
+            if previous is not None and _num(d, k, int) <= _num(previous, k, int):
+                continue
+            reason = d.get(f"last_error/{kind}")
+            if reason:
+                out.append(f"{kind}: {reason}")
+    return out
+
+
 def status_line(d: dict, previous: Optional[dict] = None) -> str:
     """One line of fleet status from the server's diagnostics key/values; with the previous
     ones, what changed since (rounds and errors)."""
@@ -42,7 +74,7 @@ def status_line(d: dict, previous: Optional[dict] = None) -> str:
         since = f" (+{served - _num(previous, 'served', int)})"
     err_since = f" (+{errors - error_count(previous)})" if previous is not None else ""
     util = _num(d, "engine_utilization", float, 0.0)
-    return (f"{_num(d, 'robots', int)} robots connected, {served} rounds served{since}, engine {100 * util:.0f}% busy, "
+    return (f"{plural(_num(d, 'robots', int), 'robot')} connected, {served} rounds served{since}, engine {100 * util:.0f}% busy, "
             f"queue {_num(d, 'queue_length', int)}, in flight {_num(d, 'in_flight', int)}, errors {errors}{err_since}")
 
 
@@ -135,10 +167,13 @@ def cli(a) -> int:
               f"(ROS domain {watch.domain})", file=sys.stderr)
         return 1
     if a.json:
-        print(json.dumps({"level": LEVELS.get(watch.level, str(watch.level)), "message": watch.message, **watch.latest}))
+        values = {k: typed(v) for k, v in watch.latest.items()}
+        print(json.dumps({"level": LEVELS.get(watch.level, str(watch.level)), "message": watch.message, **values}))
         return 0
     print(f"inference server: {LEVELS.get(watch.level, watch.level)}, {watch.message}")
     print(f"  {status_line(watch.latest)}")
+    for line in last_errors(watch.latest):
+        print(f"  last refusal, {line}")
     for k, v in watch.latest.items():
         print(f"  {k}: {v}")
     return 0

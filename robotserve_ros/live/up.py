@@ -20,10 +20,10 @@ def add_arguments(u) -> None:
     u.add_argument("--launch", default="fleet", choices=("fleet", "server", "robot"), help="launch/<name>.launch.py to read")
     u.add_argument("--robots", type=positive(int), help="same as robots:=N")
     u.add_argument("--per-process", type=positive(int), help="same as per_process:=N")
-    u.add_argument("--domain-id", type=positive(int, zero_ok=True))
+    u.add_argument("--domain-id", type=positive(int, zero_ok=True), help="ROS domain (default: $ROS_DOMAIN_ID or 0)")
     u.add_argument("--duration", type=positive(), help="stop after this many seconds")
     u.add_argument("--status-every", type=positive(), default=3.0, help="seconds between fleet status lines")
-    u.add_argument("--log-dir", default="log/up")
+    u.add_argument("--log-dir", default="log/up", help="one log file per process")
     u.add_argument("--dry-run", action="store_true", help="print the commands instead")
 
 
@@ -72,14 +72,16 @@ def cli(a) -> int:
         return 0
     env = ros_env(a.domain_id)
     group = ProcessGroup(specs, env, Path(a.log_dir)).start()
-    print(f"started {len(specs)} processes from launch/{a.launch}.launch.py (logs: {a.log_dir}); Ctrl-C stops them",
+    from .fleet_status import plural
+
+    print(f"started {plural(len(specs), 'process', 'processes')} from launch/{a.launch}.launch.py (logs: {a.log_dir}); Ctrl-C stops them",
           flush=True)
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops the group like Ctrl-C
     t0 = time.monotonic()
     end = t0 + a.duration if a.duration else float("inf")
-    code, watch = 0, None
+    code, watch, why = 0, None, "its --duration ran out"
     try:
-        from .fleet_status import DiagnosticsWatch, status_line
+        from .fleet_status import DiagnosticsWatch, last_errors, status_line
 
         watch = DiagnosticsWatch(env)
         next_line, previous = t0 + a.status_every, None
@@ -87,7 +89,7 @@ def cli(a) -> int:
             bad = group.failed()
             if bad:
                 report_death(group, *bad[0])
-                code = 1
+                code, why = 1, f"{bad[0][0]} exited"
                 break
             watch.spin(0.2)
             now = time.monotonic()
@@ -99,12 +101,15 @@ def cli(a) -> int:
                     line = f"no /diagnostics from the inference server for {now - watch.heard_at:.0f} s"
                 else:
                     line = status_line(watch.latest, previous)
+                    line += "".join(f"\n          last refusal, {e}" for e in last_errors(watch.latest, previous))
                     previous = watch.latest
                 print(f"[{now - t0:5.1f} s] {line}", flush=True)
     except KeyboardInterrupt:
-        pass
+        why = "Ctrl-C (or SIGTERM)"
     finally:
         if watch is not None:
             watch.close()
         group.stop()
+    print(f"robotserve up: stopped {plural(len(specs), 'process', 'processes')} after {time.monotonic() - t0:.0f} s ({why}); "
+          f"logs: {a.log_dir}", flush=True)
     return code

@@ -89,8 +89,16 @@ def declare_config(node, config_class: type[C], writable: bool = False) -> C:
             node.declare_parameter(name, initial if initial != [] else None, desc)
         except ParameterException as e:
             raise ParamError(f"parameter '{name}': {e}") from None
-    given = {n: p.value for n, p in node.get_parameters_by_prefix("").items()
-             if n not in _ROS_OWN and not n.startswith("qos_overrides.") and p.value is not None}
+    return config_from(node, config_class)
+
+
+def config_from(node, config_class: type[C], changes=()) -> C:
+    """config_class from every parameter the node has, with `changes` (rclpy Parameters about
+    to be set) over them: what configure would read, so a set can be refused before it lands."""
+    values = {n: p.value for n, p in node.get_parameters_by_prefix("").items()}
+    values.update((p.name, p.value) for p in changes)
+    given = {n: v for n, v in values.items()
+             if n not in _ROS_OWN and not n.startswith("qos_overrides.") and v is not None}
     return from_tree(config_class, unflatten(given))
 
 

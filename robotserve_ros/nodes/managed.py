@@ -14,21 +14,35 @@ while the node is unconfigured: they are what configure reads.
 """
 from __future__ import annotations
 
+import typing
+
 from rcl_interfaces.msg import ParameterDescriptor, SetParametersResult
 from rclpy.lifecycle import LifecycleNode, TransitionCallbackReturn
 from rclpy.parameter import Parameter
 
-from .common import _field_meta, declare_config, node_options, ParamError
+from ..config import ConfigError, PluginConfig
+from .common import _field_meta, config_from, declare_config, node_options, ParamError
 
 AUTOSTART = "autostart"
 _OK, _FAILED = TransitionCallbackReturn.SUCCESS, TransitionCallbackReturn.FAILURE
 _KINDS = ("timers", "services", "clients", "subscriptions", "publishers", "guards")
 
 
+def _has_plugins(config_class) -> bool:
+    hints = typing.get_type_hints(config_class)
+    return any(isinstance(h, type) and issubclass(h, PluginConfig) for h in hints.values())
+
+
 class ManagedNode(LifecycleNode):
     config_class: type = None  # the node's config dataclass (robotserve_ros/config.py)
 
     def __init__(self, name: str, **kw) -> None:
+        # A node with plug-in sections takes a knob of a plug-in not chosen at start
+        # (engine.lerobot.policy_dir on a simulated server) while unconfigured: _on_set_config
+        # checks every set against the config. (Not every node: robot clients, many to a
+        # process, crashed in rclpy's destroy_service at exit with undeclared parameters allowed.)
+        if _has_plugins(self.config_class):
+            kw = {"allow_undeclared_parameters": True, **kw}
         kw = node_options(kw)
         lean = kw.pop("lean", False)  # no lifecycle services either (many robots in one process)
         super().__init__(name, enable_communication_interface=not lean, **kw)
@@ -120,7 +134,11 @@ class ManagedNode(LifecycleNode):
 
     # --- parameters and entities ---------------------------------------------------------
     def _on_set_config(self, params: list[Parameter]) -> SetParametersResult:
-        if self.state() == "unconfigured":
+        if self.state() == "unconfigured":  # refused now, in the one line configure would give
+            try:
+                config_from(self, self.config_class, [p for p in params if p.name != AUTOSTART])
+            except ConfigError as e:
+                return SetParametersResult(successful=False, reason=str(e))
             return SetParametersResult(successful=True)
         fixed = [p.name for p in params if p.name != AUTOSTART
                  and not _field_meta(self.config_class, p.name).get("runtime", False)]

@@ -45,7 +45,7 @@ import sys
 from dataclasses import dataclass
 
 import numpy as np
-from rclpy.action import ActionServer, CancelResponse
+from rclpy.action import ActionServer, CancelResponse, GoalResponse
 from rclpy.task import Future
 from rclpy.qos import QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
 from sensor_msgs.msg import Image, JointState
@@ -201,7 +201,7 @@ class RobotClientNode(ManagedNode):
         self.task_id, self.done, self.task_start, self.chunk_names = f"{self.robot}/task0", True, None, None
         # Only where goals are taken: each action server is 3 services and 2 topics more for
         # the executor of a process hosting many robots (see LEAN_ABOVE).
-        self.actions = ActionServer(self, RunTask, "~/run_task", self._run_task,
+        self.actions = ActionServer(self, RunTask, "~/run_task", self._run_task, goal_callback=self._on_goal,
                                     cancel_callback=lambda _goal: CancelResponse.ACCEPT) \
             if c.task_source == "action" else None
         self.loop = []
@@ -505,7 +505,9 @@ class RobotClientNode(ManagedNode):
 
     # --- progress and refresh -------------------------------------------------------------
     def _publish_progress(self, task_done: bool = False) -> None:
-        if self.task_start is None:
+        if self.task_start is None:  # no round sent yet: a goal hears what it waits for
+            if self.goal is not None:
+                self._goal_feedback()
             return
         m = ExecutionProgress()
         m.header.stamp = to_time(self.clock.now())
@@ -524,9 +526,24 @@ class RobotClientNode(ManagedNode):
             m.auth_mac = task_mac(self.task_key, m.task_id, m.round_id, to_ns(m.header.stamp))
         self.progress.publish(m)
         if self.goal is not None and not task_done:
-            self.goal.publish_feedback(RunTask.Feedback(
-                task_id=self.task_id, round=self.chunks, actions_executed=self.queue.timestep, idle_s=self.idle,
-                last_latency_s=self.last_latency_s))
+            self._goal_feedback()
+
+    def _goal_feedback(self) -> None:
+        self.goal.publish_feedback(RunTask.Feedback(
+            task_id=self.task_id, round=self.chunks, actions_executed=self.queue.timestep, idle_s=self.idle,
+            last_latency_s=self.last_latency_s, status=self._waiting_for() or "running"))
+
+    def _waiting_for(self) -> str:
+        """What keeps the task from its next round, for a human ('' when nothing does)."""
+        if not self.cli.service_is_ready():
+            return (f"waiting for {self.cli.srv_name}: no inference server offers it (not started, or not "
+                    "configured and active)")
+        if not self._sensors_ready():
+            c = self.config
+            missing = [t for t, im in zip(c.image_topics, self.images) if im is None]
+            missing += [c.joint_topic] if self.joints is None else []
+            return f"waiting for the robot's sensors: nothing yet on {', '.join(missing)}"
+        return ""
 
     def _on_fetch(self, request, response):
         if request.task_id != self.task_id or not self._sensors_ready():
@@ -566,11 +583,19 @@ class RobotClientNode(ManagedNode):
         self.get_logger().info(f"task {self.task_id} {outcome}: {message}")
         return res
 
-    def _goal_error(self, g) -> str:
-        if self.state() != "active":
-            return f"the robot client is {self.state()}, not active"
-        if self.goal is not None:
-            return f"task {self.task_id} is running: cancel it first"
+    def _on_goal(self, g) -> "GoalResponse":
+        """The goal response: a goal that is bad in itself (an unknown success condition, a
+        negative time limit, a horizon without a name) is rejected here, counted and logged;
+        one this robot cannot take now (inactive, busy) is accepted and answered `rejected`
+        with why, in its result."""
+        why = self._bad_goal(g)
+        if why:
+            self.acct.errors["goal_rejected"] += 1
+            self.get_logger().warning(f"RunTask goal rejected: {why}")
+            return GoalResponse.REJECT
+        return GoalResponse.ACCEPT
+
+    def _bad_goal(self, g) -> str:
         if not math.isfinite(g.time_limit_s) or g.time_limit_s < 0:
             return f"time_limit_s {g.time_limit_s} is not >= 0"
         if g.success_condition and g.success_condition not in SUCCESS_CONDITIONS:
@@ -578,6 +603,13 @@ class RobotClientNode(ManagedNode):
         if g.has_horizon and not g.horizon.name:
             return "horizon.name is empty"
         return ""
+
+    def _goal_error(self, g) -> str:
+        if self.state() != "active":
+            return f"the robot client is {self.state()}, not active"
+        if self.goal is not None:
+            return f"task {self.task_id} is running: cancel it first"
+        return self._bad_goal(g)
 
     def _check_goal(self) -> None:
         """Each tick of a goal's task: cancel, time limit, success condition."""

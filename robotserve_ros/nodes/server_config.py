@@ -126,8 +126,8 @@ class PlacementConfig(PluginConfig):
     params: dict = param({}, "each placement's keyword parameters under its name", beside=True)
 
     @classmethod
-    def choices(cls) -> list:
-        return PLACEMENTS.names()
+    def registry(cls):
+        return PLACEMENTS
 
 
 EXECUTORS = ("multithreaded", "single")  # rclpy's; its EventsExecutor cannot send a deferred reply (docs/scale.md)
@@ -236,9 +236,17 @@ class InferenceServerConfig(Config):
 
         for name in self.services:
             check_one_of("services", name, SERVICES.names())
+            try:  # its section's knobs, as the service declares them, before anything starts
+                SERVICES.check(name, self.service_params(name))
+            except ConfigError as e:
+                raise e.under(name) from None
         for name, kw in self.horizon.items():
             check_one_of("horizon", name, HORIZON_POLICIES.names())
             check(isinstance(kw, dict), f"horizon.{name}", kw, "is not a section of keyword parameters")
+            try:  # its knobs, as the policy declares them (core/horizon), before anything starts
+                HORIZON_POLICIES.check(name, kw)
+            except ConfigError as e:
+                raise e.under(f"horizon.{name}") from None
         fieldnames = {f.name for f in fields(self)}
         for name in self.remote_tiers:
             check(name not in fieldnames and name not in self.services, "remote_tiers", name,

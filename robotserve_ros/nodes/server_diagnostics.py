@@ -42,6 +42,7 @@ def server_stats(node) -> dict:
             "replies_replayed": s.replies_replayed,
             "given_up": s.given_up,
             "errors": dict(s.errors),
+            "last_error": dict(s.last_error),
             "refreshes": s.refreshes,
             "refresh_failures": s.refresh_failures,
             "refresh_skipped": s.refresh_skipped,
@@ -102,12 +103,13 @@ class RecentErrors:
 def diagnostic_array(st: dict, stamp, hardware_id: str, recent=None, now: float = 0.0) -> DiagnosticArray:
     """server_stats as one DiagnosticStatus; nested dicts as `group/key` values. The level
     follows `recent` (RecentErrors) when given, else any error ever."""
-    nested = ("errors", "wait_ratio", "served_by_tier", "services", "progress_refused")
+    nested = ("errors", "last_error", "wait_ratio", "served_by_tier", "services", "progress_refused")
     kv = [KeyValue(key=k, value=str(v)) for k, v in st.items() if k not in nested]
     kv += [KeyValue(key=f"services/{n}/{k}", value=str(v)) for n, ss in sorted(st["services"].items())
            for k, v in sorted(ss.items())]
     kv += [KeyValue(key=f"served_by_tier/{k}", value=str(v)) for k, v in sorted(st["served_by_tier"].items())]
     kv += [KeyValue(key=f"errors/{k}", value=str(v)) for k, v in sorted(st["errors"].items())]
+    kv += [KeyValue(key=f"last_error/{k}", value=v) for k, v in sorted(st.get("last_error", {}).items())]
     kv += [KeyValue(key=f"progress_refused/{k}", value=str(v)) for k, v in sorted(st["progress_refused"].items())]
     kv += [KeyValue(key=f"wait_ratio/{r}", value=f"{w:.4f}") for r, w in sorted(st["wait_ratio"].items())]
     level = DiagnosticStatus.WARN if st["errors"] else DiagnosticStatus.OK

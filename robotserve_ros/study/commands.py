@@ -5,6 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from ..cli_types import scratch
+
 
 def cmd_collect(a) -> int:
     from .collect import collect, save_demos
@@ -125,7 +127,7 @@ def cmd_horizon(a) -> int:
         labels_cache=a.labels_cache, tag=a.tag, task=task,
     )
     fam = "flow-matching" if json.loads(cfg_file.read_text()).get("type") == "flow_matching" else "diffusion"
-    out = Path(a.out or f"reports/horizon/{task}-{fam}.json")
+    out = Path(a.out or Path(scratch("horizon")) / f"{task}-{fam}.json")
     learned_out = a.learned_out or (str(Path(a.policy) / "horizon_model.npz") if cfg.learned_scale else None)
     if not a.static and a.h_min is None:
         print("robotserve study horizon: with no --static horizons, give --h-min")
@@ -243,30 +245,31 @@ def add_parser(sub):
     c.add_argument("--out", required=True, help="npz path (keep it out of git)")
     c.set_defaults(func=cmd_collect)
     t = g.add_parser("train", help="train a small state-only DiffusionPolicy on the CPU; save_pretrained into --out")
-    t.add_argument("--demos", required=True)
+    t.add_argument("--demos", required=True, help="demonstrations file (study collect --out)")
     t.add_argument("--out", required=True, help="checkpoint directory (policy + pre/post-processors)")
-    t.add_argument("--steps", type=int, default=7000)
-    t.add_argument("--batch-size", type=int, default=128)
-    t.add_argument("--lr", type=float, default=1e-3)
+    t.add_argument("--steps", type=int, default=7000, help="training steps")
+    t.add_argument("--batch-size", type=int, default=128, help="training batch size")
+    t.add_argument("--lr", type=float, default=1e-3, help="learning rate")
     t.add_argument("--seed", type=seed, default=0)
     t.add_argument("--threads", type=int, default=1, help="torch threads (1 is kind to a shared CPU)")
     t.set_defaults(func=cmd_train)
     f = g.add_parser("train-flow", help="train a small flow-matching action head (Euler sampling) on the CPU")
-    f.add_argument("--demos", required=True)
+    f.add_argument("--demos", required=True, help="demonstrations file (study collect --out)")
     f.add_argument("--out", required=True, help="checkpoint directory (config.json + model.safetensors)")
-    f.add_argument("--steps", type=positive(int), default=8000)
+    f.add_argument("--steps", type=positive(int), default=8000, help="training steps")
     f.add_argument("--hidden", type=positive(int), default=256, help="width of the velocity MLP")
     f.add_argument("--blocks", type=positive(int), default=3, help="residual blocks of the velocity MLP")
-    f.add_argument("--batch-size", type=positive(int), default=256)
-    f.add_argument("--lr", type=float, default=1e-3)
+    f.add_argument("--batch-size", type=positive(int), default=256, help="training batch size")
+    f.add_argument("--lr", type=float, default=1e-3, help="learning rate")
     f.add_argument("--seed", type=seed, default=0)
     f.add_argument("--threads", type=positive(int), default=1, help="torch threads (1 is kind to a shared CPU)")
     f.set_defaults(func=cmd_train_flow)
     h = g.add_parser("horizon", help="success vs mean execution horizon: static H and confidence t (seed 000 Fig. 11)")
     h.add_argument("--policy", required=True, help="checkpoint directory")
-    h.add_argument("--out", default=None, help="JSON of this run (default reports/horizon/<task>-<family>.json); "
+    h.add_argument("--out", default=None, help="JSON of this run (default $TMPDIR/robotserve-horizon/<task>-<family>.json; the record: reports/horizon/); "
                    ".md/.png/.meta.json beside it; study.json and fig11_<task>.png merge every run in its folder")
-    h.add_argument("--static", type=positive(int), nargs="*", default=[1, 2, 3, 4, 6, 8, 12, 16])
+    h.add_argument("--static", type=positive(int), nargs="*", default=[1, 2, 3, 4, 6, 8, 12, 16],
+                   help="static horizons to compare")
     h.add_argument("--thresholds", type=float, nargs="*", default=[0.0, 0.5], help="confidence t (§3.1)")
     h.add_argument("--schedule-t", type=float, nargs="*", default=[0.0, 0.5, 1.0, 2.0],
                    help="schedule-normalised confidence t")

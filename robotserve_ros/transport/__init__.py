@@ -64,8 +64,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--token-file", help=f"file holding the token every call must carry, one per line for several holders "
                    f"(default: ${TOKEN_ENV}; none: no check, logged as a WARNING); an empty file is an error")
     p.add_argument("--tls-cert", help="server certificate (PEM); with --tls-key turns TLS on")
-    p.add_argument("--tls-key")
-    p.add_argument("--max-message-mb", type=float, default=DEFAULT_MAX_MESSAGE / (1 << 20))
+    p.add_argument("--tls-key", help="TLS private key (PEM) of --tls-cert")
+    p.add_argument("--max-message-mb", type=float, default=DEFAULT_MAX_MESSAGE / (1 << 20), help="largest gRPC message, MiB")
     p.add_argument("--workers", type=int, default=8,
                    help="calls served at once; their requests are batched together up to the engine's saturation batch")
     p.add_argument("--max-id-bytes", type=int, default=256, help="longest task_id accepted (UTF-8 bytes)")

@@ -418,8 +418,9 @@ def cli(a) -> int:
         engine = config.build(at="--engine-params")  # a simulated engine gets smolvla_tiny's profile of record
     except (ConfigError, ValueError) as e:
         flag = isinstance(e, ConfigError) and e.name.startswith("--")  # `--engine-params.simulated`: the flag
-        print(f"robotserve gpu-server: {e.name.split('.')[0]} {e.what}" if flag else f"robotserve gpu-server: {e}",
-              file=sys.stderr, flush=True)
+        flag_name, _, key = e.name.partition(".") if flag else ("", "", "")
+        print(f"robotserve gpu-server: {flag_name} {key + ': ' if key else ''}{e.what}" if flag
+              else f"robotserve gpu-server: {e}", file=sys.stderr, flush=True)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s gpu-server %(levelname)s %(message)s")
     try:

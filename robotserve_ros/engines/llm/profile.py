@@ -131,10 +131,13 @@ def measure(engine, *, prompt_tokens=(16, 32, 64, 128, 256), batches=(1, 2, 4, 8
 def add_arguments(p) -> None:
     p.add_argument("--model", type=Path, default=None, help="model folder (default: the converted SmolLM2)")
     p.add_argument("--dtype", choices=["bfloat16", "float32"], default=None, help="default: the folder's")
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--out", type=Path, default=None,
-                   help=f"profile JSON (default: robotserve_ros/profiles/{PROFILE_NAME}.json)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads of the engine")
+    p.add_argument("--repeats", type=int, default=3, help="measured repetitions of each point")
+    from ...cli_types import scratch
+
+    p.add_argument("--out", type=Path, default=Path(scratch(f"{PROFILE_NAME}.json")),
+                   help=f"profile JSON (the one of record, read by every LLM scheduler: "
+                        f"robotserve_ros/profiles/{PROFILE_NAME}.json, written over with --force)")
     p.add_argument("--quick", action="store_true", help="fewer points (a smoke run)")
     p.set_defaults(func=cli)
 
@@ -152,7 +155,7 @@ def cli(args) -> int:
     kw = dict(prompt_tokens=(16, 64), batches=(1, 2), contexts=(64, 128), steps=2) if args.quick else {}
     rec.update(measure(eng, repeats=max(1, args.repeats), **kw))
     rec["loadavg_after"] = os.getloadavg()
-    out = args.out or Path(__file__).resolve().parents[2] / "profiles" / f"{PROFILE_NAME}.json"
+    out = args.out
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(rec, indent=1) + "\n")
     lp = rec["llm_profile"]

@@ -30,9 +30,14 @@ SERVICES: Registry = Registry("service")
 
 def _lazy(module: str, cls: str):
     def make(node, **params):
-        return getattr(importlib.import_module(module, __name__), cls)(node, **params)
+        return _class(module, cls)()(node, **params)
 
     return make
+
+
+def _class(module: str, cls: str):
+    """The service class, imported when asked: its keyword parameters are the section's knobs."""
+    return lambda: getattr(importlib.import_module(module, __name__), cls)
 
 
 # name -> (module relative to this package, class). One line per service.
@@ -44,4 +49,5 @@ for _name, (_module, _cls) in {
     "openpi": (".openpi", "OpenPiService"),  # unchanged openpi clients on this fleet (transport/openpi)
     "lerobot": (".lerobot", "LeRobotService"),  # unchanged LeRobot robot_clients on this fleet (transport/lerobot)
 }.items():
-    SERVICES.register(_name, _lazy(_module, _cls))
+    # openpi and lerobot take **params into their own config dataclass, which checks them
+    SERVICES.register(_name, _lazy(_module, _cls), knobs=None if _name in ("openpi", "lerobot") else _class(_module, _cls))

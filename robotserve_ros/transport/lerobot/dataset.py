@@ -256,7 +256,11 @@ def cli(a) -> int:
     if not Path(a.bag).is_dir():
         raise UsageError(f"bag {a.bag!r}: no such bag directory")
     if Path(a.out).exists():
-        raise UsageError(f"--out {a.out!r} exists already; give a new folder")
+        if not a.force:
+            raise UsageError(f"--out {a.out!r} exists already; give a new folder, or add --force to write over it")
+        import shutil
+
+        shutil.rmtree(a.out)  # LeRobot writes a dataset into a folder that is not there yet
     repo_id = a.repo_id or f"local/{Path(a.bag).resolve().name}"
     res = record_dataset(a.bag, a.out, repo_id, robot=a.robot, fps=a.fps, task=a.task, robot_type=a.robot_type)
     print(f"wrote {res['frames']} frames in {res['episodes']} episode(s) to {res['root']} (repo_id {repo_id}); "

@@ -32,9 +32,10 @@ def add_arguments(p) -> None:
                    help="actions per reply (0: the whole chunk)")
     p.add_argument("--key-map", action="append", metavar="OPENPI_KEY=FEATURE",
                    help="e.g. observation/image=observation.images.cam0 (default: openpi's conventions)")
-    p.add_argument("--max-connections", type=positive(int), default=e.max_connections)
+    p.add_argument("--max-connections", type=positive(int), default=e.max_connections, help="open websockets at most")
     p.add_argument("--max-rate-hz", type=positive(), default=e.max_rate_hz, help="infer calls per second per robot")
-    p.add_argument("--max-message-bytes", type=positive(int), default=e.max_message_bytes)
+    p.add_argument("--max-message-bytes", type=positive(int), default=e.max_message_bytes,
+                   help="largest message a client may send")
     p.add_argument("--stats-every", type=positive(zero_ok=True), default=0.0, help="print stats as JSON every N s")
     p.add_argument("--rtc", action="store_true", help="real-time chunking: each round's leftover rebuilt from the "
                    "robot's last chunk and the time since (an engine that inpaints; docs/rtc_serving.md)")
