@@ -23,7 +23,7 @@ def transition(ctx, node: str, label: str) -> bool:
     ids = {"configure": Transition.TRANSITION_CONFIGURE, "activate": Transition.TRANSITION_ACTIVATE,
            "deactivate": Transition.TRANSITION_DEACTIVATE, "cleanup": Transition.TRANSITION_CLEANUP}
     cli = ctx.node.create_client(ChangeState, f"{node}/change_state")
-    assert cli.wait_for_service(timeout_sec=15), f"{node} has no lifecycle services"
+    assert cli.wait_for_service(timeout_sec=60), f"{node} has no lifecycle services"
     fut = cli.call_async(ChangeState.Request(transition=Transition(id=ids[label])))
     assert ctx.wait_for(fut.done, 30), f"{node}: no answer to {label}"
     return fut.result().success
@@ -34,7 +34,7 @@ def set_params(ctx, node: str, **values) -> list:
     from rcl_interfaces.srv import SetParameters
 
     cli = ctx.node.create_client(SetParameters, f"{node}/set_parameters")
-    assert cli.wait_for_service(timeout_sec=15)
+    assert cli.wait_for_service(timeout_sec=60)
     ps = [Parameter(name=k, value=ParameterValue(type=ParameterType.PARAMETER_STRING_ARRAY, string_array_value=v))
           for k, v in values.items()]
     fut = cli.call_async(SetParameters.Request(parameters=ps))
@@ -48,7 +48,7 @@ def set_values(ctx, node: str, values: dict) -> list:
     from rcl_interfaces.srv import SetParameters
 
     cli = ctx.node.create_client(SetParameters, f"{node}/set_parameters")
-    assert cli.wait_for_service(timeout_sec=15)
+    assert cli.wait_for_service(timeout_sec=60)
     ps = [Parameter(k, value=v).to_parameter_msg() for k, v in values.items()]
     fut = cli.call_async(SetParameters.Request(parameters=ps))
     assert ctx.wait_for(fut.done, 10)

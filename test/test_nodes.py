@@ -56,7 +56,8 @@ class Caller:
         # 10) on the client's side would drop the oldest before they are sent (a fleet has one
         # client per robot, each with one call out).
         self.cli = ctx.node.create_client(Infer, SERVICE, qos_profile=service_qos(100))
-        assert self.cli.wait_for_service(timeout_sec=15), "inference server did not come up"
+        # a server with a real policy imports torch and LeRobot first: ~17 s on 2 busy cores
+        assert self.cli.wait_for_service(timeout_sec=60), "inference server did not come up"
 
     def send(self, req):
         return self.cli.call_async(req)

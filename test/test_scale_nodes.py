@@ -32,7 +32,7 @@ def test_more_calls_wait_than_the_executor_has_threads_and_all_are_answered(ros_
     assert c.call(make_request("warm", 0)).status.reason == "ok"
     before = _threads(proc.pid)
     flood = ros_ctx.node.create_client(Infer, "/robotserve/infer", qos_profile=deep_qos())
-    assert flood.wait_for_service(timeout_sec=10)
+    assert flood.wait_for_service(timeout_sec=60)
     futs = [flood.call_async(make_request(f"r{i}", 0)) for i in range(50)]
     waiters, threads = [], []
 

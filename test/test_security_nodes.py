@@ -60,7 +60,7 @@ def test_infer_past_its_waiting_calls_is_overloaded_never_dropped(ros_ctx):
     c = Caller(ros_ctx)
     assert c.call(make_request("good", 0)).status.reason == "ok"
     flood = ros_ctx.node.create_client(Infer, "/robotserve/infer", qos_profile=deep_qos())
-    assert flood.wait_for_service(timeout_sec=10)
+    assert flood.wait_for_service(timeout_sec=60)
     futs = [flood.call_async(make_request(f"flood{i}", 0)) for i in range(40)]
     during = c.send(make_request("good", 1, exec_info=(c.now(), 2)))
     assert ros_ctx.wait_for(lambda: all(f.done() for f in futs) and during.done(), 60), \
