@@ -1,0 +1,10 @@
+"""The one port between client protocols and the serving core (pure Python: no rclpy, grpc
+or torch imports). `build_fleet` puts engines, tiers, placement, the core and its Runner
+together once; `Fleet.session(protocol, robot, auth)` opens a protocol's way in;
+`Session.submit(req)` returns a future of the round's reply. See fleet.py."""
+from __future__ import annotations
+
+from .build import TierSet, build_fleet, build_tiers, fleet_over
+from .fleet import REFUSALS, Fleet, Proof, Refused, Session
+
+__all__ = ["REFUSALS", "Fleet", "Proof", "Refused", "Session", "TierSet", "build_fleet", "build_tiers", "fleet_over"]
