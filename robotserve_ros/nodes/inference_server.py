@@ -1,22 +1,17 @@
-"""The inference server node: srv/Infer in, trimmed action chunks out, the core in between.
+"""The inference server node: srv/Infer in, trimmed action chunks out, the fleet in between.
 
-srv/Infer is a codec (convert.py) plus a session of the fleet (serve/): each call validates
-its request, submits it to its session and returns; its reply is sent (from the thread that
-finishes the round, nodes/deferred.py) when the round's future is done, so a waiting call
-holds no executor thread: dispatch (scheduler + batching) -> refresh stale observations from
-the robots (refresh.py) -> engine -> complete (horizon policy, trim) -> the future. Robots report progress
-on a topic; a finished task is closed in the ledger, a silent one is reaped after
-task_timeout_s with its queued round dropped. Diagnostics (server_diagnostics.py) go to
-/diagnostics. Services beside srv/Infer (nodes/services) are built on this node; one that
-decodes language with the action rounds registers itself through serve_language().
+srv/Infer is a codec (convert.py) plus sessions of the fleet (serve/): a call is decoded and
+submitted, and answered (nodes/deferred.py: no executor thread held) when its round's future
+is done: dispatch -> refresh stale observations from the robots (refresh.py) -> engine ->
+complete (horizon policy, trim). Robots report progress on a topic: a finished task is
+closed, a silent one reaped after task_timeout_s. Diagnostics go to /diagnostics. Services
+beside srv/Infer (nodes/services) are built on this node and its fleet.
 
-A lifecycle node (rclpy.lifecycle.LifecycleNode, through nodes/managed.py): configure builds
-the engine, scheduler and core from the parameters; activate offers srv/Infer; deactivate
-withdraws it and drops every task (their waiting calls answered SHUTTING_DOWN; robots go on
-under new task ids once it is back); cleanup frees the engine. `autostart` (default true) walks configure + activate at start.
-
-Parameters: the tree of InferenceServerConfig (server_config.py, docs/parameters.md), nested
-ROS parameters; a wrong key or value prints the one line naming it and exits 2.
+A lifecycle node (nodes/managed.py): configure builds the fleet from the parameters; activate
+offers srv/Infer; deactivate withdraws it and drops every task (waiting calls answered
+SHUTTING_DOWN); cleanup frees the engines. `autostart` (default true) walks configure + activate.
+Parameters: InferenceServerConfig (server_config.py, docs/parameters.md); a wrong key or value
+prints the one line naming it and exits 2.
 """
 from __future__ import annotations
 
@@ -24,7 +19,6 @@ import json
 import time
 from collections import Counter, deque
 from pathlib import Path
-from typing import Optional
 
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
 from rclpy.qos import QoSProfile, ReliabilityPolicy
@@ -32,32 +26,22 @@ from diagnostic_msgs.msg import DiagnosticArray
 
 from ..config import ConfigError
 from ..core.errors import RequestError
-from ..core.runner import StageTrace
 from ..core.task_auth import NotTaskOwner, TaskBinder
 from ..core.types import ExecInfo
 from ..msg import ExecutionProgress
-from ..serve import Proof, build_fleet, build_tiers
+from ..serve import Proof, StageTrace, build_fleet, build_tiers
 from ..srv import Infer
 from .common import exit_process, NodeClock, ParamError, run_nodes, service_qos, to_ns, to_sec
 from .managed import ManagedNode
 from .deferred import DeferredReplies
-from .convert import check_robot_id, check_service_name, fill_chunk, fill_status, request_from_msg
+from .convert import check_robot_id, check_service_name, fill_status
+from .infer_call import InferCall
 from .refresh import ObservationRefresher
 from .server_config import InferenceServerConfig
 from .server_diagnostics import MemoryTrace, RecentErrors, diagnostic_array, server_stats, trim_heap
 from .services import SERVICES
 
 __all__ = ["InferenceServerConfig", "InferenceServerNode", "check_robot_id", "check_service_name", "main"]
-
-
-class _Waiter:
-    """One Infer call waiting for its round's future (nodes/deferred.py: no executor thread held)."""
-    __slots__ = ("response", "first_timestep", "req", "received", "language_id", "lang")
-
-    def __init__(self, response, first_timestep: int, received: float) -> None:
-        self.response, self.first_timestep, self.received = response, first_timestep, received
-        self.req = self.lang = None
-        self.language_id = ""
 
 
 class InferenceServerNode(ManagedNode):
@@ -71,6 +55,7 @@ class InferenceServerNode(ManagedNode):
     def configure(self, c: InferenceServerConfig) -> None:
         """Build the fleet (engines, tiers, core, runner: serve/build.py) from the parameters."""
         self.clock = NodeClock(self)
+        scheduler = c.scheduler.build()  # a wrong knob is its one line before anything is built
         try:
             tiers = build_tiers(c, self.clock)
         except ConfigError:
@@ -87,43 +72,18 @@ class InferenceServerNode(ManagedNode):
         self._group = ReentrantCallbackGroup()
         self.refresher = ObservationRefresher(self, self.spec, c.refresh_timeout_s, self._group, topic=c.refresh_topic,
                                               verify=self._check_owner)
-        try:
-            binder = TaskBinder(c.task_auth.key_dir, c.task_auth.max_skew_s) if c.task_auth.key_dir else None
-        except ValueError as e:
-            tiers.close()
-            raise ParamError("task_auth.key_dir", str(e)) from None
-        if binder is None:
-            self.get_logger().warning("task_auth.key_dir is not set: any node on this ROS domain can end or take "
-                                      "another robot's task (docs/security.md)")
         self.trace = StageTrace(time.monotonic_ns) if c.stage_trace_file else None
-        try:  # refresh ahead: the next batch's stale observations are fetched while the current one generates
-            self.fleet = build_fleet(
-                c, self.clock, tiers=tiers, refresher=self.refresher, rtc_shape=(dim, self.engine.chunk_len),
-                max_waiting=c.max_waiting, binder=binder, task_timeout_s=c.task_timeout_s, now=time.monotonic,
-                observer=self.trace, prefresh_lead_s=min(0.5 * c.stale_obs_s, 2 * c.refresh_timeout_s),
-                on_error=lambda d, e: self.get_logger().error(
-                    f"tier {d.tier} failed a batch of {len(d.requests)}: {e!r}; requeued"))
-        except ValueError as e:  # a horizon knob the policy does not take: say which
-            raise ParamError(*e.args) from e
+        self.fleet = self._build_fleet(c, tiers, scheduler)
         self.lock, self.engines = self.fleet.lock, self.fleet.engines
         self.robots: dict = {}  # task id -> its robot's namespace ('' anonymous): /diagnostics keys robots by it
-        self.progress_refused = Counter()  # progress messages not applied, by reason
-        self.finished = Counter()
+        self.progress_refused, self.finished = Counter(), Counter()  # progress not applied, by reason; tasks ended
         self.served_by_tier = Counter()  # replies per tier: how much the placement offloaded
         self.fleet.batch_listeners.append(lambda replies, _d, _r: self.served_by_tier.update(r.tier for r in replies))
         self.started_at = self.clock.now()  # engine time is measured on the core's clock too
         self.in_server_s: deque = deque(maxlen=1024)  # received -> answered, the last ok rounds
         self.language = None  # the service decoding language with the rounds (serve_language)
         self.joint_names = list(c.joint_names) or list(self.engine.action_names or [])
-        reliable = QoSProfile(depth=1000, reliability=ReliabilityPolicy.RELIABLE)
-        self.create_subscription(ExecutionProgress, c.progress_topic, self._on_progress, reliable,
-                                 callback_group=MutuallyExclusiveCallbackGroup())
-        self.diag = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
-        self.recent_errors = RecentErrors(time.monotonic(), c.diagnostics_window_s)
-        self.create_timer(1.0 / c.diagnostics_hz, self._publish_diagnostics)
-        self.create_timer(min(1.0, c.task_timeout_s / 4), self._reap)
-        self.create_timer(30.0, trim_heap)
-        self.memory = MemoryTrace(self, c.memory_trace_file, c.memory_trace_after_s) if c.memory_trace_file else None
+        self._wire(c)
         self.fleet.start()
         for n in self.fleet.pools:  # the tier's slots follow the replicas Ray runs
             self.fleet.attach_pool(self.engines[n], n)
@@ -136,6 +96,39 @@ class InferenceServerNode(ManagedNode):
                 raise ParamError(f"parameter '{name}': no {name} service with these: {e}") from e
         self.get_logger().info(f"configured for {c.service}: scheduler {c.scheduler.name}, engine {c.engine.name}, "
                                f"engine profile saturation batch {self.engine.profile.saturation_batch}")
+
+    def _build_fleet(self, c: InferenceServerConfig, tiers, scheduler):
+        try:
+            binder = TaskBinder(c.task_auth.key_dir, c.task_auth.max_skew_s) if c.task_auth.key_dir else None
+        except ValueError as e:
+            tiers.close()
+            raise ParamError("task_auth.key_dir", str(e)) from None
+        try:  # refresh ahead: the next batch's stale observations are fetched while the current one generates
+            fleet = build_fleet(
+                c, self.clock, tiers=tiers, scheduler=scheduler, refresher=self.refresher, binder=binder,
+                rtc_shape=(self.engine.action_dim, self.engine.chunk_len), max_waiting=c.max_waiting,
+                task_timeout_s=c.task_timeout_s, now=time.monotonic, observer=self.trace,
+                prefresh_lead_s=min(0.5 * c.stale_obs_s, 2 * c.refresh_timeout_s),
+                on_error=lambda d, e: self.get_logger().error(
+                    f"tier {d.tier} failed a batch of {len(d.requests)}: {e!r}; requeued"))
+        except ValueError as e:  # a horizon knob the policy does not take: say which
+            raise ParamError(*e.args) from e
+        if binder is None:
+            self.get_logger().warning("task_auth.key_dir is not set: any node on this ROS domain can end or take "
+                                      "another robot's task (docs/security.md)")
+        return fleet
+
+    def _wire(self, c: InferenceServerConfig) -> None:
+        """Progress in, diagnostics out, the reaper and the memory tools."""
+        reliable = QoSProfile(depth=1000, reliability=ReliabilityPolicy.RELIABLE)
+        self.create_subscription(ExecutionProgress, c.progress_topic, self._on_progress, reliable,
+                                 callback_group=MutuallyExclusiveCallbackGroup())
+        self.diag = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
+        self.recent_errors = RecentErrors(time.monotonic(), c.diagnostics_window_s)
+        self.create_timer(1.0 / c.diagnostics_hz, self._publish_diagnostics)
+        self.create_timer(min(1.0, c.task_timeout_s / 4), self._reap)
+        self.create_timer(30.0, trim_heap)
+        self.memory = MemoryTrace(self, c.memory_trace_file, c.memory_trace_after_s) if c.memory_trace_file else None
 
     def activate(self) -> None:
         c = self.config
@@ -167,48 +160,28 @@ class InferenceServerNode(ManagedNode):
         received = time.monotonic()
         if self.trace is not None:
             self.trace("received", [(request.task_id, request.round_id)])
-        w = _Waiter(response, int(request.observation.timestep), received)
         try:
-            w.req = req = request_from_msg(request, self.spec)
-            robot = check_robot_id(request.robot_id, self.spec.max_task_id_bytes)
-            check_service_name(request.refresh_service)
-            if request.language_prompt:  # language from this round's prefill (seed 001): the vla_language service
-                w.lang = self.language
-                if w.lang is None:
-                    raise RequestError("this server decodes no language: start it with the vla_language service")
-                w.language_id = w.lang.attach(req, request.language_prompt, int(request.language_max_tokens))
+            call = InferCall(request, response, received, self.spec, self.language)
         except RequestError as e:  # malformed or refused before it reaches the fleet: counted there
             self.fleet.count_error(e, "ros")
             fill_status(response.status, e.code, e.message)
             return response
         self.replies.defer(response)
-        fut = self.fleet.session("ros", robot).submit(req, Proof(to_ns(request.auth_stamp), bytes(request.auth_mac)))
+        fut = self.fleet.session("ros", call.robot).submit(call.req, call.proof)
         if not fut.done() or fut.exception() is None:
             with self.lock:
-                self.robots[req.task_id] = robot
-                self.refresher.use(req.task_id, request.refresh_service)
-        fut.add_done_callback(lambda f: self._complete(w, f))
+                self.robots[call.req.task_id] = call.robot
+                self.refresher.use(call.req.task_id, request.refresh_service)
+        fut.add_done_callback(lambda f: self._complete(call, f))
         return response  # sent now if already answered, else by _complete (DeferredReplies)
 
-    def _complete(self, w: _Waiter, fut) -> None:
+    def _complete(self, call: InferCall, fut) -> None:
         """Once per call, when its future is done (any thread): fill its response and send it."""
-        response, req, err = w.response, w.req, fut.exception()
-        if err is not None:
-            if w.language_id:  # off the fleet's lock: the language service takes its own (executor thread)
-                ex = self.executor
-                if ex is not None:
-                    ex.create_task(w.lang.cancel, req, w.language_id)
-                else:
-                    w.lang.cancel(req, w.language_id)
-            fill_status(response.status, getattr(err, "code", "internal"), getattr(err, "message", repr(err)))
-        else:
-            response.language_id = w.language_id
-            fill_status(response.status, "ok")
-            fill_chunk(response.chunk, fut.result(), w.first_timestep, self.clock.now(), self.joint_names)
-            self.in_server_s.append(time.monotonic() - w.received)
+        if call.answer(fut, self.clock.now(), self.joint_names, self.executor):
+            self.in_server_s.append(time.monotonic() - call.received)
             if self.trace is not None:
-                self.trace("answered", [(req.task_id, req.round_id)])
-        self.replies.finish(response)
+                self.trace("answered", [(call.req.task_id, call.req.round_id)])
+        self.replies.finish(call.response)
 
     def _check_owner(self, m) -> None:
         """A refresh-topic message (an srv/Infer request) is its task's robot's (task auth)."""

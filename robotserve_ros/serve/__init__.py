@@ -4,7 +4,9 @@ together once; `Fleet.session(protocol, robot, auth)` opens a protocol's way in;
 `Session.submit(req)` returns a future of the round's reply. See fleet.py."""
 from __future__ import annotations
 
+from ..core.runner import STAGES, StageTrace  # the stage observer's vocabulary, for front ends
 from .build import TierSet, build_fleet, build_tiers, fleet_over
 from .fleet import REFUSALS, Fleet, Proof, Refused, Session
 
-__all__ = ["REFUSALS", "Fleet", "Proof", "Refused", "Session", "TierSet", "build_fleet", "build_tiers", "fleet_over"]
+__all__ = ["REFUSALS", "STAGES", "Fleet", "Proof", "Refused", "Session", "StageTrace", "TierSet", "build_fleet",
+           "build_tiers", "fleet_over"]

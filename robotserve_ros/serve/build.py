@@ -62,11 +62,12 @@ def build_tiers(c, clock) -> TierSet:
     return TierSet(engine, tiers, engines, placement, list(c.ray_tier_configs()))
 
 
-def build_fleet(c, clock, *, tiers: Optional[TierSet] = None, refresher=None, rtc_shape=None, **fleet_kw) -> Fleet:
-    """The fleet of an InferenceServerConfig `c` on `clock` (its tiers built here unless
-    given); fleet_kw go to Fleet (max_waiting, binder, task_timeout_s, observer, ...).
-    Not started: call start(), then its Ray tiers follow their replicas."""
-    scheduler = c.scheduler.build()
+def build_fleet(c, clock, *, tiers: Optional[TierSet] = None, scheduler=None, refresher=None, rtc_shape=None,
+                **fleet_kw) -> Fleet:
+    """The fleet of an InferenceServerConfig `c` on `clock` (its scheduler and tiers built
+    here unless given); fleet_kw go to Fleet (max_waiting, binder, task_timeout_s, observer,
+    ...). Not started: call start(), then its Ray tiers follow their replicas."""
+    scheduler = scheduler or c.scheduler.build()
     ts = tiers or build_tiers(c, clock)
     try:
         core = ServingCore(scheduler, ts.tiers, clock, horizon_params=c.horizon, placement=ts.placement,

@@ -105,14 +105,12 @@ class PlannerService:
 
     @staticmethod
     def _load_engine(model: str, threads: int):
-        from ...engines.llm import LLMEngine
+        from ...engines import make_engine
 
         if model == "tiny":
-            from ...engines.llm.tiny import tiny_engine
-
-            return tiny_engine(0)
+            return make_engine("tiny_llm", None)
         try:
-            return LLMEngine.load(model or None, threads=threads)
+            return make_engine("llm", None, model=model, threads=threads)
         except FileNotFoundError as e:
             raise ValueError(f"planner parameter 'model': {e}") from None
 
@@ -233,11 +231,11 @@ class PlannerService:
 
     # ---- service interface ----
     def stats(self) -> dict:
-        st = self.core.stats
+        snap = self.core.snapshot()  # the TimelyLLM core's counts, as plain data (core/contract.py)
         return {"plans_accepted": self.counts["accepted"], "plans_completed": self.counts["completed"],
                 "plans_cancelled": self.counts["cancelled"], "errors": dict(self.errors),
-                "segments": st.segments, "in_flight": len(self.core.plans),
-                "decision_ms_median": self.core.decision_ms_median(), "engine_failures": self.live.failures}
+                "segments": snap["segments"], "in_flight": snap["plans"],
+                "decision_ms_median": snap["decision_ms_median"], "engine_failures": self.live.failures}
 
     def close(self) -> None:
         self.live.close()
