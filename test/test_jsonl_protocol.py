@@ -87,16 +87,17 @@ def test_jsonl_robots_share_batches_with_ros_robots(ros_ctx, tmp_path):
     proto = JsonLinesProtocol(node.fleet)
     stop, answered = threading.Event(), []
 
-    def robot(i: int) -> None:  # asks, "executes" 10 actions at 50 Hz, asks again
+    def robot(i: int) -> None:  # asks, "executes" 2 to 10 actions at 50 Hz, asks again
+        rng = np.random.default_rng(i)  # uneven rhythms: the robots do not fall into lockstep with the engine
         with socket.create_connection(("127.0.0.1", proto.port), 5) as sk, sk.makefile("rwb") as f:
             rnd = 0
             while not stop.is_set():
                 r = ask(f, {"task": f"arm{i}", "round": rnd, "joints": [i] * 6, "left": 0, "hz": 50, "horizon": 10})
                 answered.append(r.get("error", "ok"))
                 rnd += 1
-                time.sleep(10 / 50)
+                time.sleep(rng.integers(2, 11) / 50)
 
-    robots = [threading.Thread(target=robot, args=(i,), daemon=True) for i in range(2)]
+    robots = [threading.Thread(target=robot, args=(i,), daemon=True) for i in range(3)]
     try:
         ros_ctx.start_node(["robotserve_ros.nodes.sim_robot", "--robots", "1", "--ros-args", "--params-file", params])
         ros_ctx.start_node(["robotserve_ros.nodes.robot_client", "--robots", "1", "--ros-args", "--params-file", params])

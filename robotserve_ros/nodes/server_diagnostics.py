@@ -55,10 +55,12 @@ class RecentErrors:
 def diagnostic_array(st: dict, stamp, hardware_id: str, recent=None, now: float = 0.0) -> DiagnosticArray:
     """server_stats as one DiagnosticStatus; nested dicts as `group/key` values. The level
     follows `recent` (RecentErrors) when given, else any error ever."""
-    nested = ("errors", "wait_ratio", "served_by_tier", "services", "progress_refused")
+    nested = ("errors", "wait_ratio", "served_by_tier", "services", "progress_refused", "protocols")
     kv = [KeyValue(key=k, value=str(v)) for k, v in st.items() if k not in nested]
     kv += [KeyValue(key=f"services/{n}/{k}", value=str(v)) for n, ss in sorted(st["services"].items())
            for k, v in sorted(ss.items())]
+    kv += [KeyValue(key=f"protocols/{p}/{k}", value=str(v)) for p, c in sorted(st.get("protocols", {}).items())
+           for k, v in sorted(c.items())]
     kv += [KeyValue(key=f"served_by_tier/{k}", value=str(v)) for k, v in sorted(st["served_by_tier"].items())]
     kv += [KeyValue(key=f"errors/{k}", value=str(v)) for k, v in sorted(st["errors"].items())]
     kv += [KeyValue(key=f"progress_refused/{k}", value=str(v)) for k, v in sorted(st["progress_refused"].items())]

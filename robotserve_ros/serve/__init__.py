@@ -5,8 +5,9 @@ together once; `Fleet.session(protocol, robot, auth)` opens a protocol's way in;
 from __future__ import annotations
 
 from ..core.runner import STAGES, StageTrace  # the stage observer's vocabulary, for front ends
-from .build import TierSet, build_fleet, build_tiers, fleet_over
+from ..core.serving import Tier  # a place batches run: what a fleet is built over
+from .build import TierSet, build_fleet, build_tiers, fleet_of, fleet_over
 from .fleet import REFUSALS, Fleet, Proof, Refused, Session
 
-__all__ = ["REFUSALS", "STAGES", "Fleet", "Proof", "Refused", "Session", "StageTrace", "TierSet", "build_fleet",
-           "build_tiers", "fleet_over"]
+__all__ = ["REFUSALS", "STAGES", "Fleet", "Proof", "Refused", "Session", "StageTrace", "Tier", "TierSet",
+           "build_fleet", "build_tiers", "fleet_of", "fleet_over"]

@@ -85,9 +85,18 @@ def fleet_over(engine, scheduler, clock, *, tier: str = "edge", max_batch: Optio
                serve_with=None, **fleet_kw) -> Fleet:
     """A one-tier fleet: `engine` (or `serve_with`, a wrapper the runner calls instead) on
     one tier of `slots` slots (default: the engine's own, else 1). Not started."""
-    n = slots if slots is not None else getattr(engine, "slots", 1)
-    core = ServingCore(scheduler, [Tier(tier, engine.profile, slots=n, max_batch=max_batch)], clock,
-                       refresher=refresher, stale_obs_s=stale_obs_s)
-    fleet = Fleet(core, {tier: serve_with or engine}, **fleet_kw)
-    fleet.engine, fleet.pools = engine, []
+    n = slots if slots is not None else getattr(engine, "slots", 1)  # a test double may not be an Engine
+    fleet = fleet_of(scheduler, [Tier(tier, engine.profile, slots=n, max_batch=max_batch)], {tier: serve_with or engine},
+                     clock, refresher=refresher, stale_obs_s=stale_obs_s, **fleet_kw)
+    fleet.engine = engine
+    return fleet
+
+
+def fleet_of(scheduler, tiers: list, engines: dict, clock, *, placement=None, refresher=None,
+             stale_obs_s: Optional[float] = None, **fleet_kw) -> Fleet:
+    """A fleet over given tiers and their engines (the simulator's: a virtual clock, its
+    engine model per tier, placement over them). Not started; a simulator drives its steps."""
+    core = ServingCore(scheduler, tiers, clock, placement=placement, refresher=refresher, stale_obs_s=stale_obs_s)
+    fleet = Fleet(core, engines, **fleet_kw)
+    fleet.engine, fleet.pools = next(iter(engines.values())), []
     return fleet

@@ -122,6 +122,11 @@ class Fleet:
         self.mix: Counter = Counter()  # batches by the protocols of the robots in them
         self.batch_listeners: list = []  # (replies, dispatch, results) after every batch, under the lock
 
+    @property
+    def core(self) -> ServingCore:
+        """The core itself, for tests and benches that look inside; front ends use the methods below."""
+        return self._core
+
     # --- life ---------------------------------------------------------------------------------
     def start(self) -> "Fleet":
         self._runner.start()
@@ -314,7 +319,9 @@ class Fleet:
                     "mean_batch": s.dispatched / s.batches if s.batches else 0.0, "requeued": s.requeued,
                     "errors": dict(s.errors), "obs_age_mean_s": s.obs_age_sum / s.obs_age_n if s.obs_age_n else 0.0,
                     "obs_age_max_s": s.obs_age_max, "refreshes": s.refreshes, "refresh_failures": s.refresh_failures,
-                    "engine_failures": sum(self._runner.failures.values()), "busy_s": sum(self._runner.busy_s.values())}
+                    "engine_failures": sum(self._runner.failures.values()), "busy_s": sum(self._runner.busy_s.values()),
+                    "dispatched": s.dispatched, "busy_s_by_tier": dict(self._runner.busy_s),
+                    "failures_by_tier": dict(self._runner.failures)}
 
     def observe(self, observer) -> None:
         """A stage observer (core/runner.py STAGES)."""
@@ -323,3 +330,26 @@ class Fleet:
     def attach_pool(self, pool, tier: str) -> None:
         """A Ray pool engine whose tier's slots follow its running replicas (transport/ray_pool.py)."""
         pool.attach(self._runner, tier)
+
+    # --- the steps, for a simulator that drives them on its virtual clock (no threads) ----------
+    def dispatch_now(self) -> list:
+        """The batches the core hands out now: none while nothing waits or every slot is busy."""
+        with self.lock:
+            if not self._core.pending or not any(t.free for t in self._core.tiers):
+                return []
+        return self._runner.dispatch()
+
+    def begin(self, d) -> float:
+        return self._runner.begin(d)
+
+    def run_engine(self, d) -> list:
+        return self._runner.engines[d.tier].infer([p.request for p in d.requests])
+
+    def finish_batch(self, d, results: list, started: float) -> bool:
+        return self._runner.finish(d, results, started)
+
+    def fail_batch(self, d, exc: Exception, started: float) -> None:
+        self._runner.fail(d, exc, started)
+
+    def end_cooldown(self, tier: str) -> None:
+        self._runner.end_cooldown(tier)

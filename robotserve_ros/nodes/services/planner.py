@@ -140,18 +140,7 @@ class PlannerService:
         g = goal_handle.request
         result = self.PlanTask.Result()
         try:
-            plan, ids = self._validate(g)
-            q: queue.Queue = queue.Queue()
-            with self._lock:
-                if g.task_id in self._goals:
-                    raise DuplicatePlan(f"task '{g.task_id}' is already being planned")
-                self._goals[g.task_id] = q
-            try:
-                self.live.submit(plan, ids)
-            except RequestError:
-                with self._lock:
-                    self._goals.pop(g.task_id, None)
-                raise
+            plan, q = self._admit(g)
         except RequestError as e:
             self.errors[e.code] += 1
             _status(result.status, e.code, e.message)
@@ -198,6 +187,22 @@ class PlannerService:
         self.counts["completed"] += 1
         goal_handle.succeed()
         return result
+
+    def _admit(self, g):
+        """Validate and submit a goal's plan; (plan, its event queue), or RequestError."""
+        plan, ids = self._validate(g)
+        q: queue.Queue = queue.Queue()
+        with self._lock:
+            if g.task_id in self._goals:
+                raise DuplicatePlan(f"task '{g.task_id}' is already being planned")
+            self._goals[g.task_id] = q
+        try:
+            self.live.submit(plan, ids)
+        except RequestError:
+            with self._lock:
+                self._goals.pop(g.task_id, None)
+            raise
+        return plan, q
 
     def _validate(self, g):
         if not g.task_id:

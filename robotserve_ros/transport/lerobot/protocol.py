@@ -54,9 +54,8 @@ def _rpc(fn):
 class LeRobotCompatServicer:
     """transport.AsyncInference over the fleet scheduler.
 
-    Each client is a session of its policy group's Fleet (serve/): a codec plus that
-    session. One re-entrant lock guards the clients and every group's fleet: it is each
-    fleet's lock, so a reply's callback (run under it) may submit the held observation."""
+    Each client is a session of its policy group's Fleet (serve/). One re-entrant lock, each fleet's,
+    guards the clients and every group's fleet: a reply's callback, run under it, may submit the held observation."""
 
     def __init__(self, cfg: CompatConfig, clock=None, fleet=None) -> None:
         """fleet: serve every client on an existing Fleet (lerobot/fleet.py) instead of policy groups of its own."""
@@ -262,12 +261,12 @@ class LeRobotCompatServicer:
 
     def _on_reply(self, c: Client, rid: int, fut) -> None:
         """Under the lock (the fleet answers under it): a chunk is ready; a held observation goes next."""
-        if fut.exception() is not None:  # dropped or failed: the client asks again
+        if fut.exception() is not None or self.clients.get(c.key) is not c:  # dropped, failed or gone: it asks again
             return
         meta = c.rounds.get(rid)
-        if meta is not None and self.clients.get(c.key) is c:
+        if meta is not None:
             c.ready = (fut.result(), *meta)  # a newer chunk replaces one never fetched
-        if c.held is not None and self.clients.get(c.key) is c:
+        if c.held is not None:
             step, stamp, obs = c.held
             c.held = None
             if step not in c.predicted:
@@ -400,7 +399,6 @@ class LeRobotCompatServicer:
         (payloads, policy setup, unknown clients); each policy's `errors`: its core's count of
         refused requests and failed batches."""
         with self.lock:
-            now = self.clock.now()
             out = {"protocol_errors": dict(self.protocol_errors), "clients_reaped": self.clients_reaped,
                    "evictions": dict(self.evictions), "policies_unloaded": self.policies.unloaded,
                    "calls": {**dict(self.guard.counts), **self.guard.stats()},
@@ -408,9 +406,9 @@ class LeRobotCompatServicer:
                    "uploads_abandoned": self.uploads_abandoned,
                    "clients": {}, "policies": {}}
             for c in self.clients.values():
-                wr = c.group.fleet.wait_ratio(c.task_id) if c.group is not None else 0.0
-                out["clients"][c.task_id] = {**c.counts, "peer": c.peer, "control_hz": c.hz, "wait_ratio": wr,
-                                             "policy": list(c.group.key[:2]) if c.group else None}
+                out["clients"][c.task_id] = {**c.counts, "peer": c.peer, "control_hz": c.hz, "policy": None, "wait_ratio": 0.0}
+                if c.group is not None:
+                    out["clients"][c.task_id].update(policy=list(c.group.key[:2]), wait_ratio=c.group.fleet.wait_ratio(c.task_id))
             for g in self.groups.values():
                 out["policies"]["%s:%s" % g.key[:2]] = g.stats()
             return out
