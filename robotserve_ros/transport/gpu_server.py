@@ -1,12 +1,11 @@
 """`robotserve gpu-server`: engines behind a gRPC service, the cloud tier of seed 000 §3.2.3.
 
-InferBatch serves a call's requests on the hosted engine (registry name + JSON params, as
-the inference server node builds its own), batched with other callers' requests by the
-core's serving loop; see GpuServicer for validation, deadlines and errors. Profile returns the engine profile the edge
-dispatcher plans with; Health answers pings (the client times them: the measured round
-trip). Every call must carry `authorization: Bearer <token>` when a token is set (checked
-by a server interceptor; UNAUTHENTICATED otherwise); messages are capped at
-max_message_bytes both ways (RESOURCE_EXHAUSTED past it); TLS is optional (cert + key).
+InferBatch serves a call's requests on the hosted engine (registry name + JSON params), batched with other callers'
+requests by the core's serving loop (GpuServicer: validation, deadlines, errors; transport/wire.py: versions).
+Profile returns the engine profile the edge dispatcher plans with; Health answers pings (the client times them: the
+measured round trip). Every call must carry `authorization: Bearer <token>` when a token is set (checked by a server
+interceptor; UNAUTHENTICATED otherwise); messages are capped at max_message_bytes both ways (RESOURCE_EXHAUSTED past
+it); TLS is optional (cert + key).
 """
 from __future__ import annotations
 
@@ -39,7 +38,7 @@ from ..core.types import InferenceRequest
 from ..serve import fleet_over
 from ..config import ConfigError, engine_config, relabel
 from ..params import parse_key_values
-from . import DEFAULT_MAX_MESSAGE, TOKEN_ENV, add_arguments, channel_options, stubs  # noqa: F401 (re-exported)
+from . import DEFAULT_MAX_MESSAGE, TOKEN_ENV, add_arguments, channel_options, stubs, wire  # noqa: F401 (re-exported)
 from .call_guard import CallGuard, GuardLimits
 from .tensors import BadField, log_failure, Limits, check_rtc, check_spec, request_from_pb, result_to_pb
 
@@ -170,6 +169,7 @@ class GpuServicer:
 
     # --- InferBatch --------------------------------------------------------------------
     def InferBatch(self, request, context):
+        wire.refuse_call(request, context, self.counts, "edge server")  # another wire version it cannot serve
         try:
             return self._infer_batch(request, context)
         except RequestError as e:
@@ -280,7 +280,7 @@ class GpuServicer:
         return self.pb.ProfileReply(
             engine=getattr(self.engine, "name", "?"),
             batch_sizes=[int(b) for b in prof.batches],
-            latency_ms=[float(x) for x in prof.latencies_ms],
+            latency_ms=[float(x) for x in prof.latencies_ms], **wire.versions(),
         )
 
     def Health(self, request, context):
