@@ -234,8 +234,8 @@ class SchedulerConfig(PluginConfig):
 class EngineConfig(PluginConfig):
     """The model runner and its engine profile (latency vs batch) the scheduler plans with."""
 
-    name: str = param("simulated", "the engine (engines registry): simulated, lerobot, flow, oxygen, sampled, remote, "
-                     "ray")
+    name: str = param("simulated", "the action engine (engines registry): simulated, lerobot, flow, oxygen, sampled, "
+                     "remote, ray")
     params: dict = param({}, "each engine's keyword parameters under its name, e.g. lerobot: {policy_dir: D}",
                          beside=True)
     profile: str = param("", "an engine profile of record (robotserve_ros/profiles/NAME.json); '' = the engine's "
@@ -253,7 +253,11 @@ class EngineConfig(PluginConfig):
     def check(self) -> None:
         super().check()
         from .core.profile import EngineProfile
+        from .engines import ACTION_ENGINES, ROLES
         from .profiles import names as profile_names
+
+        check(ROLES.get(self.name, "action") == "action", "name", self.name,
+              f"is a {ROLES.get(self.name)} engine; action chunks come from one of {', '.join(ACTION_ENGINES)}")
 
         if self.profile:
             check_one_of("profile", self.profile, profile_names())

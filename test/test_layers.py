@@ -1,4 +1,4 @@
-"""The house's arrows point down (DESIGN.md): core imports nothing above it."""
+"""The house's arrows point down (docs/architecture.md): core imports nothing above it."""
 from __future__ import annotations
 
 import ast
@@ -42,7 +42,7 @@ def test_core_imports_nothing_above_it():
             inner = mod.split(".")[1] if mod.startswith("robotserve_ros.") and mod.count(".") >= 1 else None
             if top in FORBIDDEN_TOP or inner in OUTER or mod == "__import__(...)":
                 bad.append(f"{f.relative_to(PKG.parent)}:{line} imports {mod}")
-    assert not bad, "core/ must stay pure (DESIGN.md):\n" + "\n".join(bad)
+    assert not bad, "core/ must stay pure (docs/architecture.md):\n" + "\n".join(bad)
 
 
 def test_the_checker_sees_a_forbidden_import(tmp_path):
@@ -127,7 +127,7 @@ def _cycles(graph: dict) -> list:
 
 
 def test_no_import_cycle_anywhere():
-    """Arrows point down (DESIGN.md), so no module can reach itself through imports, deferred ones included."""
+    """Arrows point down (docs/architecture.md), so no module can reach itself through imports, deferred ones included."""
     cycles = _cycles(_import_graph())
     assert not cycles, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in cycles)
 
@@ -146,7 +146,7 @@ def test_the_cycle_finder_sees_a_cycle(tmp_path):
 
 
 def test_only_the_cli_imports_the_benchmarks():
-    """bench/ is the top floor but one (DESIGN.md): production code never imports a benchmark, and
+    """bench/ is the top floor but one (docs/architecture.md): production code never imports a benchmark, and
     every benchmark module lives there."""
     graph = _import_graph()
     bad = [f"{m} imports {d}" for m, deps in sorted(graph.items()) for d in sorted(deps)

@@ -1,5 +1,5 @@
 """core.ServingCore: request validation, superseding, requeue after failures, dropped tasks,
-deadlines and stale-observation refresh (seed 000 Algorithm 1 lines 20-25; DESIGN.md: "Bad
+deadlines and stale-observation refresh (seed 000 Algorithm 1 lines 20-25; docs/architecture.md: "Bad
 input gets a clear error back to its sender, is counted, and never stops the server or loses
 another robot's work")."""
 from __future__ import annotations

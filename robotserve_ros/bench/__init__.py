@@ -1,2 +1,2 @@
-"""Every benchmark and its report writer (DESIGN.md): the CLI's `bench` commands and `study
+"""Every benchmark and its report writer (docs/architecture.md): the CLI's `bench` commands and `study
 fleet`. Imported by the CLI only; nothing in the serving path imports a benchmark."""

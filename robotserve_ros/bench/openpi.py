@@ -215,7 +215,7 @@ def added_latency(srv, obs: dict, rounds: int = 60) -> dict:
     from ..core.runner import StageTrace
 
     trace = StageTrace(time.monotonic_ns)
-    srv.runner.observe(trace)
+    srv.fleet.observe(trace)
     c = WebsocketClientPolicy("127.0.0.1", srv.port)
     samples = []
     for i in range(rounds + 5):
@@ -261,11 +261,9 @@ def cli(a) -> int:
             lat = added_latency(srv, obs)
             print(f"added latency, one client: {lat['added_ms_p50']:.2f} ms median (engine {lat['engine_ms_p50']:.1f} ms)",
                   flush=True)
-            core = srv.core.stats
-
             def batches(before):
-                with srv.runner.lock:
-                    now = (core.dispatched, core.batches)
+                st = srv.fleet.core_stats()
+                now = (st["dispatched"], st["batches"])
                 if before is None:
                     return now
                 return (now[0] - before[0]) / max(1, now[1] - before[1])

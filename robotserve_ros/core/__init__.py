@@ -1,4 +1,4 @@
-"""The serving brain, pure Python + numpy: no rclpy, grpc or torch imports (DESIGN.md)."""
+"""The serving brain, pure Python + numpy: no rclpy, grpc or torch imports (docs/architecture.md)."""
 from .clock import Clock, VirtualClock, WallClock
 from .engine import Engine
 from .errors import RequestError, WorkloadError

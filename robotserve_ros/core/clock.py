@@ -1,4 +1,4 @@
-"""Clocks. Core never reads the time itself: a Clock is injected (DESIGN.md)."""
+"""Clocks. Core never reads the time itself: a Clock is injected (docs/architecture.md)."""
 from __future__ import annotations
 
 import time

@@ -1,7 +1,7 @@
 """Observations as arrays, and the checks every transport applies before one is queued.
 
 Shared by the ROS server and the gRPC bridge: bytes in, validated numpy arrays out, or a
-RequestError that names what was wrong (DESIGN.md: bad input gets a clear error back).
+RequestError that names what was wrong (docs/architecture.md: bad input gets a clear error back).
 """
 from __future__ import annotations
 

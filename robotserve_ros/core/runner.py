@@ -425,6 +425,15 @@ class Runner:
             th.start()
         return self
 
+    def set_slots(self, tier_name: str, n: int) -> bool:
+        """A tier's slot count follows what serves it (a Ray pool's running replicas); True if changed."""
+        with self.lock:
+            t = self.core.tier(tier_name)
+            changed, t.slots = t.slots != n, n
+        if changed:
+            self.kick()
+        return changed
+
     def kick(self) -> None:
         """Work arrived or a slot freed: dispatch again."""
         if self._driver is not None:

@@ -1,4 +1,4 @@
-"""The data of one round (DESIGN.md "One round, as data"), as plain dataclasses."""
+"""The data of one round (docs/architecture.md, "One round, as data"), as plain dataclasses."""
 from __future__ import annotations
 
 import math

@@ -1,1 +1,1 @@
-"""rclpy nodes: thin translators between ROS messages and the core (DESIGN.md)."""
+"""rclpy nodes: thin translators between ROS messages and the core (docs/architecture.md)."""

@@ -108,3 +108,29 @@ def chunk_to_array(c) -> np.ndarray:
     if a.size != c.horizon * c.action_dim:
         raise ValueError(f"chunk carries {a.size} values, not horizon x action_dim = {c.horizon} x {c.action_dim}")
     return a.reshape(c.horizon, c.action_dim)
+
+
+def check_robot_id(robot_id: str, max_bytes: int) -> str:
+    """A robot's namespace as sent: '' or a ROS namespace (it becomes a /diagnostics key)."""
+    if not robot_id:
+        return ""
+    from rclpy.validate_namespace import validate_namespace
+
+    if len(robot_id.encode()) > max_bytes:
+        raise RequestError(f"robot_id: {len(robot_id.encode())} bytes, at most {max_bytes}")
+    try:
+        validate_namespace(robot_id)
+    except Exception:  # rclpy's InvalidNamespaceException, with the name in it: not echoed
+        raise RequestError("robot_id is not a ROS namespace") from None
+    return robot_id
+
+
+def check_service_name(name: str) -> None:
+    """refresh_service: '' or a name the refresher can make a client for."""
+    if name:
+        from rclpy.validate_full_topic_name import validate_full_topic_name
+
+        try:
+            validate_full_topic_name(name if name.startswith("/") else "/" + name, is_service=True)
+        except Exception:
+            raise RequestError("refresh_service is not a ROS service name") from None

@@ -24,6 +24,24 @@ from .common import (check, check_one_of, declare_config, exit_process, node_opt
                      run_nodes)
 
 
+def _next_segment(arrived: threading.Condition, segments: list, k: int, res_fut):
+    """Segment k's (received at, feedback), waiting for it; None when the plan has no more.
+    Feedback and result travel apart: once the result is in, the segments it lists are still
+    executed, each awaited a little if its feedback lags."""
+    with arrived:
+        deadline = None
+        while len(segments) <= k:
+            if res_fut is None:
+                break
+            if res_fut.done():
+                expected = len(res_fut.result().result.skills)
+                deadline = deadline or time.monotonic() + 2.0
+                if k >= expected or time.monotonic() > deadline:
+                    break
+            arrived.wait(0.05)
+        return segments[k] if len(segments) > k else None
+
+
 @dataclass(frozen=True)
 class PlannerRobotConfig(NodeConfig):
     action: str = param("/robotserve/plan_task", "the planner's PlanTask action")
@@ -135,22 +153,10 @@ class PlannerRobot(_node_base()):
         skill_time = default_skill_time()
         k, robot_free, exec_total = 0, rec["sent"], 0.0
         while True:
-            with arrived:
-                # feedback and result travel apart: once the result is in, the segments it
-                # lists are still executed, each awaited a little if its feedback lags
-                deadline = None
-                while len(segments) <= k:
-                    if res_fut is None:
-                        break
-                    if res_fut.done():
-                        expected = len(res_fut.result().result.skills)
-                        deadline = deadline or time.monotonic() + 2.0
-                        if k >= expected or time.monotonic() > deadline:
-                            break
-                    arrived.wait(0.05)
-                if len(segments) <= k:
-                    break
-                t_recv, fb = segments[k]
+            got = _next_segment(arrived, segments, k, res_fut)
+            if got is None:
+                break
+            t_recv, fb = got
             if task["skill_s"] is not None and k < len(task["skill_s"]):
                 dur = task["skill_s"][k]
             else:

@@ -1,6 +1,6 @@
 """The inference server's diagnostics: its stats as one dict and as /diagnostics, and the
 memory tools of long runs (a tracemalloc diff, returning freed heap pages to the OS).
-Read-only views of the node's core and runner, taken under their lock."""
+Read-only views of the node's fleet (serve/stats.py), taken under its lock."""
 from __future__ import annotations
 
 import json
@@ -8,74 +8,26 @@ import tracemalloc
 from collections import deque
 from pathlib import Path
 
-import numpy as np
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 
-
-def ms_pct(samples, q: float):
-    """The q-th percentile of recent durations (s) in ms; None for none."""
-    xs = list(samples)
-    return round(1000 * float(np.percentile(xs, q)), 3) if xs else None
-
-
-def _pcts(name: str, samples) -> dict:
-    return {f"{name}_ms_p50": ms_pct(samples, 50), f"{name}_ms_p99": ms_pct(samples, 99)}
+from ..serve.stats import load_stats, pcts
 
 
 def server_stats(node) -> dict:
     """What /diagnostics shows of an InferenceServerNode (and what benches read)."""
-    with node.lock:
-        core, r, s, now = node.core, node.runner, node.core.stats, node.clock.now()
-        r.account()  # the backlog integrals up to now
-        edge = r.busy_backlogged_s["edge"]
-        return {
-            "queue_length": len(core.pending),
-            "in_flight": len(core.inflight),
-            "tasks": len(core.ledger.tasks),
-            "served": s.completed,
+    out = load_stats(node.fleet, node.started_at, node.robots)
+    with node.fleet.lock:
+        out.update({
             "served_by_tier": dict(node.served_by_tier),
-            "batches": s.batches,
-            "engine_utilization": r.busy_s["edge"] / max(1e-9, now - node.started_at),
-            "tier_failures": dict(r.failures),
-            "late_replies_discarded": r.late_replies,
-            "resent_requests": s.resent_requests,
-            "replies_replayed": s.replies_replayed,
-            "given_up": s.given_up,
-            "errors": dict(s.errors),
-            "last_error": dict(s.last_error),
-            "refreshes": s.refreshes,
-            "refresh_failures": s.refresh_failures,
-            "refresh_skipped": s.refresh_skipped,
-            "refresh_success_recent": round(core.refresh_gate.success, 3),
-            "mean_obs_age_s": s.obs_age_sum / s.obs_age_n if s.obs_age_n else 0.0,
-            "finished_tasks": node.finished["tasks"],
-            "reaped_tasks": node.finished["reaped"],
-            "engine_busy_s": r.busy_s["edge"],
-            "backlog_threshold": r.backlog_threshold,
-            "backlogged_s": r.backlogged_s,
-            "busy_while_backlogged_s": edge,
-            "engine_utilization_when_backlogged": edge / r.backlogged_s if r.backlogged_s > 0 else None,
-            **_pcts("dispatch", r.dispatch_s), **_pcts("gap_to_dispatch", r.gap_dispatch_s),
-            **_pcts("gap_handoff", r.gap_handoff_s), **_pcts("refresh", node.refresher.durations_s),
-            **_pcts("gap_refresh", r.gap_refresh_s), **_pcts("in_server", node.in_server_s),
-            "waiters": len(node.waiters), "reply_cache": len(core.last_reply),
-            "refresh_clients": len(node.refresher.clients), **_pcts("refresh_age", node.refresher.ages_s),
+            "finished_tasks": node.finished["tasks"], "reaped_tasks": node.finished["reaped"],
+            **pcts("refresh", node.refresher.durations_s), **pcts("in_server", node.in_server_s),
+            "refresh_clients": len(node.refresher.clients), **pcts("refresh_age", node.refresher.ages_s),
             "refresh_topic_used": node.refresher.topic_used, "refresh_topic_refused": node.refresher.topic_refused,
-            "refreshed_ahead": r.prefreshes["ok"], "refresh_ahead_failures": r.prefreshes["failed"],
-            # Robots by namespace, never a task id (issue 29: task ids are what a spoofer needs):
-            # the highest wait ratio of each robot's tasks; '(anonymous)' for robots sending no robot_id.
-            "wait_ratio": robot_wait_ratios(core.ledger, node.robots, now),
             "robots": len(set(node.robots.values())),
             "progress_refused": dict(node.progress_refused),
-            "services": {n: svc.stats() for n, svc in node.side_services.items()},
-        }
-
-
-def robot_wait_ratios(ledger, robots: dict, now: float) -> dict:
-    out: dict = {}
-    for t in ledger.tasks:
-        key = (robots.get(t) or "").lstrip("/") or "(anonymous)"
-        out[key] = max(out.get(key, 0.0), ledger.wait_ratio(t, now))
+            "protocols": node.fleet.protocol_stats(),
+        })
+    out["services"] = {n: svc.stats() for n, svc in node.side_services.items()}
     return out
 
 
@@ -103,10 +55,12 @@ class RecentErrors:
 def diagnostic_array(st: dict, stamp, hardware_id: str, recent=None, now: float = 0.0) -> DiagnosticArray:
     """server_stats as one DiagnosticStatus; nested dicts as `group/key` values. The level
     follows `recent` (RecentErrors) when given, else any error ever."""
-    nested = ("errors", "last_error", "wait_ratio", "served_by_tier", "services", "progress_refused")
+    nested = ("errors", "last_error", "wait_ratio", "served_by_tier", "services", "progress_refused", "protocols")
     kv = [KeyValue(key=k, value=str(v)) for k, v in st.items() if k not in nested]
     kv += [KeyValue(key=f"services/{n}/{k}", value=str(v)) for n, ss in sorted(st["services"].items())
            for k, v in sorted(ss.items())]
+    kv += [KeyValue(key=f"protocols/{p}/{k}", value=str(v)) for p, c in sorted(st.get("protocols", {}).items())
+           for k, v in sorted(c.items())]
     kv += [KeyValue(key=f"served_by_tier/{k}", value=str(v)) for k, v in sorted(st["served_by_tier"].items())]
     kv += [KeyValue(key=f"errors/{k}", value=str(v)) for k, v in sorted(st["errors"].items())]
     kv += [KeyValue(key=f"last_error/{k}", value=v) for k, v in sorted(st.get("last_error", {}).items())]

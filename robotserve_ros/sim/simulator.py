@@ -21,11 +21,10 @@ from ..core.clock import VirtualClock
 from ..core.ledger import Span, wait_ratio
 from ..core.placement import LinkEstimate, ShortestDelay, payload_bytes
 from ..core.profile import EngineProfile
-from ..core.runner import Runner
 from ..core.schedulers import make_scheduler
-from ..core.serving import ServingCore, Tier
 from ..core.types import ExecInfo, HorizonChoice, InferenceRequest
 from ..engines.simulated import SimulatedEngine
+from ..serve import Refused, Tier, fleet_of
 from ..core.robot_timing import alone_latency, exec_start, request_after, trigger_actions
 from .loop import VirtualLoop
 from .workload import HORIZON_MODES, TaskSpec, Workload
@@ -238,11 +237,13 @@ class _Run:
                 self.links[st.name] = LinkEstimate(st.rtt_s, st.bandwidth_bps)
         placement = ShortestDelay(self.links, [t for t in tiers if t.name not in self.links]) if self.links else None
         scheduler = make_scheduler(sim.scheduler_name, **sim.scheduler_params)
-        self.core = ServingCore(scheduler, tiers, self.clock, placement=placement)
+        # The same fleet as the live paths (serve/), its steps driven here on the virtual clock.
+        self.fleet = fleet_of(scheduler, tiers, engines, self.clock, placement=placement, retry_pause_s=sim.retry_pause_s)
+        self.session = self.fleet.session("sim")
+        self.core = self.fleet.core  # for tests that read its scheduler
+        self.tiers = {t.name: t for t in tiers}
         self._replies: list = []
         self._given_up: list = []
-        self.runner = Runner(self.core, engines, lambda replies, d, res: self._replies.extend(replies),
-                             on_given_up=lambda ps, e: self._given_up.extend(ps), retry_pause_s=sim.retry_pause_s)
         self.result = SimResult(sim.workload.name, sim.scheduler_name, sim.horizon, mode, load, sim.seed)
         self.loop = VirtualLoop(self.clock, self._dispatch, self._engine, self._generated)
         self.robots: dict[str, _Robot] = {}
@@ -257,11 +258,12 @@ class _Run:
         self.loop.run()
         r = self.result
         r.makespan_s = max(o.span.end for o in r.outcomes) - min(o.span.start for o in r.outcomes)
-        r.batches, r.dispatched = self.core.stats.batches, self.core.stats.dispatched
-        slots = sum(t.slots for t in self.core.tiers)
-        r.engine_busy_s = sum(self.runner.busy_s.values()) / slots  # busy share of all slots
+        st = self.fleet.core_stats()
+        r.batches, r.dispatched = st["batches"], st["dispatched"]
+        slots = sum(t.slots for t in self.tiers.values())
+        r.engine_busy_s = st["busy_s"] / slots  # busy share of all slots
         r.served_by_tier = dict(self.served_by_tier)
-        r.requeued, r.tier_failures = self.core.stats.requeued, dict(self.runner.failures)
+        r.requeued, r.tier_failures = st["requeued"], st["failures_by_tier"]
         return r
 
     # --- robot side ----------------------------------------------------------------
@@ -275,7 +277,21 @@ class _Run:
         h = HorizonChoice("static", float(rb.rounds[rb.k]))
         left = len(rb.rounds) - rb.k  # the trace knows it exactly: only `srpt` reads it
         # The task's type is what a server sees (its instruction); `remaining` learns from it.
-        self.core.submit(InferenceRequest(rb.tid, rb.k, info, h, remaining_rounds=left, task_type=rb.kind))
+        self._submit(InferenceRequest(rb.tid, rb.k, info, h, remaining_rounds=left, task_type=rb.kind))
+
+    def _submit(self, req: InferenceRequest) -> None:
+        """Through the fleet: its reply (or its give-up after failed batches) comes back here."""
+        fut = self.session.submit(req)
+        if fut.done() and fut.exception() is not None:
+            raise fut.exception()  # a trace the core refuses is a bug here, not a robot's error
+        fut.add_done_callback(lambda f: self._answered(req, f))
+
+    def _answered(self, req: InferenceRequest, fut) -> None:
+        e = fut.exception()
+        if e is None:
+            self._replies.append(fut.result())
+        elif isinstance(e, Refused) and e.code == "engine_failure":
+            self._given_up.append(req)  # answered with an error: the robot asks for the same round again
 
     def _request(self, tid: str, info: ExecInfo) -> None:
         self._send(self.robots[tid], info)
@@ -299,9 +315,8 @@ class _Run:
     def _task_done(self, tid: str, start: float) -> None:
         now = self.clock.now()
         rb = self.robots.pop(tid)
-        rec = self.core.finish_task(tid, ExecInfo(start, 0, rb.spec.control_hz))
+        rec = self.fleet.finish(tid, ExecInfo(start, 0, rb.spec.control_hz))
         wr = wait_ratio(rec, now)
-        self.core.cancel(tid)
         self.result.outcomes.append(
             TaskOutcome(tid, rb.spec.id, rb.robot, Span(rb.arrival, now), len(rb.rounds), rb.idle, wr,
                         self._lower_bound(rb))
@@ -316,21 +331,19 @@ class _Run:
             v = self._alone[rb.spec.id] = alone_latency(rb.rounds, rb.spec.control_hz, self.sim.l1)
         return v
 
-    # --- engine side: core.Runner's steps, on the virtual clock -------------------------
+    # --- engine side: the fleet's steps (core.Runner's), on the virtual clock ---------------
     def _dispatch(self) -> list:
-        if self.core.pending and any(t.free for t in self.core.tiers):
-            return self.runner.dispatch()
-        return []
+        return self.fleet.dispatch_now()
 
     def _engine(self, d) -> tuple:
         """The engine model: the tier's engine profile (+ the link to a cloud tier), or a
         failure after the fault's delay while a fault is on: (seconds, (started, failed))."""
-        started = self.runner.begin(d)
+        started = self.fleet.begin(d)
         now = self.clock.now()
         fault = next((f for f in self.sim.faults if f.tier == d.tier and f.start_s <= now < f.end_s), None)
         if fault is not None:
             return fault.after_s, (started, True)
-        dur = self.core.tier(d.tier).profile.latency_s(len(d.requests))
+        dur = self.tiers[d.tier].profile.latency_s(len(d.requests))
         link = self.links.get(d.tier)
         if link is not None:
             dur += link.rtt_s + link.transfer_s(sum(payload_bytes(p.request) for p in d.requests))
@@ -339,16 +352,16 @@ class _Run:
     def _generated(self, d, outcome: tuple) -> None:
         started, failed = outcome
         if failed:
-            self.runner.fail(d, _Failed(f"tier {d.tier} is down"), started)
+            self.fleet.fail_batch(d, _Failed(f"tier {d.tier} is down"), started)
             link = self.links.get(d.tier)
             if link is not None:
                 link.mark_down(self.clock.now())  # as RemoteEngine does on a failed call
-            self.loop.at(self.clock.now() + self.sim.retry_pause_s, self.runner.end_cooldown, d.tier)
+            self.loop.at(self.clock.now() + self.sim.retry_pause_s, self.fleet.end_cooldown, d.tier)
             gave_up, self._given_up = self._given_up, []
-            for p in gave_up:  # answered with an error: the robot asks for the same round again
-                self.runner.submit(p.request)
+            for req in gave_up:  # answered with an error: the robot asks for the same round again
+                self._submit(req)
             return
-        self.runner.finish(d, self.runner.engines[d.tier].infer([p.request for p in d.requests]), started)
+        self.fleet.finish_batch(d, self.fleet.run_engine(d), started)
         replies, self._replies = self._replies, []
         for reply in replies:
             self.served_by_tier[reply.tier] += 1

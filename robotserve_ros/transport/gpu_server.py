@@ -1,17 +1,17 @@
 """`robotserve gpu-server`: engines behind a gRPC service, the cloud tier of seed 000 §3.2.3.
 
-InferBatch serves a call's requests on the hosted engine (registry name + JSON params, as
-the inference server node builds its own), batched with other callers' requests by the
-core's serving loop; see GpuServicer for validation, deadlines and errors. Profile returns the engine profile the edge
-dispatcher plans with; Health answers pings (the client times them: the measured round
-trip). Every call must carry `authorization: Bearer <token>` when a token is set (checked
-by a server interceptor; UNAUTHENTICATED otherwise); messages are capped at
-max_message_bytes both ways (RESOURCE_EXHAUSTED past it); TLS is optional (cert + key).
+InferBatch serves a call's requests on the hosted engine (registry name + JSON params), batched with other callers'
+requests by the core's serving loop (GpuServicer: validation, deadlines, errors; transport/wire.py: versions).
+Profile returns the engine profile the edge dispatcher plans with; Health answers pings (the client times them: the
+measured round trip). Every call must carry `authorization: Bearer <token>` when a token is set (checked by a server
+interceptor; UNAUTHENTICATED otherwise); messages are capped at max_message_bytes both ways (RESOURCE_EXHAUSTED past
+it); TLS is optional (cert + key).
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import hmac
 import logging
 import sys
@@ -33,13 +33,12 @@ from ..core.clock import WallClock
 from ..core.errors import RequestError
 from ..core.observation import ObservationSpec
 from ..core.profile import EngineProfile
-from ..core.runner import Runner
 from ..core.schedulers import Scheduler, make_scheduler
-from ..core.serving import ServingCore, Tier
 from ..core.types import InferenceRequest
+from ..serve import fleet_over
 from ..config import ConfigError, engine_config, relabel
 from ..params import parse_key_values
-from . import DEFAULT_MAX_MESSAGE, TOKEN_ENV, add_arguments, channel_options, stubs  # noqa: F401 (re-exported)
+from . import DEFAULT_MAX_MESSAGE, TOKEN_ENV, add_arguments, channel_options, stubs, wire  # noqa: F401 (re-exported)
 from .call_guard import CallGuard, GuardLimits
 from .images import DecodeBudget
 from .tensors import BadField, log_failure, Limits, check_rtc, check_spec, request_from_pb, result_to_pb
@@ -60,7 +59,7 @@ def token_holder(metadata, tokens) -> Optional[int]:
 
 @dataclasses.dataclass
 class _Call:
-    """One InferBatch call's state, guarded by the runner's lock."""
+    """One InferBatch call's state, guarded by the fleet's lock."""
 
     cond: threading.Condition
     results: list
@@ -130,8 +129,8 @@ class _Refused(Exception):
 
 
 class GpuServicer:
-    """The service over one engine, through the core's serving loop (core/runner.py): one
-    tier, one slot (a model is not assumed thread-safe), batches up to the engine profile's
+    """The service over one engine, a codec plus a session of a one-tier Fleet (serve/): one
+    slot (a model is not assumed thread-safe), batches up to the engine profile's
     saturation batch, built from the requests of every call waiting at that moment.
 
     InferBatch validates every request of the call (tensors.request_from_pb, and the
@@ -153,27 +152,31 @@ class GpuServicer:
         self.spec: Optional[ObservationSpec] = getattr(engine, "observation_spec", None)
         self.counts: Counter = Counter()
         # One slot, or one per replica where the engine is a pool (`--engine ray`: transport/ray_pool.py).
-        self.core = ServingCore(_LiveCallsFifo(), [Tier("engine", engine.profile, slots=getattr(engine, "slots", 1))],
-                                WallClock())
-        # Reentrant: a call submits all its requests under one hold, so the dispatcher sees
-        # the call whole (not its first request alone in a batch of one).
-        self.runner = Runner(self.core, {"engine": _AsSent(engine)}, self._on_replies, lock=threading.RLock(),
-                             on_error=self._on_error, retry_pause_s=0.0).start()
+        # The fleet's lock is re-entrant: a call submits all its requests under one hold, so
+        # the dispatcher sees the call whole (not its first request alone in a batch of one).
+        self.fleet = fleet_over(engine, _LiveCallsFifo(), WallClock(), tier="engine", serve_with=_AsSent(engine),
+                                on_error=self._on_error, retry_pause_s=0.0)
+        self.fleet.batch_listeners.append(self._on_batch)
+        self.fleet.start()
         if hasattr(engine, "attach"):  # a pool's slots follow its running replicas
-            engine.attach(self.runner, "engine")
-        self.lock = self.runner.lock
+            self.fleet.attach_pool(engine, "engine")
+        self.lock = self.fleet.lock
+        self.session = self.fleet.session("gpu", untrimmed=True)  # the engine's full results go back
         self._ids = itertools.count()
 
+    core = property(lambda self: self.fleet._core)  # for tests that look inside (serve/ owns it)
+
     def close(self) -> None:
-        self.runner.close()
+        self.fleet.close()
 
     # --- InferBatch --------------------------------------------------------------------
     def InferBatch(self, request, context):
+        wire.refuse_call(request, context, self.counts, "edge server")  # another wire version it cannot serve
         try:
             return self._infer_batch(request, context)
         except RequestError as e:
             self.counts["bad_request"] += 1
-            self.runner.count_error(e)
+            self.session.refuse(e)
             code, msg = grpc.StatusCode.INVALID_ARGUMENT, f"{e.code}: {e.message}"
         except _Refused as e:
             code, msg = e.code, e.message
@@ -198,7 +201,7 @@ class GpuServicer:
         for i, q in enumerate(sent):  # a leftover the engine cannot take would fail its whole batch
             check_rtc(q, self.engine, i)
         remaining = context.time_remaining()
-        clock = self.core.clock
+        clock = self.fleet.clock
         call = _Call(threading.Condition(self.lock), [None] * n, left=n, holder=token_holder(context.invocation_metadata(), self.tokens) or 0)
         if remaining is not None:
             call.expires_at = clock.now() + remaining
@@ -216,7 +219,8 @@ class GpuServicer:
                 for i, q in enumerate(sent):
                     key = f"call{cid}/{i}"
                     call.keys.append(key)
-                    self.runner.submit(_CallRequest(key, 0, observation=q.observation, call=call, index=i, sent=q))
+                    fut = self.session.submit(_CallRequest(key, 0, observation=q.observation, call=call, index=i, sent=q))
+                    fut.add_done_callback(functools.partial(self._on_result, call, i))
                 while call.left and call.live(clock.now()) and context.is_active():
                     call.cond.wait(max(0.0, min(call.expires_at - clock.now(), self.poll_s)))
             finally:
@@ -242,26 +246,27 @@ class GpuServicer:
             call.ended = True
             self.queued[call.holder] -= call.n_queued
             for key in call.keys:
-                if key in self.core.pending and call.error is None:
+                if call.error is None and self.fleet.queued(key):
                     self.counts["expired"] += 1
-                self.core.cancel(key)
+                self.fleet.drop(key, "task_dropped", "the call ended")
             call.cond.notify_all()
         if call.left and call.error is None:
             self.counts["expired_calls"] += 1
 
-    # --- the runner's callbacks (under its lock) ----------------------------------------
-    def _on_replies(self, replies, dispatch, results) -> None:
+    # --- the fleet's callbacks (under its lock) -----------------------------------------
+    def _on_result(self, call: _Call, i: int, fut) -> None:
+        """A request's future: the engine's full result, untrimmed (or an error: the call ended)."""
+        if fut.exception() is not None or call.ended or call.results[i] is not None:
+            return
+        call.results[i] = fut.result()
+        call.left -= 1
+        if not call.left:
+            call.cond.notify_all()
+
+    def _on_batch(self, _replies, dispatch, results) -> None:
         self.counts["batches"] += 1
         self.counts["requests"] += len(results)
-        for p, res in zip(dispatch.requests, results):  # the engine's full results, untrimmed
-            call, i = p.request.call, p.request.index
-            if call.ended or call.results[i] is not None:
-                self.counts["discarded"] += 1
-                continue
-            call.results[i] = res
-            call.left -= 1
-            if not call.left:
-                call.cond.notify_all()
+        self.counts["discarded"] += sum(1 for p in dispatch.requests if p.request.call.ended)
 
     def _on_error(self, dispatch, exc: Exception) -> None:
         """The engine failed these requests (the Runner has carved out the ones that failed
@@ -283,7 +288,7 @@ class GpuServicer:
         return self.pb.ProfileReply(
             engine=getattr(self.engine, "name", "?"),
             batch_sizes=[int(b) for b in prof.batches],
-            latency_ms=[float(x) for x in prof.latencies_ms],
+            latency_ms=[float(x) for x in prof.latencies_ms], **wire.versions(),
         )
 
     def Health(self, request, context):

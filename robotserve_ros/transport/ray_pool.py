@@ -342,12 +342,8 @@ class RayPoolEngine(Engine):
     def sync(self, runner, tier: str) -> int:
         """Set the tier's slots to the replicas running now (at most the slot threads)."""
         n = min(self.pool.running(), self.slots)
-        with runner.lock:
-            t = runner.core.tier(tier)
-            changed, t.slots = t.slots != n, n
-        if changed:
+        if runner.set_slots(tier, n):
             log.info("ray tier %s: %d replica(s) running", tier, n)
-            runner.kick()
         return n
 
     def attach(self, runner, tier: str) -> None:

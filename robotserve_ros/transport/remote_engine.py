@@ -21,7 +21,7 @@ from ..core.engine import Engine
 from ..core.placement import LinkEstimate, payload_bytes
 from ..core.profile import EngineProfile
 from ..core.types import ChunkResult, InferenceRequest
-from . import DEFAULT_MAX_MESSAGE, channel_options, stubs
+from . import DEFAULT_MAX_MESSAGE, channel_options, stubs, wire
 from .tensors import request_to_pb, result_from_pb
 
 log = logging.getLogger("robotserve.remote_engine")
@@ -95,6 +95,10 @@ class RemoteEngine(Engine):
         except grpc.RpcError as e:
             self.channel.close()
             raise RemoteEngineError(f"GPU server {address}: {e.code().name}: {e.details()}", e.code()) from None
+        refused = wire.refusal(rep.wire_version, rep.min_wire_version, f"GPU server {address}")
+        if refused is not None:  # another wire version that cannot talk to this one: both named
+            self.channel.close()
+            raise RemoteEngineError(refused, grpc.StatusCode.FAILED_PRECONDITION)
         self.profile = EngineProfile(dict(zip(rep.batch_sizes, rep.latency_ms)))
         self.remote_engine = rep.engine
         self._stop = threading.Event()
@@ -125,7 +129,7 @@ class RemoteEngine(Engine):
     # --- Engine --------------------------------------------------------------------
     def infer(self, batch: Sequence[InferenceRequest]) -> list[ChunkResult]:
         msg = self.pb.InferBatchRequest(requests=[request_to_pb(self.pb, r, self.image_transport, self.image_quality)
-                                                  for r in batch])
+                                                  for r in batch], **wire.versions())
         self.calls += 1
         t = time.perf_counter()
         try:

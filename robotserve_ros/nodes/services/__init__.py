@@ -1,4 +1,4 @@
-"""Services beside srv/Infer on the one inference server (DESIGN: the wire contract grows by
+"""Services beside srv/Infer on the one inference server (docs/architecture.md: the wire contract grows by
 new msg/srv/action types, never by a second server).
 
 Each entry is a class built as `cls(node, **params)` when the server's `services` parameter
@@ -10,7 +10,8 @@ names it (its params from the section of that name beside it, nav2-like:
 - `close()`: answer what is waiting with SHUTTING_DOWN, stop its threads, free its engine.
 What a service may use of the server node (its public face, nothing else): the rclpy Node
 calls that make entities, `engine` and `spec` (the action engine and the observation checks),
-`runner` and `clock` (the action fleet's Runner, for front ends of other client protocols),
+`fleet` and `clock` (the action fleet, serve.Fleet: front ends of other client protocols open
+sessions on it),
 and `serve_language(handler)`, the hook through which a service decodes srv/Infer's
 `language_prompt` with the round (handler.attach / handler.cancel; None withdraws it).
 A bad parameter raises ValueError/TypeError naming it; the server turns that into one line

@@ -26,7 +26,7 @@ class LeRobotService:
         from ...transport.lerobot.protocol import LeRobotCompatServer
 
         cfg = CompatConfig(engine="simulated", **params)  # engine: a placeholder, never built (the node's serves)
-        self.server = LeRobotCompatServer(cfg, clock=node.clock, fleet=Fleet(node.runner, node.engine))
+        self.server = LeRobotCompatServer(cfg, clock=node.clock, fleet=Fleet(node.fleet))
         node.get_logger().info(f"LeRobot endpoint on {cfg.host}:{self.server.port}")
 
     def stats(self) -> dict:

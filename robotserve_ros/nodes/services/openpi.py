@@ -3,7 +3,7 @@
 `services: [openpi]`, `openpi: {port: 8000, api_key_file: ..., ...}` (EndpointConfig's
 fields, transport/openpi/config.py): unchanged openpi clients connect to ws://host:port and
 each becomes a task of the server's core, batched with the ROS robots' rounds on the same
-engine (the node's Runner; replies come through Runner.listen)."""
+engine (a session of the node's Fleet per connection, serve/)."""
 from __future__ import annotations
 
 from ...transport.openpi.config import EndpointConfig
@@ -13,10 +13,9 @@ from ...transport.openpi.endpoint import OpenPiEndpoint
 class OpenPiService:
     def __init__(self, node, **params) -> None:
         cfg = EndpointConfig(**params)  # TypeError/ValueError name the parameter: the node exits 2
-        eng = node.engine
-        policy = {"type": getattr(eng, "policy_type", getattr(eng, "name", "engine")),
-                  **({"path": eng.policy_dir} if getattr(eng, "policy_dir", None) else {})}
-        self.endpoint = OpenPiEndpoint(cfg, node.runner, eng, node.clock, policy).start()
+        eng = node.fleet.engine
+        policy = {"type": eng.policy_type or eng.name, **({"path": eng.policy_dir} if eng.policy_dir else {})}
+        self.endpoint = OpenPiEndpoint(cfg, node.fleet, policy).start()
         node.get_logger().info(f"openpi endpoint on ws://{cfg.host}:{self.endpoint.port}")
 
     def stats(self) -> dict:

@@ -105,14 +105,12 @@ class PlannerService:
 
     @staticmethod
     def _load_engine(model: str, threads: int):
-        from ...engines.llm import LLMEngine
+        from ...engines import make_engine
 
         if model == "tiny":
-            from ...engines.llm.tiny import tiny_engine
-
-            return tiny_engine(0)
+            return make_engine("tiny_llm", None)
         try:
-            return LLMEngine.load(model or None, threads=threads)
+            return make_engine("llm", None, model=model, threads=threads)
         except FileNotFoundError as e:
             raise ValueError(f"planner parameter 'model': {e}") from None
 
@@ -142,18 +140,7 @@ class PlannerService:
         g = goal_handle.request
         result = self.PlanTask.Result()
         try:
-            plan, ids = self._validate(g)
-            q: queue.Queue = queue.Queue()
-            with self._lock:
-                if g.task_id in self._goals:
-                    raise DuplicatePlan(f"task '{g.task_id}' is already being planned")
-                self._goals[g.task_id] = q
-            try:
-                self.live.submit(plan, ids)
-            except RequestError:
-                with self._lock:
-                    self._goals.pop(g.task_id, None)
-                raise
+            plan, q = self._admit(g)
         except RequestError as e:
             self.errors[e.code] += 1
             _status(result.status, e.code, e.message)
@@ -201,6 +188,22 @@ class PlannerService:
         goal_handle.succeed()
         return result
 
+    def _admit(self, g):
+        """Validate and submit a goal's plan; (plan, its event queue), or RequestError."""
+        plan, ids = self._validate(g)
+        q: queue.Queue = queue.Queue()
+        with self._lock:
+            if g.task_id in self._goals:
+                raise DuplicatePlan(f"task '{g.task_id}' is already being planned")
+            self._goals[g.task_id] = q
+        try:
+            self.live.submit(plan, ids)
+        except RequestError:
+            with self._lock:
+                self._goals.pop(g.task_id, None)
+            raise
+        return plan, q
+
     def _validate(self, g):
         if not g.task_id:
             raise RequestError("empty task id")
@@ -233,11 +236,11 @@ class PlannerService:
 
     # ---- service interface ----
     def stats(self) -> dict:
-        st = self.core.stats
+        snap = self.core.snapshot()  # the TimelyLLM core's counts, as plain data (core/contract.py)
         return {"plans_accepted": self.counts["accepted"], "plans_completed": self.counts["completed"],
                 "plans_cancelled": self.counts["cancelled"], "errors": dict(self.errors),
-                "segments": st.segments, "in_flight": len(self.core.plans),
-                "decision_ms_median": self.core.decision_ms_median(), "engine_failures": self.live.failures}
+                "segments": snap["segments"], "in_flight": snap["plans"],
+                "decision_ms_median": snap["decision_ms_median"], "engine_failures": self.live.failures}
 
     def close(self) -> None:
         self.live.close()

@@ -46,7 +46,8 @@ class VlmService:
     def __init__(self, node, *, service: str = "/robotserve/vlm/generate", shape: str = "tiny",
                  scheduler: str = "chunked_prefill", max_tokens: int = 40, max_prompt_words: int = 256, max_pending: int = 16,
                  cores=None, threads: int = 1, nice: int = 5, seed: int = 0, image_max_side: int = 2048) -> None:
-        from ...engines.vlm import SHAPES, StagedVLM, StageExecutor
+        from ...engines import make_engine
+        from ...engines.vlm import SHAPES, StageExecutor
         from ...engines.vlm_partition import CpuCorePartition
 
         if shape not in SHAPES:
@@ -64,7 +65,7 @@ class VlmService:
         if not cores or any(c not in allowed for c in cores):
             raise ValueError(f"vlm cores {cores!r}: choose from {allowed}")
         self.mech = CpuCorePartition(cores=cores, max_threads=threads)
-        self.vlm = StagedVLM(shape, seed=seed)
+        self.vlm = make_engine("vlm", None, shape=shape, seed=seed)
         self.executor = StageExecutor(self.vlm, self.mech)
         total = max(2, self.mech.total)
         plan = PartitionPlan(_default_profile(total), tokens=max_tokens)

@@ -1,5 +1,5 @@
-"""The LeRobot endpoint on an existing fleet (the inference server node's Runner and engine)
-instead of policy groups of its own: every client that names the policy that engine serves
+"""The LeRobot endpoint on an existing Fleet (serve/: the inference server node's) instead of
+policy groups of its own: every client that names the policy that fleet's engine serves
 joins that one group, batched with the fleet's other robots."""
 from __future__ import annotations
 
@@ -14,14 +14,14 @@ from .payloads import Refused
 
 
 class Fleet:
-    """A Runner and its engine, for LeRobotCompatServicer(fleet=...): its lock is the
-    servicer's (re-entrant: replies submit the held observations under it)."""
+    """A serve.Fleet, for LeRobotCompatServicer(fleet=...): its lock is the servicer's
+    (re-entrant: replies submit the held observations under it)."""
 
-    def __init__(self, runner, engine) -> None:
-        self.runner, self.engine, self.lock = runner, engine, runner.lock
+    def __init__(self, fleet) -> None:
+        self.fleet, self.engine, self.lock = fleet, fleet.engine, fleet.lock
 
-    def groups(self, cfg, clock, lock, supported, on_replies, refresher) -> "FleetGroups":
-        return FleetGroups(self, cfg, clock, lock, supported, on_replies, refresher)
+    def groups(self, cfg, clock, lock, supported, refresher) -> "FleetGroups":
+        return FleetGroups(self, cfg, clock, lock, supported, refresher)
 
 
 class FleetGroups(PolicyGroups):
@@ -30,12 +30,9 @@ class FleetGroups(PolicyGroups):
     def __init__(self, fleet: Fleet, *args) -> None:
         super().__init__(*args)
         eng = fleet.engine
-        self.policy_dir = getattr(eng, "policy_dir", None)
-        self.policy_type = getattr(eng, "policy_type", None)
-        self.group = PolicyGroup(("fleet", self.policy_dir or getattr(eng, "name", "engine")), eng,
-                                 fleet.runner.core, fleet.runner)
+        self.policy_dir, self.policy_type = eng.policy_dir, eng.policy_type
+        self.group = PolicyGroup(("fleet", self.policy_dir or eng.name), eng, fleet.fleet)
         self.groups[self.group.key] = self.group
-        fleet.runner.listen(self.on_replies)
 
     def get(self, ptype: str, path: str, n_joints: int) -> PolicyGroup:
         try:  # the same containment as everywhere; a stand-in engine serves any name within it
@@ -53,5 +50,5 @@ class FleetGroups(PolicyGroups):
     def idle(self, now: float, in_use: set) -> list:  # the fleet's engine is never unloaded from here
         return []
 
-    def close(self) -> None:  # the fleet's owner closes its Runner and engine
+    def close(self) -> None:  # the fleet's owner closes it and its engine
         pass

@@ -1,18 +1,17 @@
-"""Policy groups: one per loaded policy, each its engine, a ServingCore over it and the
-core's Runner that serves it. Clients naming the same policy share a group (and batches);
-different models never share a batch."""
+"""Policy groups: one per loaded policy, each its engine and a one-tier Fleet (serve/) over
+it. Clients naming the same policy share a group (and batches); different models never
+share a batch."""
 from __future__ import annotations
 
 import logging
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
 import grpc
 
-from ...core.runner import Runner
-from ...core.serving import Refresher, ServingCore, Tier
+from ...serve import Fleet, fleet_over
 from .config import CompatConfig
 from ..policy_source import NOT_ALLOWED, PolicySourceError, resolve_policy
 from ..tensors import shown
@@ -23,18 +22,17 @@ TIER = "edge"  # each group serves on its own local engine: one tier
 
 
 class PolicyGroup:
-    def __init__(self, key: tuple, engine, core: ServingCore, runner: Runner) -> None:
-        self.key, self.engine, self.core, self.runner = key, engine, core, runner
+    def __init__(self, key: tuple, engine, fleet: Fleet) -> None:
+        self.key, self.engine, self.fleet = key, engine, fleet
         self.last_used = time.monotonic()  # a session started on it last (policy_idle_s)
 
+    # Its fleet's core and runner, for tests and benches that look inside (serve/ owns them).
+    core = property(lambda self: self.fleet._core)
+    runner = property(lambda self: self.fleet._runner)
+
     def stats(self) -> dict:
-        """Under the lock. `errors`: requests the core refused or failed (the core's counts)."""
-        s, r = self.core.stats, self.runner
-        return {"tasks": len(self.core.ledger.tasks), "batches": s.batches, "served": s.completed,
-                "mean_batch": s.dispatched / s.batches if s.batches else 0.0, "requeued": s.requeued,
-                "errors": dict(s.errors), "engine_failures": r.failures[TIER], "busy_s": r.busy_s[TIER],
-                "obs_age_mean_s": s.obs_age_sum / s.obs_age_n if s.obs_age_n else 0.0,
-                "obs_age_max_s": s.obs_age_max, "refreshes": s.refreshes, "refresh_failures": s.refresh_failures}
+        """`errors`: requests the core refused or failed (the core's counts)."""
+        return self.fleet.core_stats()
 
 
 def _bad(msg: str) -> Refused:
@@ -44,10 +42,9 @@ def _bad(msg: str) -> Refused:
 class PolicyGroups:
     """The loaded policies, by (policy type, resolved path[, action size])."""
 
-    def __init__(self, cfg: CompatConfig, clock, lock, supported: tuple,
-                 on_replies: Callable[[list, object, list], None], refresher: Optional[Refresher]) -> None:
+    def __init__(self, cfg: CompatConfig, clock, lock, supported: tuple, refresher=None) -> None:
         self.cfg, self.clock, self.lock, self.supported = cfg, clock, lock, supported
-        self.on_replies, self.refresher = on_replies, refresher
+        self.refresher = refresher
         self.groups: dict[tuple, PolicyGroup] = {}
         self._load_lock = threading.Lock()  # one policy load at a time; each loads once
         self.unloaded = 0  # groups unloaded: idle past policy_idle_s, or to make room
@@ -125,14 +122,14 @@ class PolicyGroups:
         return [g for g in self.groups.values() if g not in in_use and now - g.last_used > self.cfg.policy_idle_s]
 
     def unload(self, g: PolicyGroup) -> None:
-        """Free a group: its runner's threads end and its engine closes (outside the lock)."""
+        """Free a group: its fleet's threads end and its engine closes (outside the lock)."""
         with self.lock:
             if self.groups.get(g.key) is not g or g in self.in_use():  # a session took it meanwhile
                 return
             del self.groups[g.key]
             self.unloaded += 1
         log.info("policy %s %s unloaded (no session on it)", shown(g.key[0]), shown(g.key[1], 200))
-        g.runner.close()
+        g.fleet.close()
         g.engine.close()
 
     def _load(self, key: tuple, path: str, n_joints: int) -> PolicyGroup:
@@ -155,15 +152,13 @@ class PolicyGroups:
             raise Refused("policy_load_failed", grpc.StatusCode.FAILED_PRECONDITION,
                           f"cannot load {key[0]} policy from {shown(path)}: {shown(str(e), 300)}") from None
         log.info("loaded %s policy from %s in %.1f s", shown(key[0]), shown(path, 200), time.monotonic() - t)
-        core = ServingCore(cfg.scheduler_config.build(),
-                           [Tier(TIER, engine.profile, max_batch=cfg.max_batch)], self.clock,
-                           refresher=self.refresher, stale_obs_s=cfg.stale_obs_s)
-        runner = Runner(core, {TIER: engine}, self.on_replies, lock=self.lock)
-        return PolicyGroup(key, engine, core, runner.start())
+        fleet = fleet_over(engine, cfg.scheduler_config.build(), self.clock, tier=TIER, max_batch=cfg.max_batch, slots=1,
+                           refresher=self.refresher, stale_obs_s=cfg.stale_obs_s, lock=self.lock)
+        return PolicyGroup(key, engine, fleet.start())
 
     def _layout(self, g: PolicyGroup, names: list, cams: list, rename: dict) -> Layout:
         eng = g.engine
-        image_keys = getattr(eng, "image_keys", None)
+        image_keys = eng.image_keys
         if image_keys is None:  # a stand-in engine takes whatever the robot has
             return Layout(list(names), [(k[len(IMAGE_PREFIX):], None) for k in cams])
         if len(names) != eng.state_dim:
@@ -179,5 +174,5 @@ class PolicyGroups:
 
     def close(self) -> None:
         for g in list(self.groups.values()):
-            g.runner.close()
+            g.fleet.close()
             g.engine.close()

@@ -13,7 +13,6 @@ import grpc
 import numpy as np
 
 from ...core.clock import WallClock
-from ...core.errors import RequestError
 from ...core.observation import BadObservation, Observation
 from ...core.rtc_rebuild import ServedChunk, rebuilt_guide
 from ...core.types import ExecInfo, HorizonChoice, InferenceRequest
@@ -55,11 +54,11 @@ def _rpc(fn):
 class LeRobotCompatServicer:
     """transport.AsyncInference over the fleet scheduler.
 
-    One re-entrant lock guards the clients and every group's core: it is each group
-    Runner's lock, so on_replies (run under it) may submit through runner.submit."""
+    Each client is a session of its policy group's Fleet (serve/). One re-entrant lock, each fleet's,
+    guards the clients and every group's fleet: a reply's callback, run under it, may submit the held observation."""
 
     def __init__(self, cfg: CompatConfig, clock=None, fleet=None) -> None:
-        """fleet: serve every client on an existing Runner (fleet.Fleet) instead of policy groups of its own."""
+        """fleet: serve every client on an existing Fleet (lerobot/fleet.py) instead of policy groups of its own."""
         self.cfg = cfg
         self.helpers, constants, self.pb, _ = lerobot_modules()
         self.clock = clock or WallClock()
@@ -67,13 +66,11 @@ class LeRobotCompatServicer:
         self.lock = fleet.lock if fleet is not None else threading.RLock()
         self.changed = threading.Condition(self.lock)  # a chunk is ready, or a client went
         self.clients: dict[str, Client] = {}  # by session id (issued here, unguessable)
-        self.by_task: dict[str, Client] = {}
         self.by_peer: dict[str, str] = {}  # connection -> its session (clients that name none: LeRobot's)
         self.evictions: dict[str, int] = {}
         self.guard = CallGuard(cfg.guard_limits())
         groups = fleet.groups if fleet is not None else PolicyGroups
-        self.policies = groups(cfg, self.clock, self.lock, tuple(constants.SUPPORTED_POLICIES),
-                               self._on_replies, self._refresh)
+        self.policies = groups(cfg, self.clock, self.lock, tuple(constants.SUPPORTED_POLICIES), self._refresh)
         self.groups = self.policies.groups
         self.policies.sessions = lambda: list(self.clients.values())
         self.protocol_errors: dict[str, int] = {}  # calls refused before any core saw a request
@@ -119,6 +116,7 @@ class LeRobotCompatServicer:
             if self.clients.get(c.key) is not c or c.group is not None or c.next_round:  # a new policy: a fresh task
                 c = self._start_client(c.key, c.peer)
             c.group, c.layout, c.actions_per_chunk = group, layout, apc
+            c.session = group.fleet.session("lerobot", c.peer)
             c.last_seen = self.clock.now()
             group.last_used = time.monotonic()
         log.info("client %s: task %s on %s %s, %d actions per chunk", shown(c.peer, 80), shown(c.task_id, 120),
@@ -138,8 +136,8 @@ class LeRobotCompatServicer:
                           "send the policy instructions (SendPolicyInstructions) before observations")
         try:
             obs = self.payloads.observation(tobs, layout)  # outside the lock: images may be resized
-        except BadObservation as e:  # a malformed request of the client's task: its core counts it
-            c.group.runner.count_error(e)
+        except BadObservation as e:  # a malformed request of the client's task: its fleet counts it
+            c.session.refuse(e)
             raise Refused(e.code, grpc.StatusCode.INVALID_ARGUMENT, e.message, counted=True) from None
         with self.lock:
             if self.clients.get(c.key) is c:
@@ -215,13 +213,13 @@ class LeRobotCompatServicer:
         ):
             c.counts["filtered"] += 1
             return
-        if c.group.core.generating(c.task_id):
+        if c.group.fleet.generating(c.task_id):
             c.held = (step, stamp, obs)  # its round is generating: this one goes next (newest wins)
             return
         self._submit(c, step, stamp, obs)
 
     def _submit(self, c: Client, step: int, stamp: float, obs: Observation) -> None:
-        """Under the lock: the client's next round, through its group's runner."""
+        """Under the lock: the client's next round, through its session; the reply comes to _on_reply."""
         now = self.clock.now()
         rid = c.next_round
         info = None
@@ -232,10 +230,12 @@ class LeRobotCompatServicer:
                                obs, obs_stamp=obs.stamp,
                                rtc=rebuilt_guide(c.served, now, c.hz, step) if info is not None else None)
 
-        try:
-            c.group.runner.submit(req, then=lambda _: c.submitted(rid, step, stamp, obs))
-        except RequestError as e:  # counted by the core
+        fut = c.session.submit(req)
+        if fut.done() and fut.exception() is not None:  # refused (counted by the fleet)
+            e = fut.exception()
             raise Refused(e.code, grpc.StatusCode.FAILED_PRECONDITION, e.message, counted=True) from None
+        c.submitted(rid, step, stamp, obs)  # under the lock: before any reply can come
+        fut.add_done_callback(lambda f: self._on_reply(c, rid, f))
 
     def _refresh(self, reqs) -> list:
         """The core's refresher (outside the lock, at dispatch), for a batch's stale requests."""
@@ -246,7 +246,7 @@ class LeRobotCompatServicer:
         filtered as similar, or held) is fresher than the queued one; the chunk is then timed
         from it. None: none newer."""
         with self.lock:
-            c = self.by_task.get(req.task_id)
+            c = self._by_task(req.task_id)
             meta = c.rounds.get(req.round_id) if c is not None else None
             if meta is None or c.newest is None or c.newest[0] <= meta[0]:
                 return None
@@ -259,24 +259,26 @@ class LeRobotCompatServicer:
             c.counts["refreshed"] += 1
             return obs, obs.stamp
 
-    def _on_replies(self, replies: list, d, results: list) -> None:
-        """Runner.on_replies, under the lock: a chunk is ready; held observations go next."""
-        for r in replies:
-            c = self.by_task.get(r.task_id)
-            meta = c.rounds.get(r.round_id) if c is not None else None
-            if meta is not None:
-                c.ready = (r, *meta)  # a newer chunk replaces one never fetched
-        for p in d.requests:
-            c = self.by_task.get(p.task_id)
-            if c is not None and c.held is not None:
-                step, stamp, obs = c.held
-                c.held = None
-                if step not in c.predicted:
-                    try:
-                        self._submit(c, step, stamp, obs)
-                    except Refused as f:
-                        log.warning("held observation of %s refused: %s", shown(c.peer, 80), f.message)
+    def _on_reply(self, c: Client, rid: int, fut) -> None:
+        """Under the lock (the fleet answers under it): a chunk is ready; a held observation goes next."""
+        if fut.exception() is not None or self.clients.get(c.key) is not c:  # dropped, failed or gone: it asks again
+            return
+        meta = c.rounds.get(rid)
+        if meta is not None:
+            c.ready = (fut.result(), *meta)  # a newer chunk replaces one never fetched
+        if c.held is not None:
+            step, stamp, obs = c.held
+            c.held = None
+            if step not in c.predicted:
+                try:
+                    self._submit(c, step, stamp, obs)
+                except Refused as f:
+                    log.warning("held observation of %s refused: %s", shown(c.peer, 80), f.message)
         self.changed.notify_all()
+
+    def _by_task(self, task_id: str):
+        """Under the lock: the client whose task this is, if any."""
+        return next((c for c in self.clients.values() if c.task_id == task_id), None)
 
     # --- clients --------------------------------------------------------------------------
     @staticmethod
@@ -321,7 +323,6 @@ class LeRobotCompatServicer:
         self._n += 1
         c = self.clients[key] = Client(key, f"lerobot/{peer}#{self._n}", self.clock.now(), self.cfg.fps)
         c.peer, c.lru = peer, time.monotonic()
-        self.by_task[c.task_id] = c
         self.changed.notify_all()
         return c
 
@@ -358,14 +359,10 @@ class LeRobotCompatServicer:
 
     def _end(self, c: Client, unbind: bool = True) -> None:
         """Under the lock: drop the client's task, its queued round and its observation history."""
-        self.by_task.pop(c.task_id, None)
         if unbind and self.by_peer.get(c.peer) == c.key:
             del self.by_peer[c.peer]
-        if c.group is not None:
-            c.group.core.cancel(c.task_id)
-            forget = getattr(c.group.engine, "forget", None)
-            if forget is not None:
-                forget(c.task_id)
+        if c.session is not None:
+            c.session.drop(c.task_id, "task_dropped", "the client's session ended")
 
     def _reap_loop(self) -> None:
         while not self._stop.wait(min(0.5, self.cfg.upload_timeout_s / 4)):
@@ -402,7 +399,6 @@ class LeRobotCompatServicer:
         (payloads, policy setup, unknown clients); each policy's `errors`: its core's count of
         refused requests and failed batches."""
         with self.lock:
-            now = self.clock.now()
             out = {"protocol_errors": dict(self.protocol_errors), "clients_reaped": self.clients_reaped,
                    "evictions": dict(self.evictions), "policies_unloaded": self.policies.unloaded,
                    "calls": {**dict(self.guard.counts), **self.guard.stats()},
@@ -410,17 +406,16 @@ class LeRobotCompatServicer:
                    "uploads_abandoned": self.uploads_abandoned,
                    "clients": {}, "policies": {}}
             for c in self.clients.values():
-                ledger = c.group.core.ledger if c.group is not None else None
-                wr = ledger.wait_ratio(c.task_id, now) if ledger and c.task_id in ledger.tasks else 0.0
-                out["clients"][c.task_id] = {**c.counts, "peer": c.peer, "control_hz": c.hz, "wait_ratio": wr,
-                                             "policy": list(c.group.key[:2]) if c.group else None}
+                out["clients"][c.task_id] = {**c.counts, "peer": c.peer, "control_hz": c.hz, "policy": None, "wait_ratio": 0.0}
+                if c.group is not None:
+                    out["clients"][c.task_id].update(policy=list(c.group.key[:2]), wait_ratio=c.group.fleet.wait_ratio(c.task_id))
             for g in self.groups.values():
                 out["policies"]["%s:%s" % g.key[:2]] = g.stats()
             return out
 
     def trace(self, task_id: str) -> list:
         with self.lock:
-            c = self.by_task.get(task_id)
+            c = self._by_task(task_id)
             return list(c.trace) if c is not None else []
 
     def close(self) -> None:

@@ -1,4 +1,5 @@
-"""The openpi websocket endpoint on a fleet Runner (see the package docstring)."""
+"""The openpi websocket endpoint on a Fleet (serve/): a msgpack codec plus one fleet session
+per connection (see the package docstring)."""
 from __future__ import annotations
 
 import asyncio
@@ -17,6 +18,7 @@ from ...core.errors import RequestError
 from ...core.observation import BadObservation
 from ...core.rtc_rebuild import ServedChunk, rebuilt_guide
 from ...core.types import ExecInfo, HorizonChoice, InferenceRequest
+from ...serve import Fleet, Session
 from ..tensors import shown
 from .codec import Refusal, pack, unpack
 from .config import EndpointConfig
@@ -34,8 +36,8 @@ def rtc_said(reply) -> dict:
 class _Conn:
     """One openpi client: one task of the fleet scheduler."""
 
-    def __init__(self, task_id: str, peer: str, hz: float, burst: int) -> None:
-        self.task_id, self.peer, self.hz = task_id, peer, hz
+    def __init__(self, task_id: str, peer: str, hz: float, burst: int, session: Session) -> None:
+        self.task_id, self.peer, self.hz, self.session = task_id, peer, hz, session
         self.next_round = 0
         self.delivered_at: Optional[float] = None  # when its last chunk was sent
         self.served: Optional[ServedChunk] = None  # that chunk (cfg.rtc: the leftover is rebuilt from it)
@@ -63,13 +65,14 @@ class _HandshakeFailures(logging.Filter):
 
 class OpenPiEndpoint:
     """openpi's protocol (a msgpack metadata frame, then one observation frame answered by one
-    actions frame) served on `runner`'s fleet: each connection is a task of its core,
-    batched with every other robot of the same engine, whatever protocol it speaks.
+    actions frame) served on `fleet`: each connection is a session and a task of its
+    core, batched with every other robot of the same engine, whatever protocol it speaks.
 
-    `clock` is the core's; `policy` goes into the metadata (type, source, revision)."""
+    `policy` goes into the metadata (type, source, revision)."""
 
-    def __init__(self, cfg: EndpointConfig, runner, engine, clock, policy: Optional[dict] = None) -> None:
-        self.cfg, self.runner, self.engine, self.clock = cfg, runner, engine, clock
+    def __init__(self, cfg: EndpointConfig, fleet: Fleet, policy: Optional[dict] = None) -> None:
+        self.cfg, self.fleet, self.engine, self.clock = cfg, fleet, fleet.engine, fleet.clock
+        engine = self.engine
         self.api_key = cfg.api_key()  # ValueError at start: unreadable or empty
         self.keys = KeyMap(cfg.key_map, PolicyFeatures.of(engine))
         self.metadata = {"server": "robotserve_ros", "protocol": "openpi", "policy": dict(policy or {}),
@@ -79,11 +82,8 @@ class OpenPiEndpoint:
         self._ws_log = logging.getLogger(f"robotserve.openpi.ws.{id(self):x}")
         self._ws_log.addFilter(_HandshakeFailures(self.refused))
         self.counts: Counter = Counter()  # connections, rounds, chunks
-        self.mix: Counter = Counter()  # batches with openpi robots, by the protocols in them
         self.active = 0
-        self._waiting: dict = {}  # (task_id, round_id) -> (loop, future); under runner.lock
         self._n = 0
-        runner.listen(self._on_replies, self._on_given_up)
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._stop: Optional[asyncio.Event] = None
         self._ready = threading.Event()
@@ -157,7 +157,8 @@ class OpenPiEndpoint:
     async def _handle(self, ws) -> None:
         self._n += 1
         peer = "%s:%s" % ws.remote_address[:2] if ws.remote_address else "?"
-        c = _Conn(f"openpi/{peer}#{self._n}", peer, self.cfg.control_hz, self.cfg.rate_burst)
+        c = _Conn(f"openpi/{peer}#{self._n}", peer, self.cfg.control_hz, self.cfg.rate_burst,
+                  self.fleet.session("openpi", peer))
         self.counts["connections"] += 1
         try:
             await ws.send(pack(self.metadata))
@@ -192,8 +193,8 @@ class OpenPiEndpoint:
         try:
             left, c.hz, horizon, reset = exec_info(raw.get(EXEC_KEY), c.hz)
             obs = self.keys.observation(raw, self.clock.now())
-        except BadObservation as e:  # a malformed request of this robot's task: the core counts it
-            self.runner.count_error(e)
+        except BadObservation as e:  # a malformed request of this robot's task: the fleet counts it
+            c.session.refuse(e)
             raise Refusal("counted", e.message) from None
         if reset and c.next_round:  # a new episode (RoboLab's env reset): a fresh task
             self._end(c)
@@ -209,18 +210,13 @@ class OpenPiEndpoint:
         rtc = rebuilt_guide(c.served, now, c.hz) if self.cfg.rtc and info is not None else None
         req = InferenceRequest(c.task_id, c.next_round, info, HorizonChoice("static", float(h)), obs, obs_stamp=obs.stamp,
                                rtc=rtc)
-        loop = asyncio.get_running_loop()
-        fut = loop.create_future()
         key = (c.task_id, c.next_round)
         try:
-            self.runner.submit(req, then=lambda _p: self._waiting.__setitem__(key, (loop, fut)))
-        except RequestError as e:  # counted by the core
+            reply = await asyncio.wait_for(asyncio.wrap_future(c.session.submit(req)), self.cfg.reply_timeout_s)
+        except RequestError as e:  # counted by the fleet
             raise Refusal("counted", e.message) from None
-        try:
-            reply = await asyncio.wait_for(fut, self.cfg.reply_timeout_s)
         except asyncio.TimeoutError:
-            with self.runner.lock:
-                self._waiting.pop(key, None)
+            c.session.withdraw(*key)
             raise Refusal("reply_timeout", f"round {key[1]} not served within reply_timeout_s ({self.cfg.reply_timeout_s} s)") from None
         c.next_round += 1
         c.delivered_at = self.clock.now()
@@ -241,50 +237,10 @@ class OpenPiEndpoint:
             raise Refusal("rate_limited", f"more than max_rate_hz ({cfg.max_rate_hz}) infer calls per second")
         c.tokens -= 1.0
 
-    def _on_replies(self, replies, d, _results) -> None:
-        """Runner listener, under its lock: wake this endpoint's waiting rounds; count the
-        batches this endpoint's robots shared with robots of other protocols."""
-        kinds = {protocol_of(p.task_id) for p in d.requests}
-        if "openpi" in kinds:
-            self.mix["+".join(sorted(kinds))] += 1
-        for r in replies:
-            w = self._waiting.pop((r.task_id, r.round_id), None)
-            if w is not None:
-                loop, fut = w
-                loop.call_soon_threadsafe(lambda f=fut, r=r: f.done() or f.set_result(r))
-
-    def _on_given_up(self, pendings, exc) -> None:
-        """Runner listener, under its lock: rounds the engine failed (one that failed alone, or
-        in max_attempts batches) end their infer() call with the error."""
-        if isinstance(exc, RequestError):
-            key, text = "counted", f"{exc.code}: {exc.message}"
-        else:
-            key, text = "engine_failure", f"the engine failed this round ({type(exc).__name__}); send it again"
-        for p in pendings:
-            w = self._waiting.pop((p.task_id, p.request.round_id), None)
-            if w is not None:
-                loop, fut = w
-                err = Refusal(key, f"round {p.request.round_id}: {text}")
-                loop.call_soon_threadsafe(lambda f=fut, e=err: f.done() or f.set_exception(e))
-
     def _end(self, c: _Conn) -> None:
         """The robot left (or reset): its queued round and observation history go."""
-        with self.runner.lock:
-            for key in [k for k in self._waiting if k[0] == c.task_id]:
-                del self._waiting[key]
-            if c.task_id in self.runner.core.ledger.tasks:
-                self.runner.core.cancel(c.task_id)
-        forget = getattr(self.engine, "forget", None)
-        if forget is not None:
-            forget(c.task_id)
+        c.session.drop(c.task_id, "task_dropped", "the robot left")
 
     def stats(self) -> dict:
-        return {"connected": self.active, "refused": dict(self.refused), **self.counts,
-                "batches_by_protocols": dict(self.mix)}
-
-
-def protocol_of(task_id: str) -> str:
-    """Which front end a task came through, by its id: openpi/..., lerobot/... (the LeRobot
-    endpoint's), anything else the ROS service's."""
-    head = task_id.split("/", 1)[0]
-    return head if head in ("openpi", "lerobot") else "ros"
+        mix = {k: n for k, n in self.fleet.batches_by_protocols().items() if "openpi" in k.split("+")}
+        return {"connected": self.active, "refused": dict(self.refused), **self.counts, "batches_by_protocols": mix}

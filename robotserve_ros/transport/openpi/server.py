@@ -1,14 +1,13 @@
 """`robotserve openpi-server`'s server: one policy (a local directory or an allowed hub id),
-its engine, a ServingCore with the configured scheduler and the core's Runner, and the
-openpi endpoint on that Runner."""
+its engine, a one-tier Fleet (serve/) with the configured scheduler, and the openpi
+endpoint on that Fleet."""
 from __future__ import annotations
 
 import logging
 import time
 
 from ...core.clock import WallClock
-from ...core.runner import Runner
-from ...core.serving import ServingCore, Tier
+from ...serve import fleet_over
 from ..policy_source import PolicySource, resolve_policy
 from .config import OpenPiConfig
 from .endpoint import OpenPiEndpoint
@@ -43,26 +42,23 @@ class OpenPiServer:
         self.engine = build_engine(cfg, self.source)
         log.info("loaded %s in %.1f s", self.source.describe(), time.monotonic() - t)
         self.clock = clock or WallClock()
-        self.core = ServingCore(cfg.scheduler_config.build(), [Tier(TIER, self.engine.profile, max_batch=cfg.max_batch)],
-                                self.clock)
-        self.runner = Runner(self.core, {TIER: self.engine}, lambda *_: None).start()
-        policy = {"type": getattr(self.engine, "policy_type", cfg.engine), **self.source.describe()}
+        self.fleet = fleet_over(self.engine, cfg.scheduler_config.build(), self.clock, tier=TIER,
+                                max_batch=cfg.max_batch, slots=1).start()
+        policy = {"type": self.engine.policy_type or cfg.engine, **self.source.describe()}
         try:
-            self.endpoint = OpenPiEndpoint(cfg.endpoint, self.runner, self.engine, self.clock, policy).start()
+            self.endpoint = OpenPiEndpoint(cfg.endpoint, self.fleet, policy).start()
         except (OSError, ValueError):
-            self.runner.close()
+            self.fleet.close()
             self.engine.close()
             raise
         self.port = self.endpoint.port
 
     def stats(self) -> dict:
-        s = self.core.stats
-        with self.runner.lock:
-            core = {"batches": s.batches, "served": s.completed, "errors": dict(s.errors),
-                    "mean_batch": s.dispatched / s.batches if s.batches else 0.0}
+        s = self.fleet.core_stats()
+        core = {k: s[k] for k in ("batches", "served", "errors", "mean_batch")}
         return {"endpoint": self.endpoint.stats(), "core": core}
 
     def stop(self) -> None:
         self.endpoint.close()
-        self.runner.close()
+        self.fleet.close()
         self.engine.close()

@@ -1,0 +1,102 @@
+"""Where a Fleet is put together: engines, tiers (the local engine, remote GPU servers over
+gRPC, Ray Serve pools), placement, the core and its Runner, once, for every front end.
+
+`build_tiers(config, clock)` builds the engines and tiers of an inference server's config
+(seed 000 §3.2.3: hybrid edge/cloud placement); `build_fleet(config, clock, ...)` puts the
+core and its Runner over them. `fleet_over(engine, scheduler, clock, ...)` is the one-tier
+fleet of a stand-alone endpoint (openpi, a LeRobot policy group, the GPU server).
+
+A config error comes out as ValueError(where, what) (the parameter and the problem) or the
+config's own ConfigError; the caller turns it into its one line."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Optional
+
+from ..core.placement import hybrid_tiers
+from ..core.serving import ServingCore, Tier
+from .fleet import Fleet
+
+
+@dataclass
+class TierSet:
+    """The engines a fleet serves on: `engine` is the local (edge) one."""
+
+    engine: object
+    tiers: list
+    engines: dict
+    placement: object = None
+    pools: list = field(default_factory=list)  # Ray tiers: their slots follow their replicas
+
+    def close(self) -> None:
+        for eng in {id(x): x for x in [self.engine, *self.engines.values()]}.values():
+            eng.close()
+
+
+def build_tiers(c, clock) -> TierSet:
+    """The edge engine, the cloud tiers (GPU servers: their profiles fetched from them; the
+    links' down-until times are on `clock`, which the placement reads) and the Ray pools
+    (a slot per replica, transport/ray_pool.py) of an InferenceServerConfig."""
+    from ..engines import make_engine
+
+    engine = c.engine.build()
+    engines: dict = {}
+    try:
+        edge = Tier("edge", engine.profile, max_batch=c.max_batch or None)
+        clouds = {n: {"slots": t.slots, "max_batch": t.max_batch, "rtt_s": t.rtt_s,
+                      "bandwidth_bps": t.bandwidth_bps, **t.engine_params()} for n, t in c.tiers().items()}
+        tiers, engines, placement = hybrid_tiers(
+            edge, engine, clouds, lambda link, **kw: make_engine("remote", None, link=link, clock=clock.now, **kw),
+            c.placement.name, c.placement.chosen)
+        for n, t in c.ray_tier_configs().items():
+            try:
+                profile, kw = t.engine_params_for(c.engine, n, os.getpid())
+                engines[n] = make_engine("ray", profile, **kw)
+            except Exception as e:  # ray missing, a cluster not reachable, a replica that cannot start
+                raise ValueError(n, f"{type(e).__name__}: {e}") from e
+            tiers.append(Tier(n, engines[n].profile, slots=engines[n].slots, max_batch=t.max_batch or None))
+    except Exception:
+        TierSet(engine, [], engines).close()
+        raise
+    return TierSet(engine, tiers, engines, placement, list(c.ray_tier_configs()))
+
+
+def build_fleet(c, clock, *, tiers: Optional[TierSet] = None, scheduler=None, refresher=None, rtc_shape=None,
+                **fleet_kw) -> Fleet:
+    """The fleet of an InferenceServerConfig `c` on `clock` (its scheduler and tiers built
+    here unless given); fleet_kw go to Fleet (max_waiting, binder, task_timeout_s, observer,
+    ...). Not started: call start(), then its Ray tiers follow their replicas."""
+    scheduler = scheduler or c.scheduler.build()
+    ts = tiers or build_tiers(c, clock)
+    try:
+        core = ServingCore(scheduler, ts.tiers, clock, horizon_params=c.horizon, placement=ts.placement,
+                           refresher=refresher, stale_obs_s=c.stale_obs_s, rtc_shape=rtc_shape)
+    except (TypeError, ValueError) as e:  # a horizon knob the policy does not take: say which
+        ts.close()
+        raise ValueError("horizon", str(e)) from e
+    fleet = Fleet(core, ts.engines, **fleet_kw)
+    fleet.engine, fleet.pools = ts.engine, ts.pools
+    return fleet
+
+
+def fleet_over(engine, scheduler, clock, *, tier: str = "edge", max_batch: Optional[int] = None,
+               slots: Optional[int] = None, refresher=None, stale_obs_s: Optional[float] = None,
+               serve_with=None, **fleet_kw) -> Fleet:
+    """A one-tier fleet: `engine` (or `serve_with`, a wrapper the runner calls instead) on
+    one tier of `slots` slots (default: the engine's own, else 1). Not started."""
+    n = slots if slots is not None else getattr(engine, "slots", 1)  # a test double may not be an Engine
+    fleet = fleet_of(scheduler, [Tier(tier, engine.profile, slots=n, max_batch=max_batch)], {tier: serve_with or engine},
+                     clock, refresher=refresher, stale_obs_s=stale_obs_s, **fleet_kw)
+    fleet.engine = engine
+    return fleet
+
+
+def fleet_of(scheduler, tiers: list, engines: dict, clock, *, placement=None, refresher=None,
+             stale_obs_s: Optional[float] = None, **fleet_kw) -> Fleet:
+    """A fleet over given tiers and their engines (the simulator's: a virtual clock, its
+    engine model per tier, placement over them). Not started; a simulator drives its steps."""
+    core = ServingCore(scheduler, tiers, clock, placement=placement, refresher=refresher, stale_obs_s=stale_obs_s)
+    fleet = Fleet(core, engines, **fleet_kw)
+    fleet.engine, fleet.pools = next(iter(engines.values())), []
+    return fleet

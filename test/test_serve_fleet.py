@@ -1,0 +1,170 @@
+"""serve/: the Fleet and its sessions (pure Python, fake engines, the live runner)."""
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from robotserve_ros.core.clock import WallClock
+from robotserve_ros.core.errors import RequestError
+from robotserve_ros.core.profile import EngineProfile
+from robotserve_ros.core.schedulers import make_scheduler
+from robotserve_ros.core.types import ChunkReply, ChunkResult, HorizonChoice, InferenceRequest
+from robotserve_ros.serve import REFUSALS, Refused, fleet_over
+
+
+class Gate:
+    """A fake engine whose batches wait until `open` is set; it remembers every batch."""
+
+    profile = EngineProfile({1: 1.0, 8: 2.0})
+    name = "gate"
+
+    def __init__(self, fail: int = 0) -> None:
+        self.open, self.batches, self.forgot, self.fail = threading.Event(), [], [], fail
+
+    def infer(self, batch):
+        assert self.open.wait(10)
+        self.batches.append([q.task_id for q in batch])
+        if self.fail:
+            self.fail -= 1
+            raise RuntimeError("engine down")
+        return [ChunkResult(np.full((8, 2), i, np.float32)) for i, _ in enumerate(batch)]
+
+    def forget(self, task_id: str) -> None:
+        self.forgot.append(task_id)
+
+
+def until(cond, timeout: float = 10.0) -> bool:
+    end = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.005)
+    return True
+
+
+def req(task: str, rnd: int = 0) -> InferenceRequest:
+    return InferenceRequest(task, rnd, horizon=HorizonChoice("static", 4.0))
+
+
+@pytest.fixture
+def fleet_of():
+    made = []
+
+    def make(engine=None, **kw):
+        eng = engine or Gate()
+        f = fleet_over(eng, make_scheduler("fifo"), WallClock(), **kw).start()
+        made.append(f)
+        return f, eng
+
+    yield make
+    for f in made:
+        f.close()
+
+
+def code_of(fut) -> str:
+    e = fut.exception(timeout=10)
+    assert isinstance(e, RequestError), e
+    return e.code
+
+
+def test_two_protocols_share_a_batch_and_each_gets_its_own_reply(fleet_of):
+    fleet, eng = fleet_of()
+    a, b = fleet.session("ros", "/r1"), fleet.session("jsonl", "peer")
+    first = a.submit(req("warm"))  # holds the slot while the next two queue up
+    assert until(lambda: fleet.generating("warm"))
+    fa, fb = a.submit(req("a")), b.submit(req("b"))
+    eng.open.set()
+    first.result(10)
+    ra, rb = fa.result(10), fb.result(10)
+    assert isinstance(ra, ChunkReply) and (ra.task_id, rb.task_id) == ("a", "b") and ra.horizon == 4
+    assert ["a", "b"] in eng.batches
+    assert fleet.batches_by_protocols().get("jsonl+ros") == 1
+    stats = fleet.protocol_stats()
+    assert stats["ros"]["served"] == 2 and stats["jsonl"]["served"] == 1
+
+
+def test_a_resent_round_goes_to_the_newer_call_and_an_answered_one_is_replayed(fleet_of):
+    fleet, eng = fleet_of()
+    s = fleet.session("ros")
+    old = s.submit(req("a"))
+    new = s.submit(req("a"))  # the same (task, round) again while it waits
+    assert code_of(old) == "duplicate_request"
+    eng.open.set()
+    reply = new.result(10)
+    again = s.submit(req("a"))  # answered already: the cached reply, nothing generated again
+    assert again.done() and again.result() is reply
+    assert len(eng.batches) == 1 and fleet.protocol_stats()["ros"]["replayed"] == 1
+
+
+def test_max_waiting_refuses_with_overloaded_and_counts_it(fleet_of):
+    fleet, eng = fleet_of(max_waiting=1)
+    s = fleet.session("openpi")
+    held = s.submit(req("a"))
+    refused = s.submit(req("b"))
+    assert code_of(refused) == "overloaded" and "overloaded" in REFUSALS
+    assert fleet.core_stats()["errors"]["overloaded"] == 1
+    assert fleet.protocol_stats()["openpi"]["refused:overloaded"] == 1
+    eng.open.set()
+    assert held.result(10).task_id == "a"
+    assert s.submit(req("b")).result(10).task_id == "b"  # room again once answered
+
+
+def test_a_dropped_task_answers_its_waiting_call_and_frees_its_engine_state(fleet_of):
+    fleet, eng = fleet_of()
+    s = fleet.session("lerobot")
+    busy = s.submit(req("x"))  # generating (the gate is shut): "a" waits in the queue
+    assert until(lambda: fleet.generating("x"))
+    fa = s.submit(req("a"))
+    s.drop("a", "task_dropped", "the robot left")
+    assert code_of(fa) == "task_dropped" and "a" in eng.forgot and not fleet.knows("a")
+    eng.open.set()
+    busy.result(10)
+    s.close()
+    assert not fleet.knows("x") and s.tasks == set()
+
+
+def test_a_silent_task_is_reaped(fleet_of):
+    now = [0.0]
+    fleet, eng = fleet_of(task_timeout_s=5.0, now=lambda: now[0])
+    s = fleet.session("ros")
+    busy = s.submit(req("x"))
+    assert until(lambda: fleet.generating("x"))
+    fa = s.submit(req("a"))
+    now[0] = 3.0
+    fleet.touch("x")  # heard (progress): kept
+    now[0] = 6.0
+    assert fleet.reap() == ["a"]
+    assert code_of(fa) == "task_dropped"
+    eng.open.set()
+    busy.result(10)
+
+
+def test_refusals_from_the_core_and_engine_failures_reach_the_future(fleet_of):
+    fleet, eng = fleet_of(Gate(fail=5), max_attempts=2, retry_pause_s=0.0)
+    s = fleet.session("ros")
+    assert code_of(s.submit(req("nobody", 3))) == "unknown_task"  # round 3 of a task never started
+    f = s.submit(req("a"))
+    eng.open.set()
+    assert code_of(f) == "engine_failure"
+    assert isinstance(Refused("engine_failure", "x"), RequestError)
+
+
+def test_an_untrimmed_session_gets_the_engines_full_result(fleet_of):
+    fleet, eng = fleet_of()
+    eng.open.set()
+    out = fleet.session("gpu", untrimmed=True).submit(req("a")).result(10)
+    assert isinstance(out, ChunkResult) and out.actions.shape == (8, 2)
+
+
+def test_a_withdrawn_call_leaves_the_round_queued(fleet_of):
+    fleet, eng = fleet_of()
+    s = fleet.session("openpi")
+    f = s.submit(req("a"))
+    s.withdraw("a", 0)
+    assert fleet.waiting() == 0 and fleet.queued("a") or fleet.generating("a")
+    eng.open.set()
+    with pytest.raises(TimeoutError):
+        f.result(0.5)  # nobody routes it any more
