@@ -381,6 +381,6 @@ def test_a_row_the_engine_fails_on_fails_only_its_own_call(served):
     assert [(c.task_id, c.round_id) for c in a.reply.chunks] == [("edgeA/t", 0), ("edgeA/u", 1)]
     assert b.error is not None and b.error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "bad_observation" in b.error.details()
-    assert srv.servicer.runner.rows_failed == 1
+    assert srv.servicer.fleet.core_stats()["rows_failed"] == 1
     assert_serves(eng, stub, "after")
     assert_clean(srv)

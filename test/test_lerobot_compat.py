@@ -360,7 +360,7 @@ def test_issued_sessions_separate_clients_on_one_connection(sim_server):
 @pytest.mark.parametrize("field,value,says", [
     ("fps", -1, "fps must be a number > 0, got -1"),
     ("scheduler", "nosuch", "parameter 'scheduler': 'nosuch' is not one of autellix, edf, fifo, kairos"),
-    ("scheduler_params", {"nosuch": 1}, "parameter 'scheduler_params.remaining'"),
+    ("scheduler_params", {"nosuch": 1}, "parameter 'scheduler_params.nosuch': given 1, but scheduler 'remaining' has no such knob"),
     ("engine", "nosuch", f"parameter 'engine': 'nosuch' is not one of {', '.join(ENGINES.names())}"),
     ("profile_ms", {0: 5.0}, "parameter 'profile_ms': [0] is not a list of increasing batch sizes starting at 1"),
     ("port", 70000, "port must be an integer in 0..65535"),

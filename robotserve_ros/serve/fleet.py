@@ -149,7 +149,7 @@ class Fleet:
             try:
                 self._admit(s, req, proof, key)
             except RequestError as e:  # refused before the core saw it: counted there too
-                self._core.stats.errors[e.code] += 1
+                self._count(e)
                 return self._refused(s, req, fut, e)
             try:
                 self.counts[s.protocol]["submitted"] += 1
@@ -198,8 +198,14 @@ class Fleet:
 
     def count_error(self, err: RequestError, protocol: str = "?") -> None:
         with self.lock:
-            self._core.stats.errors[err.code] += 1
+            self._count(err)
             self.counts[protocol]["refused:" + err.code] += 1
+
+    def _count(self, err: RequestError) -> None:
+        """Under the lock: a refusal by kind, and its reason as the newest of its kind (what
+        `up` and `status` show the operator)."""
+        self._core.stats.errors[err.code] += 1
+        self._core.stats.last_error[err.code] = str(err)
 
     # --- replies out (engine threads, under the lock) ----------------------------------------------
     def _answer(self, key: tuple, reply=None, error: Optional[Exception] = None) -> None:
@@ -328,7 +334,7 @@ class Fleet:
                     "obs_age_max_s": s.obs_age_max, "refreshes": s.refreshes, "refresh_failures": s.refresh_failures,
                     "engine_failures": sum(self._runner.failures.values()), "busy_s": sum(self._runner.busy_s.values()),
                     "dispatched": s.dispatched, "busy_s_by_tier": dict(self._runner.busy_s),
-                    "failures_by_tier": dict(self._runner.failures)}
+                    "failures_by_tier": dict(self._runner.failures), "rows_failed": self._runner.rows_failed}
 
     def observe(self, observer) -> None:
         """A stage observer (core/runner.py STAGES)."""

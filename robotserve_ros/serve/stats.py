@@ -27,7 +27,7 @@ def load_stats(fleet, started_at: float, robots: dict) -> dict:
             "queue_length": len(core.pending), "in_flight": len(core.inflight), "tasks": len(core.ledger.tasks),
             "served": s.completed, "batches": s.batches,
             "engine_utilization": r.busy_s["edge"] / max(1e-9, now - started_at),
-            "tier_failures": dict(r.failures), "late_replies_discarded": r.late_replies,
+            "tier_failures": dict(r.failures), "rows_failed": r.rows_failed, "late_replies_discarded": r.late_replies,
             "resent_requests": s.resent_requests, "replies_replayed": s.replies_replayed, "given_up": s.given_up,
             "errors": dict(s.errors), "last_error": dict(s.last_error), "refreshes": s.refreshes, "refresh_failures": s.refresh_failures,
             "refresh_skipped": s.refresh_skipped, "refresh_success_recent": round(core.refresh_gate.success, 3),

@@ -90,7 +90,7 @@ class CompatConfig:
             if not isinstance(getattr(self, name), dict):
                 raise ValueError(f"{name} must be a dict, got {type(getattr(self, name)).__name__}")
         flat = {"name": "scheduler", "scheduler": "scheduler_params", "batch_sizes": "profile_ms",
-                "latency_ms": "profile_ms"}
+                "latency_ms": "profile_ms", self.scheduler: "scheduler_params"}  # a knob: scheduler_params.<knob>
         try:  # a bad knob fails here, not when the first client connects
             self.scheduler_config.build()
             self.engine_config  # noqa: B018 (checked when made)

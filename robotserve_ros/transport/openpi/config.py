@@ -117,7 +117,8 @@ class OpenPiConfig:
             self.scheduler_config.build()
             self.engine_config  # noqa: B018
         except (TypeError, ValueError) as e:
-            flat = {"name": "scheduler", "scheduler": "scheduler_params", "batch_sizes": "profile_ms", "latency_ms": "profile_ms"}
+            flat = {"name": "scheduler", "scheduler": "scheduler_params", "batch_sizes": "profile_ms", "latency_ms": "profile_ms",
+                    self.scheduler: "scheduler_params"}  # a knob of the scheduler: scheduler_params.<knob>
             raise relabel(e, flat) if isinstance(e, ConfigError) else ValueError(f"profile_ms: {e}") from None
 
     @property
