@@ -95,25 +95,33 @@ def sample_chunks(net, state_n, noise, num_steps: int, capture: list | None = No
 
 RTC_FORMS = ("paper", "lerobot")
 RTC_MAX_GUIDANCE = 5.0  # beta, the guidance weight clip (RTC paper §4.3 and App. A: beta = 5)
+RTC_MASKS = ("soft", "hard", "linear")
+# LeRobot 0.4.4's RTCConfig defaults (lerobot/policies/rtc/configuration_rtc.py): the `lerobot`
+# form is served with these unless an option overrides them.
+LEROBOT_RTC_DEFAULTS = {"mask": "linear", "max_guidance": 10.0, "execution_horizon": 10}
 
 
-RTC_MASKS = ("soft", "hard")
-
-
-def rtc_prefix_weights(d: int, k: int, horizon: int, mask: str = "soft") -> np.ndarray:
+def rtc_prefix_weights(d: int, k: int, horizon: int, mask: str = "soft", end: int | None = None) -> np.ndarray:
     """RTC's soft mask W over a chunk of `horizon` actions (Black et al. 2025, §4.2, eq. 5), for a
     leftover of k actions of which the first d are executed while this chunk is generated:
     1 for i < d (frozen), c_i (e^c_i - 1) / (e - 1) with c_i = (k - i) / (k - d + 1) for
     d <= i < k (the paper's H - s is the leftover's length k), 0 beyond the leftover.
-    mask "hard": 1 on the first d only (§4.2's hard-masking ablation)."""
+    d = 0 is a mask like any other: nothing frozen, the whole leftover weighted by c_i.
+    mask "hard": 1 on the first d only (§4.2's hard-masking ablation). mask "linear": c_i itself
+    (LeRobot's LINEAR schedule; its EXP schedule is "soft"). end: the weighted region stops at
+    min(k, end) (LeRobot's execution_horizon), the whole leftover when None."""
+    if mask not in RTC_MASKS:
+        raise ValueError(f"rtc mask {mask!r}: known {', '.join(RTC_MASKS)}")
     k = max(0, min(int(k), int(horizon)))
+    if end is not None:
+        k = min(k, max(0, int(end)))
     d = max(0, min(int(d), k))
     w = np.zeros(int(horizon), np.float32)
     w[:d] = 1.0
     if mask == "hard":
         return w
     c = (k - np.arange(d, k, dtype=np.float64)) / (k - d + 1)
-    w[d:k] = c * np.expm1(c) / np.expm1(1.0)
+    w[d:k] = c if mask == "linear" else c * np.expm1(c) / np.expm1(1.0)
     return w
 
 
