@@ -176,3 +176,28 @@ def test_bad_guides_and_options_are_refused(policy_dir):
     with pytest.raises(ValueError, match="rtc_form 'pigdm'"):
         make_engine("flow", None, policy_dir=str(policy_dir), rtc_form="pigdm")
     assert eng.supports_rtc
+
+
+def test_training_time_rtc_head_takes_the_prefix_and_no_guidance(tmp_path):
+    """A head trained with prefix conditioning (arXiv 2512.05964): the first d actions are the
+    leftover's exactly, the rest is generated with the net told which actions are given; rows
+    batched equal rows alone; d = 0 has no prefix, so it is the free chunk."""
+    from robotserve_ros.engines.flow_policy import build_net, save_flow_policy
+    from robotserve_ros.engines.torch_env import import_torch
+
+    import_torch().manual_seed(2)
+    cfg = {"state_dim": 3, "action_dim": DIM, "chunk": CHUNK, "hidden": 32, "blocks": 2, "num_steps": 5,
+           "state_min": [0, 0, 0], "state_max": [1, 1, 1], "action_min": [0, 0], "action_max": [10, 20],
+           "prefix_cond": True, "prefix_max_delay": 4}
+    eng = make_engine("flow", None, policy_dir=str(save_flow_policy(tmp_path / "trained", build_net(cfg), cfg)), seed=1)
+    q = states(4, seed=6)
+    left = [np.random.default_rng(i).uniform([0, 0], [10, 20], (6, DIM)).astype(np.float32) for i in range(4)]
+    ds = [0, 1, 3, 4]
+    batch = [req(f"p{i}", q[i], RtcGuide(left[i], ds[i])) for i in range(4)]
+    out = eng.infer(batch)
+    free = eng.infer([req(f"p{i}", q[i]) for i in range(4)])
+    for i, d in enumerate(ds):
+        assert np.allclose(out[i].actions[:d], left[i][:d], atol=1e-4)
+        assert np.allclose(out[i].actions, eng.infer([batch[i]])[0].actions, atol=1e-5)
+        assert out[i].rtc_delay_steps == d
+        assert np.allclose(out[i].actions, free[i].actions, atol=1e-6) == (d == 0)

@@ -72,6 +72,9 @@ class FlowEngine(Engine):
         self.policy_dir, self.seed, self.policy_type = str(policy_dir), int(seed), "flow_matching"
         self.state_dim, self.action_dim = int(self.cfg["state_dim"]), int(self.cfg["action_dim"])
         self.chunk_len, self.num_steps = int(self.cfg["chunk"]), int(self.cfg["num_steps"])
+        # A head trained with training-time RTC (arXiv 2512.05964) takes the executed prefix as
+        # conditioning: served with the request's d, no guidance (rtc_form and mask unused).
+        self.prefix_cond = bool(self.cfg.get("prefix_cond", False))
         self.sn = Normaliser(self.cfg["state_min"], self.cfg["state_max"])
         self.an = Normaliser(self.cfg["action_min"], self.cfg["action_max"])
 
@@ -106,7 +109,11 @@ class FlowEngine(Engine):
             k = min(int(g.leftover.shape[0]), H)
             d = min(int(g.delay_steps), k)
             used[i] = d
-            if k >= 1:
+            if self.prefix_cond:
+                if d >= 1:  # the first d leftover actions are the clean prefix, nothing else
+                    tgt[i, :d] = self.an.norm(g.leftover[:d].astype(np.float32))
+                    w[i, :d] = 1.0
+            elif k >= 1:
                 # d = 0 is guided like any other d (the leftover's soft weights, nothing frozen).
                 # The leftover is in action space: the network denoises normalised actions.
                 tgt[i, :k] = self.an.norm(g.leftover[:k].astype(np.float32))
@@ -118,7 +125,7 @@ class FlowEngine(Engine):
     def infer(self, batch: Sequence[InferenceRequest]) -> list[ChunkResult]:
         if not batch:
             return []
-        from .flow_policy import sample_chunks, sample_chunks_guided
+        from .flow_policy import sample_chunks, sample_chunks_guided, sample_chunks_prefix
 
         torch = self.torch
         q = np.stack([self._state(r) for r in batch])  # validate everything first
@@ -131,6 +138,11 @@ class FlowEngine(Engine):
             with torch.inference_mode():
                 s = torch.from_numpy(self.sn.norm(q).astype(np.float32)).to(self.device)
                 x = sample_chunks(self.net, s, noise.to(self.device), self.num_steps, cap)
+        elif self.prefix_cond:
+            with torch.inference_mode():
+                s = torch.from_numpy(self.sn.norm(q).astype(np.float32)).to(self.device)
+                tgt, w = (torch.from_numpy(a).to(self.device) for a in guide)
+                x = sample_chunks_prefix(self.net, s, noise.to(self.device), self.num_steps, tgt, w, cap)
         else:
             with torch.no_grad():
                 s = torch.from_numpy(self.sn.norm(q).astype(np.float32)).to(self.device)

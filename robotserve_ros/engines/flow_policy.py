@@ -48,7 +48,11 @@ def build_net(cfg: dict):
             self.chunk, self.action_dim = int(c["chunk"]), int(c["action_dim"])
             self.t_dim = int(c.get("time_dim", 32))
             d = int(c["hidden"])
-            self.inp = nn.Linear(int(c["state_dim"]) + self.chunk * self.action_dim + self.t_dim, d)
+            # Training-time RTC (arXiv 2512.05964): the net also reads which actions are a clean,
+            # executed prefix (a 0/1 mask over the chunk).
+            self.prefix_cond = bool(c.get("prefix_cond", False))
+            extra = self.chunk if self.prefix_cond else 0
+            self.inp = nn.Linear(int(c["state_dim"]) + self.chunk * self.action_dim + self.t_dim + extra, d)
             self.blocks = nn.Sequential(*[Block(d) for _ in range(int(c["blocks"]))])
             self.out = nn.Sequential(nn.LayerNorm(d), nn.Linear(d, self.chunk * self.action_dim))
 
@@ -58,8 +62,11 @@ def build_net(cfg: dict):
             ang = t[:, None] * 1000.0 * freqs[None]
             return torch.cat([ang.sin(), ang.cos()], -1)
 
-        def forward(self, state, x_t, t):
-            h = torch.cat([state, x_t.flatten(1), self.time_embedding(t)], -1)
+        def forward(self, state, x_t, t, prefix_mask=None):
+            parts = [state, x_t.flatten(1), self.time_embedding(t)]
+            if self.prefix_cond:
+                parts.append(prefix_mask if prefix_mask is not None else x_t.new_zeros(x_t.shape[0], self.chunk))
+            h = torch.cat(parts, -1)
             return self.out(self.blocks(torch.nn.functional.silu(self.inp(h)))).view(-1, self.chunk, self.action_dim)
 
     return VelocityNet(cfg)
@@ -167,6 +174,23 @@ def sample_chunks_guided(net, state_n, noise, num_steps: int, target, weights, f
             v = net(state_n, x, tt)
             vjp = (target - (x + (1.0 - t) * v)) * wmask
         upd = dt * (v + gw * vjp)
+        if capture is not None:
+            capture.append(upd)
+        x = x + upd
+    return x
+
+
+def sample_chunks_prefix(net, state_n, noise, num_steps: int, prefix, mask, capture: list | None = None):
+    """Training-time RTC's inference (arXiv 2512.05964): Euler integration as sample_chunks, but
+    the actions under `mask` ([B, chunk], 1 on each row's first d) are the clean executed prefix
+    `prefix` at every step, and the net is told so; no guidance, one forward per step."""
+    torch = _torch()
+    m = mask[:, :, None].to(noise.dtype)
+    x = noise * (1 - m) + prefix * m
+    dt = 1.0 / num_steps
+    for i in range(num_steps):
+        t = torch.full((x.shape[0],), i * dt, dtype=x.dtype, device=x.device)
+        upd = dt * net(state_n, x, t, mask) * (1 - m)
         if capture is not None:
             capture.append(upd)
         x = x + upd
