@@ -380,7 +380,7 @@ def add_parser(sub):
     rp.add_argument("--policy", required=True, help="flow checkpoint directory")
     rp.add_argument("--profile-file", help="engine profile JSON to add the rtc block to, e.g. "
                                            "robotserve_ros/profiles/pushgust_flow.json")
-    rp.add_argument("--out", help="also merge the block into this JSON, keyed by policy (e.g. reports/rtc/rtc_profile.json)")
+    rp.add_argument("--out", help="also merge the block into this JSON, keyed by policy (e.g. reports/rtc/issue28/rtc_profile.json)")
     rp.add_argument("--batch-sizes", type=positive(int), nargs="+", default=[1, 2, 4, 8, 16, 32])
     rp.add_argument("--delay", type=positive(int), default=4, help="d of every guided row (the leftover is H - d)")
     rp.add_argument("--repeats", type=positive(int), default=15)
