@@ -7,7 +7,7 @@ replica of the same request (other noise, same observation). Every Euler step's 
 dt * v is returned per action (seed 000 §3.1), in the normalised action space.
 
 Real-time chunking (core/rtc.py; Black et al. 2025, §4): a request whose rtc guide has a
-leftover and a delay d >= 1 is generated as a guided inpainting of that leftover, each row
+leftover and a delay d >= 0 is generated as a guided inpainting of that leftover, each row
 with its own d and leftover inside one batch (flow_policy.sample_chunks_guided). `rtc_form`
 picks the paper's guidance ("paper", a vector-Jacobian product through the velocity network)
 or LeRobot's cheaper form ("lerobot", the prefix-weighted error alone, with LeRobot 0.4.4's defaults:
