@@ -48,7 +48,11 @@ def build_net(cfg: dict):
             self.chunk, self.action_dim = int(c["chunk"]), int(c["action_dim"])
             self.t_dim = int(c.get("time_dim", 32))
             d = int(c["hidden"])
-            self.inp = nn.Linear(int(c["state_dim"]) + self.chunk * self.action_dim + self.t_dim, d)
+            # Training-time RTC (arXiv 2512.05964): the net also reads which actions are a clean,
+            # executed prefix (a 0/1 mask over the chunk).
+            self.prefix_cond = bool(c.get("prefix_cond", False))
+            extra = self.chunk if self.prefix_cond else 0
+            self.inp = nn.Linear(int(c["state_dim"]) + self.chunk * self.action_dim + self.t_dim + extra, d)
             self.blocks = nn.Sequential(*[Block(d) for _ in range(int(c["blocks"]))])
             self.out = nn.Sequential(nn.LayerNorm(d), nn.Linear(d, self.chunk * self.action_dim))
 
@@ -58,8 +62,11 @@ def build_net(cfg: dict):
             ang = t[:, None] * 1000.0 * freqs[None]
             return torch.cat([ang.sin(), ang.cos()], -1)
 
-        def forward(self, state, x_t, t):
-            h = torch.cat([state, x_t.flatten(1), self.time_embedding(t)], -1)
+        def forward(self, state, x_t, t, prefix_mask=None):
+            parts = [state, x_t.flatten(1), self.time_embedding(t)]
+            if self.prefix_cond:
+                parts.append(prefix_mask if prefix_mask is not None else x_t.new_zeros(x_t.shape[0], self.chunk))
+            h = torch.cat(parts, -1)
             return self.out(self.blocks(torch.nn.functional.silu(self.inp(h)))).view(-1, self.chunk, self.action_dim)
 
     return VelocityNet(cfg)
@@ -95,25 +102,33 @@ def sample_chunks(net, state_n, noise, num_steps: int, capture: list | None = No
 
 RTC_FORMS = ("paper", "lerobot")
 RTC_MAX_GUIDANCE = 5.0  # beta, the guidance weight clip (RTC paper §4.3 and App. A: beta = 5)
+RTC_MASKS = ("soft", "hard", "linear")
+# LeRobot 0.4.4's RTCConfig defaults (lerobot/policies/rtc/configuration_rtc.py): the `lerobot`
+# form is served with these unless an option overrides them.
+LEROBOT_RTC_DEFAULTS = {"mask": "linear", "max_guidance": 10.0, "execution_horizon": 10}
 
 
-RTC_MASKS = ("soft", "hard")
-
-
-def rtc_prefix_weights(d: int, k: int, horizon: int, mask: str = "soft") -> np.ndarray:
+def rtc_prefix_weights(d: int, k: int, horizon: int, mask: str = "soft", end: int | None = None) -> np.ndarray:
     """RTC's soft mask W over a chunk of `horizon` actions (Black et al. 2025, §4.2, eq. 5), for a
     leftover of k actions of which the first d are executed while this chunk is generated:
     1 for i < d (frozen), c_i (e^c_i - 1) / (e - 1) with c_i = (k - i) / (k - d + 1) for
     d <= i < k (the paper's H - s is the leftover's length k), 0 beyond the leftover.
-    mask "hard": 1 on the first d only (§4.2's hard-masking ablation)."""
+    d = 0 is a mask like any other: nothing frozen, the whole leftover weighted by c_i.
+    mask "hard": 1 on the first d only (§4.2's hard-masking ablation). mask "linear": c_i itself
+    (LeRobot's LINEAR schedule; its EXP schedule is "soft"). end: the weighted region stops at
+    min(k, end) (LeRobot's execution_horizon), the whole leftover when None."""
+    if mask not in RTC_MASKS:
+        raise ValueError(f"rtc mask {mask!r}: known {', '.join(RTC_MASKS)}")
     k = max(0, min(int(k), int(horizon)))
+    if end is not None:
+        k = min(k, max(0, int(end)))
     d = max(0, min(int(d), k))
     w = np.zeros(int(horizon), np.float32)
     w[:d] = 1.0
     if mask == "hard":
         return w
     c = (k - np.arange(d, k, dtype=np.float64)) / (k - d + 1)
-    w[d:k] = c * np.expm1(c) / np.expm1(1.0)
+    w[d:k] = c if mask == "linear" else c * np.expm1(c) / np.expm1(1.0)
     return w
 
 
@@ -159,6 +174,23 @@ def sample_chunks_guided(net, state_n, noise, num_steps: int, target, weights, f
             v = net(state_n, x, tt)
             vjp = (target - (x + (1.0 - t) * v)) * wmask
         upd = dt * (v + gw * vjp)
+        if capture is not None:
+            capture.append(upd)
+        x = x + upd
+    return x
+
+
+def sample_chunks_prefix(net, state_n, noise, num_steps: int, prefix, mask, capture: list | None = None):
+    """Training-time RTC's inference (arXiv 2512.05964): Euler integration as sample_chunks, but
+    the actions under `mask` ([B, chunk], 1 on each row's first d) are the clean executed prefix
+    `prefix` at every step, and the net is told so; no guidance, one forward per step."""
+    torch = _torch()
+    m = mask[:, :, None].to(noise.dtype)
+    x = noise * (1 - m) + prefix * m
+    dt = 1.0 / num_steps
+    for i in range(num_steps):
+        t = torch.full((x.shape[0],), i * dt, dtype=x.dtype, device=x.device)
+        upd = dt * net(state_n, x, t, mask) * (1 - m)
         if capture is not None:
             capture.append(upd)
         x = x + upd

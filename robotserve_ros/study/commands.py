@@ -41,8 +41,12 @@ def cmd_train_flow(a) -> int:
     _check_demos(a.demos)
     from .train_flow import FlowTrainConfig, train_flow
 
+    if not 0 <= a.prefix_max_delay < FlowTrainConfig.chunk:
+        from ..core.errors import ConfigError
+
+        raise ConfigError(f"--prefix-max-delay {a.prefix_max_delay}: must be 0..{FlowTrainConfig.chunk - 1}")
     cfg = FlowTrainConfig(steps=a.steps, batch_size=a.batch_size, lr=a.lr, seed=a.seed, threads=a.threads,
-                          hidden=a.hidden, blocks=a.blocks)
+                          hidden=a.hidden, blocks=a.blocks, prefix_max_delay=a.prefix_max_delay)
     info = train_flow(a.demos, a.out, cfg)
     print(f"wrote {a.out}: {info['params'] / 1e6:.2f}M params, trained in {info['train_wall_s']:.0f} s, "
           f"final loss {info['final_loss']:.4f}")
@@ -204,15 +208,55 @@ def cmd_rtc(a) -> int:
     return 0
 
 
+def cmd_rtc_arms(a) -> int:
+    import subprocess
+
+    from ..cli_types import UsageError
+    from ..engines.torch_env import import_torch
+    from .rtc_arms import ARMS, FAMILY, run_study, write_markdown
+
+    tasks = {}
+    for spec in a.tasks:
+        name, _, n = spec.partition("=")
+        if name not in FAMILY or not n.isdigit() or int(n) < 1:
+            raise UsageError(f"--tasks {spec!r}: give TASK=EPISODES with TASK one of {', '.join(FAMILY)}")
+        tasks[name] = int(n)
+    bad = [x for x in a.arms if x not in ARMS]
+    if bad:
+        raise UsageError(f"--arms {bad[0]!r}: known {', '.join(ARMS)}")
+    if any(d < 0 or d > 8 for d in a.delays):
+        raise UsageError(f"--delays {a.delays}: each d must be 0..8 control steps (H = 16)")
+    try:
+        subprocess.run(["git", "cat-file", "-e", a.frozen_commit + "^{commit}"], check=True, capture_output=True)
+    except (subprocess.CalledProcessError, OSError):
+        raise UsageError(f"--frozen-commit {a.frozen_commit!r}: not a commit of this repository") from None
+    import_torch().set_num_threads(1)
+    study = run_study(tasks, sorted(set(a.delays)), tuple(a.arms), a.frozen_commit, partial_out=Path(a.out),
+                      command="robotserve " + " ".join(sys.argv[1:]))
+    md = write_markdown(study, Path(a.out))
+    print(f"wrote {Path(a.out) / 'rtc_study.json'}, {md}; target {'MET' if study['target']['met'] else 'MISSED'}")
+    return 0
+
+
 def cmd_rtc_profile(a) -> int:
     import json
 
     from ..cli_types import UsageError
     from .rtc_profile import measure_rtc, write_rtc_block
 
-    cfg = Path(a.policy) / "config.json"
-    if not cfg.is_file() or json.loads(cfg.read_text()).get("type") != "flow_matching":
-        raise UsageError(f"--policy {a.policy!r}: not a flow-matching checkpoint directory")
+    for flag, pdir in (("--policy", a.policy), ("--trained-policy", a.trained_policy)):
+        cfg = Path(pdir or a.policy) / "config.json"
+        if not cfg.is_file() or json.loads(cfg.read_text()).get("type") != "flow_matching":
+            raise UsageError(f"{flag} {pdir!r}: not a flow-matching checkpoint directory")
+    if a.forms_out:
+        from .rtc_profile import measure_forms
+
+        prof = measure_forms(a.policy, a.trained_policy, delay=a.delay, repeats=a.repeats)
+        Path(a.forms_out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.forms_out).write_text(json.dumps(prof, indent=1) + "\n")
+        print(f"wrote {a.forms_out}: ms p50 at batch 8 " + ", ".join(
+            f"{f} {v['engine_ms_p50']:.1f}" for f, v in prof["forms"].items()) + f"; ratios {prof['ratio_vs_unguided']}")
+        return 0
     block = {"policy_dir": a.policy, **measure_rtc(a.policy, tuple(sorted(set(a.batch_sizes))), delay=a.delay,
                                                    repeats=a.repeats)}
     for form in ("paper", "lerobot"):
@@ -263,6 +307,8 @@ def add_parser(sub):
     f.add_argument("--lr", type=float, default=1e-3, help="learning rate")
     f.add_argument("--seed", type=seed, default=0)
     f.add_argument("--threads", type=positive(int), default=1, help="torch threads (1 is kind to a shared CPU)")
+    f.add_argument("--prefix-max-delay", type=int, default=0,
+                   help="training-time RTC: condition on a clean executed prefix of d ~ U{0..N} actions (0: off)")
     f.set_defaults(func=cmd_train_flow)
     h = g.add_parser("horizon", help="success vs mean execution horizon: static H and confidence t (seed 000 Fig. 11)")
     h.add_argument("--policy", required=True, help="checkpoint directory")
@@ -337,11 +383,25 @@ def add_parser(sub):
     rp.add_argument("--policy", required=True, help="flow checkpoint directory")
     rp.add_argument("--profile-file", help="engine profile JSON to add the rtc block to, e.g. "
                                            "robotserve_ros/profiles/pushgust_flow.json")
-    rp.add_argument("--out", help="also merge the block into this JSON, keyed by policy (e.g. reports/rtc/rtc_profile.json)")
+    rp.add_argument("--out", help="also merge the block into this JSON, keyed by policy (e.g. reports/rtc/issue28/rtc_profile.json)")
     rp.add_argument("--batch-sizes", type=positive(int), nargs="+", default=[1, 2, 4, 8, 16, 32])
     rp.add_argument("--delay", type=positive(int), default=4, help="d of every guided row (the leftover is H - d)")
     rp.add_argument("--repeats", type=positive(int), default=15)
+    rp.add_argument("--trained-policy", help="a training-time RTC checkpoint (train-flow --prefix-max-delay): with "
+                                             "--forms-out, its engine time is the rtc_trained form")
+    rp.add_argument("--forms-out", help="write the forms profile of record here (issue 39 schema, batch 8, one "
+                                        "thread), e.g. reports/rtc/rtc_profile.json")
     rp.set_defaults(func=cmd_rtc_profile)
+    ra = g.add_parser("rtc-arms", help="issue 39's RTC arms (sync, naive, ensemble, RTC hard/soft/LeRobot/trained) "
+                                       "on paired episodes under one virtual-time cap (docs/rtc.md)")
+    ra.add_argument("--out", required=True, help="report folder: rtc_study.json, rtc_study.md")
+    ra.add_argument("--tasks", nargs="+", default=["viapoint=500", "pushgust=100", "metaworld=100"],
+                    metavar="TASK=EPISODES", help="task families and paired episodes per cell")
+    ra.add_argument("--delays", type=int, nargs="+", default=[0, 2, 4, 6], help="d in control steps")
+    ra.add_argument("--arms", nargs="+", default=["sync", "naive", "ensemble", "rtc_hard", "rtc_soft",
+                                                  "rtc_lerobot", "rtc_trained"])
+    ra.add_argument("--frozen-commit", required=True, help="the commit that froze the multimodal task")
+    ra.set_defaults(func=cmd_rtc_arms)
     return g  # the CLI adds `study fleet` (a benchmark: bench/study_fleet.py)
 
 

@@ -136,7 +136,7 @@ def run_rtc_config(engine, fam, config: str, delay_s: float, cfg: RtcStudyConfig
         for i in active:
             r = robots[i]
             left = r.leftover if r.leftover is not None else np.zeros((0, fam.action_dim), np.float32)
-            guide = RtcGuide(left, d) if rtc else None
+            guide = RtcGuide(left, min(d, len(left))) if rtc else None  # the engine freezes min(d, k) anyway
             reqs.append(InferenceRequest(task_id=tids[i], round_id=rnd, observation=Observation(joints=r.obs), rtc=guide))
         results = engine.infer(reqs)
         still = []

@@ -1,4 +1,5 @@
-"""The study's task families by config name: PushGust (pymunk) and Meta-World (MuJoCo).
+"""The study's task families by config name: PushGust (pymunk), Meta-World (MuJoCo) and ViaPoint
+(numpy, multimodal; issue 39).
 
 Each gives its environment (reset(seed) / step(action) / done / success() / phase()), its
 scripted expert and the shapes a policy trained on it has. Everything else in study/
@@ -8,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-FAMILIES = ("pushgust", "metaworld")
+FAMILIES = ("pushgust", "metaworld", "viapoint")
 
 
 @dataclass(frozen=True)
@@ -37,4 +38,9 @@ def task_family(name: str) -> TaskFamily:
         return TaskFamily("metaworld", "metaworld-" + "+".join(t.removesuffix("-v3") for t in m.TASKS),
                           m.STATE_DIM, m.ACTION_DIM, m.CONTROL_HZ, m.MAX_STEPS, m.MetaWorldEnv, m.run_expert,
                           "normalised action", False)
+    if name == "viapoint":
+        from . import viapoint as v
+
+        return TaskFamily("viapoint", "viapoint", v.STATE_DIM, v.ACTION_DIM, v.CONTROL_HZ, v.MAX_STEPS,
+                          v.ViaPointEnv, v.run_expert, "m/s", False)
     raise ValueError(f"unknown task family {name!r} (known: {', '.join(FAMILIES)})")

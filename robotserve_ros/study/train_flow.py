@@ -28,6 +28,10 @@ class FlowTrainConfig(OptimConfig):
     hidden: int = 256
     blocks: int = 3
     num_steps: int = 10  # Euler steps at inference (SmolVLA's default)
+    # Training-time RTC (arXiv 2512.05964; LeRobot's rtc_training_config min/max delay): > 0 trains
+    # with the first d ~ U{0..prefix_max_delay} actions given clean (flow time 1) as conditioning
+    # and left out of the loss; 0 is the plain head.
+    prefix_max_delay: int = 0
 
 
 def train_flow(demos_path, out_dir, cfg: FlowTrainConfig, log=print) -> dict:
@@ -43,6 +47,7 @@ def train_flow(demos_path, out_dir, cfg: FlowTrainConfig, log=print) -> dict:
     net_cfg = {
         "task": fam.name, "control_hz": fam.control_hz, "state_dim": fam.state_dim, "action_dim": fam.action_dim,
         "chunk": cfg.chunk, "hidden": cfg.hidden, "blocks": cfg.blocks, "num_steps": cfg.num_steps,
+        "prefix_cond": cfg.prefix_max_delay > 0, "prefix_max_delay": int(cfg.prefix_max_delay),
         "state_min": st.min(0).tolist(), "state_max": st.max(0).tolist(),
         "action_min": ac.min(0).tolist(), "action_max": ac.max(0).tolist(),
     }
@@ -62,7 +67,13 @@ def train_flow(demos_path, out_dir, cfg: FlowTrainConfig, log=print) -> dict:
         x0 = torch.randn_like(x1)
         t = torch.rand(cfg.batch_size)
         xt = (1 - t[:, None, None]) * x0 + t[:, None, None] * x1
-        return torch.nn.functional.mse_loss(net(s, xt, t), x1 - x0)
+        if cfg.prefix_max_delay <= 0:
+            return torch.nn.functional.mse_loss(net(s, xt, t), x1 - x0)
+        d = torch.randint(0, cfg.prefix_max_delay + 1, (cfg.batch_size,))
+        mask = (torch.arange(cfg.chunk)[None] < d[:, None]).to(xt.dtype)
+        xt = xt * (1 - mask[:, :, None]) + x1 * mask[:, :, None]  # the prefix is clean
+        err = (net(s, xt, t, mask) - (x1 - x0)) ** 2 * (1 - mask[:, :, None])
+        return err.sum() / ((1 - mask).sum() * x1.shape[-1])
 
     final, final_loss, wall, n_params = fit(torch, net, batch_loss, cfg, len(win), log, "train-flow")
     out = save_flow_policy(out_dir, final, net_cfg)
