@@ -399,7 +399,8 @@ def add_parser(sub):
                     metavar="TASK=EPISODES", help="task families and paired episodes per cell")
     ra.add_argument("--delays", type=int, nargs="+", default=[0, 2, 4, 6], help="d in control steps")
     ra.add_argument("--arms", nargs="+", default=["sync", "naive", "ensemble", "rtc_hard", "rtc_soft",
-                                                  "rtc_lerobot", "rtc_trained"])
+                                                  "rtc_lerobot", "rtc_trained"],
+                    help="the arms to run, paired on the same episodes (default: all seven)")
     ra.add_argument("--frozen-commit", required=True, help="the commit that froze the multimodal task")
     ra.set_defaults(func=cmd_rtc_arms)
     return g  # the CLI adds `study fleet` (a benchmark: bench/study_fleet.py)
