@@ -24,7 +24,6 @@ OVER = {
     "engines/llm/vllm_backend.py": 571,
     "live/demo.py": 537,
     "nodes/robot_client.py": 713,
-    "transport/gpu_server.py": 468,
     "transport/openpi/codec.py:scan": 62,
     "transport/pickle_machine.py:call": 69,
     "transport/ray_pool.py:__init__": 62,
