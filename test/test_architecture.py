@@ -24,9 +24,6 @@ OVER = {
     "engines/llm/vllm_backend.py": 571,
     "live/demo.py": 537,
     "nodes/robot_client.py": 713,
-    "transport/openpi/codec.py:scan": 62,
-    "transport/pickle_machine.py:call": 69,
-    "transport/ray_pool.py:__init__": 62,
 }
 NOT_ON_FLEET: set = set()  # none left: the simulator drives its fleet's steps (serve.Fleet.dispatch_now, ...)
 INTERNALS = re.compile(r"\brunner\.(lock|core)\b|\bcore\.(ledger|stats|pending)\b|\.listen\(|\bon_replies\b")
