@@ -23,7 +23,6 @@ OVER = {
     "engines/lerobot_engine.py": 490,
     "engines/llm/vllm_backend.py": 571,
     "live/demo.py": 537,
-    "nodes/robot_client.py": 713,
 }
 NOT_ON_FLEET: set = set()  # none left: the simulator drives its fleet's steps (serve.Fleet.dispatch_now, ...)
 INTERNALS = re.compile(r"\brunner\.(lock|core)\b|\bcore\.(ledger|stats|pending)\b|\.listen\(|\bon_replies\b")
