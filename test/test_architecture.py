@@ -21,7 +21,6 @@ FREE = ("core", "serve", "bench")  # may import core.runner / core.serving (test
 OVER = {
     "bench/fleet_live.py": 569,
     "engines/lerobot_engine.py": 490,
-    "engines/llm/vllm_backend.py": 571,
     "live/demo.py": 537,
 }
 NOT_ON_FLEET: set = set()  # none left: the simulator drives its fleet's steps (serve.Fleet.dispatch_now, ...)
