@@ -161,7 +161,7 @@ def cmd_bench_chaos(a) -> int:
 
 
 def cmd_gpu_server(a) -> int:
-    from .transport.gpu_server import cli
+    from .transport.gpu_server_cli import cli
 
     return cli(a)
 

@@ -176,7 +176,7 @@ def test_call_across_veth_tbf_and_relay_pays_the_configured_delay(tmp_path):
     delay = 0.04  # one way: +80 ms per round trip
     with NetnsLink(rate_mbit=100) as link:
         ready = tmp_path / "ready"
-        link.popen("b", [sys.executable, "-m", "robotserve_ros.transport.gpu_server", "--address", f"{link.addr_b}:50061",
+        link.popen("b", [sys.executable, "-m", "robotserve_ros.transport.gpu_server_cli", "--address", f"{link.addr_b}:50061",
                          "--latency-ms", "1", "1", "1", "1", "1", "--ready-file", str(ready)],
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         end = time.monotonic() + 20

@@ -34,10 +34,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from collections import Counter
@@ -48,10 +46,13 @@ import numpy as np
 import yaml
 
 from ..launch_description import default_config, robots as robot_specs, server as server_specs
-from ..live.processes import (DomainContext, ModuleSpec, ProcessGroup, foreign_nodes, pct, pick_free_domain,
-                              read_stage_trace, ros_env, server_diagnostics)
+from ..live.processes import (ModuleSpec, ProcessGroup, foreign_nodes, pct, pick_free_domain, read_stage_trace,
+                              ros_env)
 from ..machine import busy_fraction, cpu_times, machine_info, proc_cpu_s
-from .fleet_live_report import HEADLINE, _num, _server_summary, aggregate, backlog_window, summary_lines
+# (_Listener, settle, compare_executors, server_profile: imported from here too)
+from .fleet_live_procs import _Listener, _flame, proc_status, settle, thread_cpu_s  # noqa: F401
+from .fleet_live_report import (HEADLINE, _num, _server_summary, aggregate, backlog_window,  # noqa: F401
+                                compare_executors, server_profile, summary_lines)
 
 
 def _params_file(base: str, stats_pattern: str, out: Path, stage_trace_file: str = "", image_transport: str = "",
@@ -89,102 +90,6 @@ def infer_depth(srv_cfg: dict) -> int:
     from ..nodes.server_config import InferenceServerConfig
 
     return from_tree(InferenceServerConfig, srv_cfg).infer_queue.depth
-
-
-def _flame(svg: str, base_group, duration: float, say):
-    """py-spy on the server over the window: a flame graph (svg) of where its CPU goes."""
-    exe = shutil.which("py-spy", path=os.path.dirname(sys.executable)) or shutil.which("py-spy")
-    pid = next((p.pid for s, p in base_group.procs if s.name == "inference_server"), None)
-    if exe is None or pid is None:
-        say("no py-spy (pip install py-spy) or no server: no flame graph")
-        return None
-    Path(svg).parent.mkdir(parents=True, exist_ok=True)
-    return subprocess.Popen([exe, "record", "--pid", str(pid), "--output", str(svg), "--format", "flamegraph",
-                             "--duration", str(max(1, int(duration))), "--rate", "50", "--nonblocking"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-
-
-def thread_cpu_s(pid: int, tid: int) -> Optional[float]:
-    """utime + stime of one thread of a process, seconds; None once it is gone."""
-    return proc_cpu_s(f"{pid}/task/{tid}")
-
-
-def proc_status(pid: int, field: str = "VmRSS") -> Optional[int]:
-    """A number from /proc/PID/status (VmRSS: resident set in kB; Threads); None once it is gone."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith(f"{field}:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
-def settle(listener, client_group, timeout_s: float, say, grace_s: float = 10.0) -> float:
-    """The robots start no new round; wait until two diagnostics in a row show the server
-    holding no request (nothing queued, generating or waiting for its reply), then grace_s for
-    the clients to take in the last replies (a starved robot process takes seconds to read
-    what the server sent). Returns the seconds it took."""
-    say("settling: no new rounds; the open ones are re-sent until answered")
-    t0 = time.monotonic()
-    client_group.signal(signal.SIGUSR1)
-    seen, quiet = len(listener.series), 0
-    while time.monotonic() - t0 < timeout_s and quiet < 2:
-        listener.spin(0.2)
-        for _, d in listener.series[seen:]:
-            idle = all(d.get(k, "1") == "0" for k in ("queue_length", "in_flight", "waiters"))
-            quiet = quiet + 1 if idle else 0
-        seen = len(listener.series)
-    listener.spin(grace_s)
-    return time.monotonic() - t0
-
-
-class _Listener:
-    """/diagnostics on the fleet's domain, in this process."""
-
-    def __init__(self, env: dict) -> None:
-        import rclpy
-        from diagnostic_msgs.msg import DiagnosticArray
-        from rclpy.executors import SingleThreadedExecutor
-
-        self._domain = DomainContext(env)
-        self.ctx = self._domain.ctx
-        self.node = rclpy.create_node("fleet_live_bench_listener", context=self.ctx)
-        self.ex = SingleThreadedExecutor(context=self.ctx)
-        self.ex.add_node(self.node)
-        self.last: dict = {}
-        self.series: list = []  # (t, diag) per message
-        self.robots_seen: set = set()
-        self.tasks_at_end: list = []
-        self.node.create_subscription(DiagnosticArray, "/diagnostics", self._on_diag, 10)
-
-    def _on_diag(self, m) -> None:
-        d = server_diagnostics(m)
-        if d is None:
-            return
-        self.last = d
-        # /diagnostics names robots, never task ids (issue 29): the robots with a task in the server
-        self.tasks_at_end = sorted(k.split("/", 1)[1] for k in d if k.startswith("wait_ratio/"))
-        self.series.append((time.monotonic(), {k: v for k, v in d.items() if not k.startswith("wait_ratio/")}))
-        for k in d:
-            if k.startswith("wait_ratio/"):
-                self.robots_seen.add(k.split("/")[1])
-
-    def spin(self, seconds: float, until=None) -> bool:
-        """Spin for `seconds`, or until `until(self.last)` holds (then True)."""
-        end = time.monotonic() + seconds
-        while (left := end - time.monotonic()) > 0:
-            self.ex.spin_once(timeout_sec=min(left, 0.1))
-            if until is not None and self.last and until(self.last):
-                return True
-        return False
-
-    def close(self) -> None:
-        try:
-            self.node.destroy_node()
-        finally:
-            self._domain.close()
 
 
 def run_fleet_live(out: Path, robots: int = 100, duration: float = 60.0, per_process: int = 25,
@@ -460,51 +365,8 @@ def run_fleet_live(out: Path, robots: int = 100, duration: float = 60.0, per_pro
     return res
 
 
-def server_profile(cpu: dict, samples: list, spin_cpu: list, served_per_s: float, window: float, robots: int,
-                   server: dict, reaped_alive) -> dict:
-    """The server's cost (issue 26): CPU seconds per served round and per robot-second over
-    the window, the executor's share of it (the main thread's spin), tasks reaped while their
-    robot was alive, and the refresh figures."""
-    used = None
-    if len(samples) >= 2:
-        a, b = samples[0][2].get("inference_server"), samples[-1][2].get("inference_server")
-        used = (b - a) if a is not None and b is not None else None
-    spins = [x for x in spin_cpu if x is not None]
-    rounds = served_per_s * window if served_per_s == served_per_s else None  # nan: no served counts
-    ok, failed = _num(server.get("refreshes")), _num(server.get("refresh_failures"))
-    ahead_ok, ahead_failed = _num(server.get("refreshed_ahead")), _num(server.get("refresh_ahead_failures"))
-    tries = [x for x in (ok, failed, ahead_ok, ahead_failed) if isinstance(x, (int, float))]
-    return {
-        "server_cpu_s": round(used, 2) if used is not None else None,
-        "server_cpu_s_per_round": round(used / rounds, 5) if used is not None and rounds else None,
-        "server_cpu_s_per_robot_s": round(used / (robots * window), 6) if used is not None and window > 0 else None,
-        "executor_time_share": round((spins[-1] - spins[0]) / used, 3) if len(spins) >= 2 and used else None,
-        "tasks_reaped_alive": reaped_alive,
-        "refresh": {
-            "at_dispatch_ok": ok, "at_dispatch_failed": failed, "ahead_ok": ahead_ok, "ahead_failed": ahead_failed,
-            "skipped": _num(server.get("refresh_skipped")),
-            "success_rate": round((ok + ahead_ok) / sum(tries), 4) if len(tries) == 4 and sum(tries) else None,
-            "call_ms_p50": _num(server.get("refresh_ms_p50")), "call_ms_p99": _num(server.get("refresh_ms_p99")),
-            "clients": _num(server.get("refresh_clients")),
-            "from_topic": _num(server.get("refresh_topic_used")), "topic_refused": _num(server.get("refresh_topic_refused")),
-            "age_at_dispatch_ms_p50": _num(server.get("refresh_age_ms_p50")),
-            "age_at_dispatch_ms_p99": _num(server.get("refresh_age_ms_p99")),
-        },
-    }
-
-
 LIGHT_INFER_DEPTH = 1000  # --light: srv/Infer's DDS depth unless the config sets it
 REFRESH_TOPIC = "/robotserve/observations"  # --refresh-topic: the server's refresh_topic, the light robots'
-EXECUTOR_FIELDS = ("server_cpu_s_per_round", "server_cpu_s_per_robot_s", "executor_time_share",
-                   "engine_utilization_when_backlogged", "lost_chunks", "duplicate_chunks", "tasks_reaped_alive")
-
-
-def compare_executors(results: dict) -> dict:
-    """Side by side, per executor: the server's cost, its engine use when backlogged, and the
-    slot-to-dispatch gap p99 (the same fleet, one run after another)."""
-    return {name: {**{k: r.get(k) for k in EXECUTOR_FIELDS},
-                   "gap_to_dispatch_ms_p99": r["server_headline"].get("gap_to_dispatch_ms_p99"),
-                   "loadavg_at_start": r["machine"].get("loadavg_at_start")} for name, r in results.items()}
 
 
 def cli(a) -> int:

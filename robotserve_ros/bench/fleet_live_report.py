@@ -1,6 +1,7 @@
 """What a live fleet run reports (`robotserve bench fleet-live`, chaos, soak): every robot's
 account merged into lost / duplicated chunks, lateness and control-tick rates, the server's
-own numbers from its diagnostics, and the engine's busy fraction while it was backlogged."""
+own numbers from its diagnostics, and the engine's busy fraction while it was backlogged;
+the server's cost (`server_profile`) and executors side by side (`compare_executors`)."""
 from __future__ import annotations
 
 from collections import Counter
@@ -170,3 +171,48 @@ def summary_lines(res: dict) -> list[str]:
         f"cpu: machine busy mean {cpu.get('machine_busy_fraction_mean')}, max 1 s {cpu.get('machine_busy_fraction_max_1s')}, "
         f"by role {cpu.get('process_cores_used_by_role')}",
     ]
+
+
+def server_profile(cpu: dict, samples: list, spin_cpu: list, served_per_s: float, window: float, robots: int,
+                   server: dict, reaped_alive) -> dict:
+    """The server's cost (issue 26): CPU seconds per served round and per robot-second over
+    the window, the executor's share of it (the main thread's spin), tasks reaped while their
+    robot was alive, and the refresh figures."""
+    used = None
+    if len(samples) >= 2:
+        a, b = samples[0][2].get("inference_server"), samples[-1][2].get("inference_server")
+        used = (b - a) if a is not None and b is not None else None
+    spins = [x for x in spin_cpu if x is not None]
+    rounds = served_per_s * window if served_per_s == served_per_s else None  # nan: no served counts
+    ok, failed = _num(server.get("refreshes")), _num(server.get("refresh_failures"))
+    ahead_ok, ahead_failed = _num(server.get("refreshed_ahead")), _num(server.get("refresh_ahead_failures"))
+    tries = [x for x in (ok, failed, ahead_ok, ahead_failed) if isinstance(x, (int, float))]
+    return {
+        "server_cpu_s": round(used, 2) if used is not None else None,
+        "server_cpu_s_per_round": round(used / rounds, 5) if used is not None and rounds else None,
+        "server_cpu_s_per_robot_s": round(used / (robots * window), 6) if used is not None and window > 0 else None,
+        "executor_time_share": round((spins[-1] - spins[0]) / used, 3) if len(spins) >= 2 and used else None,
+        "tasks_reaped_alive": reaped_alive,
+        "refresh": {
+            "at_dispatch_ok": ok, "at_dispatch_failed": failed, "ahead_ok": ahead_ok, "ahead_failed": ahead_failed,
+            "skipped": _num(server.get("refresh_skipped")),
+            "success_rate": round((ok + ahead_ok) / sum(tries), 4) if len(tries) == 4 and sum(tries) else None,
+            "call_ms_p50": _num(server.get("refresh_ms_p50")), "call_ms_p99": _num(server.get("refresh_ms_p99")),
+            "clients": _num(server.get("refresh_clients")),
+            "from_topic": _num(server.get("refresh_topic_used")), "topic_refused": _num(server.get("refresh_topic_refused")),
+            "age_at_dispatch_ms_p50": _num(server.get("refresh_age_ms_p50")),
+            "age_at_dispatch_ms_p99": _num(server.get("refresh_age_ms_p99")),
+        },
+    }
+
+
+EXECUTOR_FIELDS = ("server_cpu_s_per_round", "server_cpu_s_per_robot_s", "executor_time_share",
+                   "engine_utilization_when_backlogged", "lost_chunks", "duplicate_chunks", "tasks_reaped_alive")
+
+
+def compare_executors(results: dict) -> dict:
+    """Side by side, per executor: the server's cost, its engine use when backlogged, and the
+    slot-to-dispatch gap p99 (the same fleet, one run after another)."""
+    return {name: {**{k: r.get(k) for k in EXECUTOR_FIELDS},
+                   "gap_to_dispatch_ms_p99": r["server_headline"].get("gap_to_dispatch_ms_p99"),
+                   "loadavg_at_start": r["machine"].get("loadavg_at_start")} for name, r in results.items()}

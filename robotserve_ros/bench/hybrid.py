@@ -337,7 +337,7 @@ def grpc_overhead(rounds: int = 60) -> dict:
 # --------------------------------------------------------------------------------------
 def _start_server(link, port: int, cloud_profile: dict, token_file: str, tmp: Path, tag: str):
     ready = tmp / f"ready-{tag}"
-    argv = [sys.executable, "-m", "robotserve_ros.transport.gpu_server", "--address", f"{link.addr_b}:{port}",
+    argv = [sys.executable, "-m", "robotserve_ros.transport.gpu_server_cli", "--address", f"{link.addr_b}:{port}",
             "--engine", "simulated", "--engine-params", json.dumps({"realtime": True, "chunk_size": 50}),
             "--batch-sizes", *map(str, cloud_profile), "--latency-ms", *map(str, cloud_profile.values()),
             "--token-file", token_file, "--ready-file", str(ready)]

@@ -22,27 +22,23 @@ none is answered twice.
 
 Benchmarks and diagnostics watch the loop through a stage observer, never by patching it:
 `observer(stage, rounds)` is called with one of STAGES and the (task_id, round_id) pairs it
-concerns, right after the step; the observer reads whatever clock it wants.
+concerns, right after the step; the observer reads whatever clock it wants (core/stages.py).
 """
 from __future__ import annotations
 
 import logging
 import threading
 from collections import Counter, deque
-from typing import Callable, Mapping, Optional, Sequence
+from typing import Callable, Mapping, Optional
 
 from .errors import RequestError
 from .loop import LiveDriver
-from .schedulers import SchedulingContext
+from .refresh_ahead import RefreshAhead
 from .serving import Dispatch, ServingCore
+from .stages import STAGES, Rounds, StageObserver, StageTrace  # noqa: F401  (imported from here)
 from .types import ChunkReply, InferenceRequest, PendingRequest
 
 log = logging.getLogger("robotserve.runner")
-
-STAGES = ("submit", "dispatch", "engine_start", "engine_end", "reply")
-Rounds = Sequence[tuple]  # (task_id, round_id) pairs
-StageObserver = Callable[[str, Rounds], None]
-
 
 def _rounds(d: Dispatch) -> list:
     return [(p.task_id, p.request.round_id) for p in d.requests]
@@ -63,7 +59,7 @@ class _RowFailed:
         self.error = error
 
 
-class Runner:
+class Runner(RefreshAhead):
     """Drives one ServingCore over its tiers' engines (see the module docstring).
 
     on_replies(replies, dispatch, results) runs under the lock for every completed batch:
@@ -277,59 +273,6 @@ class Runner:
         if self.backlogged():
             self._freed_at[tier] = now
 
-    def prefresh(self, tier_name: str) -> int:
-        """Seed 000 Algorithm 1 lines 20-21 ahead of time: fetch the observations that will be
-        stale at the tier's next dispatch (prefresh_lead_s from now) for the requests the
-        scheduler would put in its next batch now. Outside the lock (a round trip to the
-        robots); a request dispatched or replaced meanwhile keeps what it has. The dispatch
-        itself still decides and still refreshes whatever is stale then. Returns the number
-        of observations replaced."""
-        core, lead = self.core, self.prefresh_lead_s or 0.0
-        if core.refresher is None or core.stale_obs_s is None:
-            return 0
-        with self.lock:
-            if not core.pending:
-                return 0
-            tier, now = core.tier(tier_name), core.clock.now()
-            ordered = core.scheduler.select(list(core.pending.values()), SchedulingContext(now, core.ledger, core.epoch),
-                                            tier.batch_limit)[: tier.batch_limit]
-            due = [p for p in ordered if p.request.obs_stamp is not None and now + lead - p.request.obs_stamp > core.stale_obs_s]
-        if not due:
-            return 0
-        fresh = list(core.refresher([p.request for p in due]))
-        if len(fresh) != len(due):
-            fresh = [None] * len(due)
-        done = 0
-        with self.lock:
-            for p, f in zip(due, fresh):
-                core.refresh_gate.record(f is not None)
-                if f is None:
-                    self.prefreshes["failed"] += 1
-                elif core.pending.get(p.task_id) is not p:
-                    self.prefreshes["skipped"] += 1
-                else:
-                    p.request.observation, p.request.obs_stamp = f
-                    self.prefreshes["ok"] += 1
-                    done += 1
-        return done
-
-    def _prefresh_loop(self) -> None:
-        while not self._stop.is_set():
-            with self._prefresh_wake:
-                now = self.core.clock.now()
-                due = [t for t, at in self._prefresh_at.items() if at <= now]
-                if not due:
-                    nxt = min(self._prefresh_at.values(), default=None)
-                    self._prefresh_wake.wait(0.5 if nxt is None else min(0.5, max(0.0, nxt - now)))
-                    continue
-                for t in due:
-                    del self._prefresh_at[t]
-            for t in due:
-                try:
-                    self.prefresh(t)
-                except Exception:  # freshness is an optimisation: never cost a round
-                    log.exception("refresh ahead on %s failed", t)
-
     def _requeue(self, d: Dispatch, e: Exception, max_attempts: Optional[int] = None) -> None:
         """Under the lock: the batch's requests wait again, up to max_attempts failures each
         (1: answered with the error now)."""
@@ -456,27 +399,3 @@ class Runner:
             self._driver.close()
         for th in self._threads:
             th.join(timeout=2.0)
-
-
-class StageTrace:
-    """A stage observer that keeps, per round, the time each stage was reached, read from
-    `now_ns` (e.g. time.monotonic_ns: comparable across processes on one machine). Callers
-    may mark their own stages too (a node: request received, reply sent). Bounded: the
-    oldest rounds go first once `max_rounds` are kept."""
-
-    def __init__(self, now_ns: Callable[[], int], max_rounds: int = 100_000) -> None:
-        self.now_ns, self.max_rounds = now_ns, max_rounds
-        self.marks: dict = {}
-        self._lock = threading.Lock()
-
-    def __call__(self, stage: str, rounds: Rounds) -> None:
-        t = self.now_ns()
-        with self._lock:
-            for task, rnd in rounds:
-                self.marks.setdefault(f"{task}#{rnd}", {})[stage] = t
-            while len(self.marks) > self.max_rounds:
-                self.marks.pop(next(iter(self.marks)))
-
-    def snapshot(self) -> dict:
-        with self._lock:
-            return {k: dict(v) for k, v in self.marks.items()}

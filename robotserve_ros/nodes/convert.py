@@ -110,6 +110,16 @@ def chunk_to_array(c) -> np.ndarray:
     return a.reshape(c.horizon, c.action_dim)
 
 
+def is_namespace(ns: str) -> bool:
+    """Whether `ns` is a ROS namespace (a robot's id: check_robot_id refuses any other)."""
+    from rclpy.validate_namespace import validate_namespace
+
+    try:
+        return bool(validate_namespace(ns))
+    except Exception:  # rclpy's InvalidNamespaceException
+        return False
+
+
 def check_robot_id(robot_id: str, max_bytes: int) -> str:
     """A robot's namespace as sent: '' or a ROS namespace (it becomes a /diagnostics key)."""
     if not robot_id:

@@ -117,7 +117,12 @@ class _Machine:
             _refuse(f"REDUCE on a {type(g).__name__}, not an allowed global")
         if type(args) is not tuple:
             _refuse(f"{g.name}: arguments are not a tuple")
-        k = g.kind
+        if g.kind in ("dtype", "reconstruct", "frombuffer", "scalar"):
+            return self.call_numpy(g.kind, args)
+        return self.call_builtin(g, g.kind, args)
+
+    def call_numpy(self, k: str, args: tuple) -> Any:
+        """REDUCE of the numpy globals an ndarray or a numpy scalar pickles to."""
         if k == "dtype":
             if len(args) != 3 or args[0] not in PLAIN_DTYPES or args[1] is not False:
                 _refuse(f"numpy.dtype: only plain numeric dtypes ({', '.join(sorted(PLAIN_DTYPES))}) are accepted")
@@ -134,12 +139,15 @@ class _Machine:
             if order not in ("C", "F"):
                 _refuse("numpy _frombuffer: order must be 'C' or 'F'")
             return self.array(shape, dt, order == "F", buf)
-        if k == "scalar":
-            if len(args) != 2 or not isinstance(args[0], np.dtype) or type(args[1]) is not bytes:
-                _refuse("numpy scalar: expected (plain dtype, bytes)")
-            if len(args[1]) != args[0].itemsize:
-                _refuse(f"numpy scalar: {len(args[1])} bytes for a {args[0].itemsize}-byte {args[0].name}")
-            return np.frombuffer(args[1], args[0])[0]
+        # k == "scalar"
+        if len(args) != 2 or not isinstance(args[0], np.dtype) or type(args[1]) is not bytes:
+            _refuse("numpy scalar: expected (plain dtype, bytes)")
+        if len(args[1]) != args[0].itemsize:
+            _refuse(f"numpy scalar: {len(args[1])} bytes for a {args[0].itemsize}-byte {args[0].name}")
+        return np.frombuffer(args[1], args[0])[0]
+
+    def call_builtin(self, g, k: str, args: tuple) -> Any:
+        """REDUCE of the allowed builtins, enums and LeRobot dataclasses."""
         if k == "enum":
             if len(args) != 1 or not isinstance(args[0], (str, int)) or isinstance(args[0], bool):
                 _refuse(f"{g.name}: expected one member value")

@@ -143,6 +143,30 @@ def _start_ray(address: str, temp_dir: str, local_cpus: float, node_ip_address: 
     return True
 
 
+def _deployment_options(replicas: int, min_replicas: int, max_replicas: int, target_ongoing: float,
+                        num_cpus: float, num_gpus: float, resources: Optional[Mapping], accelerator_type: str,
+                        max_replicas_per_node: int) -> dict:
+    """Serve's options for the PolicyReplica deployment: each replica's Ray actor resources, and
+    a fixed count or the autoscaler's range (max_replicas > 0)."""
+    actor = {"num_cpus": float(num_cpus)}
+    if num_gpus:
+        actor["num_gpus"] = float(num_gpus)
+    if resources:
+        actor["resources"] = {str(k): float(v) for k, v in resources.items()}
+    if accelerator_type:
+        actor["accelerator_type"] = accelerator_type
+    opts = {"max_ongoing_requests": 1, "ray_actor_options": actor, "name": "PolicyReplica"}
+    if max_replicas_per_node:
+        opts["max_replicas_per_node"] = int(max_replicas_per_node)
+    if max_replicas:
+        opts["autoscaling_config"] = {"min_replicas": min_replicas, "max_replicas": max_replicas,
+                                      "initial_replicas": max(min_replicas, 1),
+                                      "target_ongoing_requests": target_ongoing}
+    else:
+        opts["num_replicas"] = replicas
+    return opts
+
+
 class RayPool:
     """A Serve application of PolicyReplica deployments, reached by handle only (no HTTP proxy).
 
@@ -193,22 +217,8 @@ class RayPool:
         self.app, self.autoscaling = app, bool(max_replicas)
         self.max_slots = max_replicas if max_replicas else replicas
         self.owns_ray = _start_ray(address, temp_dir, local_cpus, node_ip_address, local_resources or {})
-        actor = {"num_cpus": float(num_cpus)}
-        if num_gpus:
-            actor["num_gpus"] = float(num_gpus)
-        if resources:
-            actor["resources"] = {str(k): float(v) for k, v in resources.items()}
-        if accelerator_type:
-            actor["accelerator_type"] = accelerator_type
-        opts = {"max_ongoing_requests": 1, "ray_actor_options": actor, "name": "PolicyReplica"}
-        if max_replicas_per_node:
-            opts["max_replicas_per_node"] = int(max_replicas_per_node)
-        if self.autoscaling:
-            opts["autoscaling_config"] = {"min_replicas": min_replicas, "max_replicas": max_replicas,
-                                          "initial_replicas": max(min_replicas, 1),
-                                          "target_ongoing_requests": target_ongoing}
-        else:
-            opts["num_replicas"] = replicas
+        opts = _deployment_options(replicas, min_replicas, max_replicas, target_ongoing, num_cpus, num_gpus,
+                                   resources, accelerator_type, max_replicas_per_node)
         profile_ms = {int(b): float(ms) for b, ms in zip(profile.batches, profile.latencies_ms)} if profile else None
         self._deployment = serve.deployment(PolicyReplica).options(**opts)
         self._args = (make, engine, profile_ms, dict(engine_params or {}), node_ip_address == LOOPBACK)

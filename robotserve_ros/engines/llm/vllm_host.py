@@ -1,6 +1,6 @@
 """The vLLM engine host: run by the vLLM venv's python (`make vllm`), never imported by the
 project (its venv has transformers 4, vLLM needs 5). It serves vLLM's async engine (AsyncLLM)
-over its stdin/stdout, one JSON object a line (engines/llm/vllm_backend.py is the client):
+over its stdin/stdout, one JSON object a line (engines/llm/vllm_client.py is the client):
 
   in:  {"op": "generate", "id": S, "prompt": [token ids], "max_tokens": N, "priority": P,
         "stop": ["\n"] | null, "min_tokens": M, "ignore_eos": bool, "logprobs": K (0: none)}

@@ -54,6 +54,38 @@ _ARR = {0xDC: 2, 0xDD: 4}
 _MAP = {0xDE: 2, 0xDF: 4}
 
 
+def _length(buf: bytes, at: int, size: int) -> int:
+    if at + size > len(buf):
+        raise Refusal("bad_message", "truncated msgpack message")
+    return struct.unpack_from(_LEN[size], buf, at)[0]
+
+
+def _header(buf: bytes, i: int, lim: Limits) -> tuple:
+    """The msgpack object whose header starts at buf[i]: (where the next object starts, how many
+    children it opens). Strings are checked against max_string_bytes here."""
+    b = buf[i]
+    if b <= 0x7F or b >= 0xE0:
+        return i + 1, 0
+    if b in _SCALAR:
+        return i + 1 + _SCALAR[b], 0
+    if 0xA0 <= b <= 0xBF or b in _STR:
+        size = 0 if b <= 0xBF else _STR[b]
+        ln = (b & 0x1F) if size == 0 else _length(buf, i + 1, size)
+        if ln > lim.max_string_bytes:
+            raise Refusal("too_long_string", f"string of {ln} bytes is over max_string_bytes ({lim.max_string_bytes})")
+        return i + 1 + size + ln, 0
+    if b in _BIN:
+        return i + 1 + _BIN[b] + _length(buf, i + 1, _BIN[b]), 0
+    if 0x90 <= b <= 0x9F or b in _ARR:
+        count = (b & 0x0F) if b <= 0x9F else _length(buf, i + 1, _ARR[b])
+        return i + 1 + (0 if b <= 0x9F else _ARR[b]), count
+    if 0x80 <= b <= 0x8F or b in _MAP:
+        count = 2 * ((b & 0x0F) if b <= 0x8F else _length(buf, i + 1, _MAP[b]))
+        return i + 1 + (0 if b <= 0x8F else _MAP[b]), count
+    # 0xC1 (never used) and the ext types, which openpi never sends
+    raise Refusal("bad_message", f"msgpack type 0x{b:02x} is not accepted (no ext types)")
+
+
 def scan(buf: bytes, lim: Limits) -> None:
     """Walk the frame's msgpack headers without building anything; Refusal if it breaks a limit."""
     n, i, items = len(buf), 0, 0
@@ -61,12 +93,6 @@ def scan(buf: bytes, lim: Limits) -> None:
         raise Refusal("too_large", f"message of {n} bytes is over max_message_bytes ({lim.max_message_bytes})")
     stack: list = []  # objects still owed by each open container
     first = True
-
-    def length(at: int, size: int) -> int:
-        if at + size > n:
-            raise Refusal("bad_message", "truncated msgpack message")
-        return struct.unpack_from(_LEN[size], buf, at)[0]
-
     while True:
         if i >= n:
             raise Refusal("bad_message", "truncated msgpack message")
@@ -77,27 +103,7 @@ def scan(buf: bytes, lim: Limits) -> None:
         if first and not (0x80 <= b <= 0x8F or b in _MAP):
             raise Refusal("bad_message", "an observation must be a msgpack map (a dict)")
         first = False
-        count = 0  # children this object opens
-        if b <= 0x7F or b >= 0xE0:
-            i += 1
-        elif b in _SCALAR:
-            i += 1 + _SCALAR[b]
-        elif 0xA0 <= b <= 0xBF or b in _STR:
-            size = 0 if b <= 0xBF else _STR[b]
-            ln = (b & 0x1F) if size == 0 else length(i + 1, size)
-            if ln > lim.max_string_bytes:
-                raise Refusal("too_long_string", f"string of {ln} bytes is over max_string_bytes ({lim.max_string_bytes})")
-            i += 1 + size + ln
-        elif b in _BIN:
-            i += 1 + _BIN[b] + length(i + 1, _BIN[b])
-        elif 0x90 <= b <= 0x9F or b in _ARR:
-            count = (b & 0x0F) if b <= 0x9F else length(i + 1, _ARR[b])
-            i += 1 + (0 if b <= 0x9F else _ARR[b])
-        elif 0x80 <= b <= 0x8F or b in _MAP:
-            count = 2 * ((b & 0x0F) if b <= 0x8F else length(i + 1, _MAP[b]))
-            i += 1 + (0 if b <= 0x8F else _MAP[b])
-        else:  # 0xC1 (never used) and the ext types, which openpi never sends
-            raise Refusal("bad_message", f"msgpack type 0x{b:02x} is not accepted (no ext types)")
+        i, count = _header(buf, i, lim)  # count: children this object opens
         if i > n:
             raise Refusal("bad_message", "truncated msgpack message")
         if count:
