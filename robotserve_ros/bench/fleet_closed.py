@@ -368,15 +368,11 @@ def cmd_fleet_closed(a) -> int:
     if a.primary_first:
         regimes.sort(key=lambda g: g != (PRIMARY["robots"], PRIMARY["profile"]))
     runs_path = Path(a.runs)
-    t0 = time.monotonic()
     if not a.report_only:
         run_study(regimes, a.episodes, a.seed, runs_path, a.max_wall_s)
     runs = read_runs(runs_path)
-    prev = {}
-    meta_path = Path(a.out) / "fleet.json"
-    if meta_path.is_file():
-        prev = json.loads(meta_path.read_text()).get("meta", {})
-    wall = prev.get("wall_s", 0.0) + (0.0 if a.report_only else time.monotonic() - t0)
+    # The configurations' own wall time (all sessions of a resumed study; loading envs and the policy not counted).
+    wall = sum(r["wall_s"] for r in runs)
     meta = {"episodes_per_row": a.episodes, "seed": a.seed, "wall_s": round(wall, 1),
             "machine": f"{machine_info().get('cores')} shared cores ({machine_info().get('cpu')})",
             "policy": "models/metaworld_flow", "profiles": {"cpu": "robotserve_ros/profiles/pushgust_flow.json",

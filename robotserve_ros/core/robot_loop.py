@@ -120,6 +120,13 @@ class RobotLoop:
             return commanded, "send"
         return commanded, None
 
+    def held_ticks(self, n: int) -> None:
+        """n control ticks the robot held while waiting for its open round, which a driver slept
+        through (a virtual clock need not run a tick that changes nothing): counted as tick() would."""
+        for _ in range(n):  # (added one by one: the same float sum as n ticks)
+            self.held += 1
+            self.idle += 1.0 / self.hz
+
     # --- the open round ----------------------------------------------------------------------
     def exec_info(self, hooks: RobotHooks) -> Optional[ExecInfo]:
         """Last execution info (seed 000 §3.2.1): none with round 0."""

@@ -19,6 +19,7 @@ VirtualLoop (issue 34 item 2).
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Optional
@@ -169,13 +170,15 @@ class EnvPool:
 class VirtualRobot:
     """A Meta-World robot's hooks for the RobotLoop: its env and its action queue."""
 
-    __slots__ = ("index", "loop", "env", "queue", "seed", "scored_k", "unscored_k", "scored", "t_success", "next_tick")
+    __slots__ = ("index", "loop", "env", "queue", "seed", "scored_k", "unscored_k", "scored", "t_success", "next_tick",
+                 "phase", "asleep")
 
     def __init__(self, index: int, loop: RobotLoop, aggregate: str) -> None:
         self.index, self.loop, self.queue = index, loop, ActionQueue(aggregate)
         self.env = None
         self.scored_k = self.unscored_k = 0
         self.scored, self.t_success, self.next_tick = True, None, 0
+        self.phase, self.asleep = 0.0, False
 
     def execute(self) -> bool:
         a = self.queue.pop()
@@ -202,7 +205,7 @@ class ClosedLoopFleet:
     """One configuration's run (see the module docstring); `run()` returns its FleetResult."""
 
     def __init__(self, cfg: FleetConfig, engine, pool: Optional[EnvPool] = None, aggregate: str = "weighted_average",
-                 profile: Optional[EngineProfile] = None) -> None:
+                 profile: Optional[EngineProfile] = None, resend_after_s: Optional[float] = None) -> None:
         self.cfg, self.engine = cfg, engine
         self.pool = pool or EnvPool(cfg.max_steps)
         self.profile = profile or engine_profile(cfg.profile)
@@ -223,16 +226,19 @@ class ClosedLoopFleet:
         self.scored_left = cfg.robots * cfg.episodes
         self.stopped = False
         self._started: dict = {}  # dispatch id -> engine start (busy time within the makespan)
+        # No reply is ever lost here, so a round is only late and never re-sent (None); a robot
+        # waiting for its reply with nothing queued sleeps through its ticks (_wake counts them).
+        self.resend_after_s = resend_after_s
         rng = np.random.default_rng([cfg.seed, 34])
         self.robots = []
         for i in range(cfg.robots):
-            # resend_after: no reply is ever lost here; a round is only late (robot_client's 20 x latency floor)
-            loop = RobotLoop(f"r{i}", cfg.control_hz, self.trigger, resend_after_s=1e9, request_timeout_s=1e9)
+            loop = RobotLoop(f"r{i}", cfg.control_hz, self.trigger, resend_after_s=self.resend_after_s or math.inf,
+                             request_timeout_s=math.inf)
             r = VirtualRobot(i, loop, aggregate)
             self.robots.append(r)
-            phase = float(rng.uniform(0.0, self.period))  # robots tick out of phase, as separate machines do
+            r.phase = float(rng.uniform(0.0, self.period))  # robots tick out of phase, as separate machines do
             self._start_episode(r, 0.0)
-            self.loop.at(phase, self._tick, r, phase)
+            self.loop.at(r.phase, self._tick, r, r.phase)
 
     # --- robots ------------------------------------------------------------------------------
     def _start_episode(self, r: VirtualRobot, now: float) -> None:
@@ -266,9 +272,24 @@ class ClosedLoopFleet:
             self._finish(r, now)
         elif event == "send":
             self._send(r, now)
-        if not self.stopped:
-            r.next_tick += 1
+        if self.stopped:
+            return
+        r.next_tick += 1
+        if r.loop.outstanding and not r.queue and not r.env.done and self.resend_after_s is None:
+            r.asleep = True  # holding until the reply: its ticks change nothing but the idle count
+        else:
             self.loop.at(t0 + r.next_tick * self.period, self._tick, r, t0)
+
+    def _wake(self, r: VirtualRobot, now: float) -> None:
+        """The reply came: the ticks slept through (before now, on the robot's phase grid) count as
+        held, and the next one runs as it would have."""
+        r.asleep = False
+        skipped = 0
+        while r.phase + r.next_tick * self.period < now:
+            r.next_tick += 1
+            skipped += 1
+        r.loop.held_ticks(skipped)
+        self.loop.at(r.phase + r.next_tick * self.period, self._tick, r, r.phase)
 
     def _send(self, r: VirtualRobot, now: float) -> None:
         lp = r.loop
@@ -342,6 +363,8 @@ class ClosedLoopFleet:
                 continue  # the episode ended while its round was generated
             r.queue.merge(first[reply.task_id], np.asarray(reply.actions))
             r.loop.answered(now)
+            if r.asleep:
+                self._wake(r, now)
 
     def run(self) -> FleetResult:
         t0 = time.monotonic()
