@@ -89,15 +89,19 @@ def test_robot_loop_restart_keeps_the_motion():
 
 
 # --- paired statistics on crafted data --------------------------------------------------------------
-scipy = pytest.importorskip("scipy", reason="the study's statistics use scipy (installed with metaworld)")
-from robotserve_ros.bench import paired_stats as ps  # noqa: E402
+@pytest.fixture
+def ps():
+    pytest.importorskip("scipy", reason="the study's statistics use scipy (installed with metaworld)")
+    from robotserve_ros.bench import paired_stats
+
+    return paired_stats
 
 
 def _rows(success, times):
     return {s: (bool(ok), float(t) if ok else None) for s, (ok, t) in enumerate(zip(success, times))}
 
 
-def test_mcnemar_is_the_exact_binomial_of_the_discordant_pairs():
+def test_mcnemar_is_the_exact_binomial_of_the_discordant_pairs(ps):
     a = _rows([1] * 10 + [1] * 20, [1.0] * 30)
     b = _rows([0] * 10 + [1] * 20, [1.0] * 30)
     assert ps.mcnemar_p(a, b) == pytest.approx(2 * 0.5 ** 10)
@@ -107,7 +111,7 @@ def test_mcnemar_is_the_exact_binomial_of_the_discordant_pairs():
     assert ps.mcnemar_p(c, d) == pytest.approx(1.0)  # 2 vs 2 discordant: no evidence either way
 
 
-def test_paired_bootstrap_reduction_and_its_ci():
+def test_paired_bootstrap_reduction_and_its_ci(ps):
     rng = np.random.default_rng(1)
     base_t = rng.uniform(1.0, 3.0, 200)
     base = _rows([1] * 200, base_t)
@@ -123,12 +127,12 @@ def test_paired_bootstrap_reduction_and_its_ci():
     assert ps.reduction(part, base)["reduction"] == pytest.approx(0.5)
 
 
-def test_restricted_mean_counts_failures_at_the_cap():
+def test_restricted_mean_counts_failures_at_the_cap(ps):
     row = _rows([1, 1, 0, 1], [1.0, 2.0, 0.0, 30.0])
     assert ps.restricted_mean(row, cap_s=10.0) == pytest.approx((1 + 2 + 10 + 10) / 4)
 
 
-def test_baseline_is_the_fastest_static_row_not_significantly_worse():
+def test_baseline_is_the_fastest_static_row_not_significantly_worse(ps):
     n = 100
     t = np.linspace(1.0, 2.0, n)
     static = {
@@ -242,3 +246,31 @@ def test_study_report_names_the_baseline_and_what_did_not_run(policy, tmp_path):
     assert set(rep["episodes"][0]) == {"robots", "profile", "scheduler", "horizon", "seed", "task", "success",
                                        "time_to_success_s"}
     assert len(rep["episodes"]) == 16 * 2
+
+
+@pytest.mark.parametrize("argv,names", [
+    (["study", "fleet-closed", "--profiles", "nosuch"], ["--profiles", "nosuch", "gpu_like"]),
+    (["study", "fleet-closed", "--robots", "0"], ["--robots", "0"]),
+    (["study", "fleet-closed", "--episodes", "-3"], ["--episodes", "-3"]),
+])
+def test_fleet_closed_cli_refuses_a_wrong_value_in_one_line(argv, names, capsys):
+    from robotserve_ros.cli import main
+
+    try:
+        rc = main(argv)
+    except SystemExit as e:
+        rc = e.code
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1, err
+    assert all(n in err for n in names), err
+
+
+def test_engine_profiles_are_the_fixed_curves():
+    from robotserve_ros.sim.closed_loop import engine_profile
+
+    g = engine_profile("gpu_like")
+    assert g.latency_ms(1) == pytest.approx(28.0) and g.latency_ms(32) == pytest.approx(28.0 * (1 + 0.08 * 31))
+    assert g.saturation_batch == 32
+    assert engine_profile("cpu").saturation_batch == 32
+    with pytest.raises(ValueError, match="gpu_like"):
+        engine_profile("a100")
