@@ -393,6 +393,8 @@ def cmd_fleet_closed(a) -> int:
     why = metaworld_missing()
     if why:
         raise UsageError(f"study fleet-closed: {why}")
+    if a.live_demo:
+        return live_demo_check(Path(a.live_demo))
     regimes = [(n, p) for n in a.robots for p in a.profiles]
     if a.primary_first:
         regimes.sort(key=lambda g: g != (PRIMARY["robots"], PRIMARY["profile"]))
@@ -413,6 +415,25 @@ def cmd_fleet_closed(a) -> int:
     return 0
 
 
+def live_demo_check(out_dir: Path) -> int:
+    """Add the virtual fleet's rows to a live demo record (live/demo.virtual_check) and re-render its Markdown."""
+    from ..cli_types import UsageError
+    from ..live.demo import virtual_check, write_metaworld_report
+
+    path = out_dir / "live_demo.json"
+    try:
+        results = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise UsageError(f"--live-demo {str(out_dir)!r}: no readable live_demo.json there ({e})") from None
+    if results.get("demo") != "metaworld":
+        raise UsageError(f"--live-demo {str(out_dir)!r}: not a Meta-World demo record (robotserve demo --out DIR)")
+    results["sim_vs_live"] = virtual_check(results)
+    path.write_text(json.dumps(results, indent=1) + "\n")
+    write_metaworld_report(results, out_dir, plot=False)
+    print(f"wrote {path}, {out_dir / 'live_demo.md'}")
+    return 0
+
+
 def add_arguments(p) -> None:
     from ..cli_types import positive, seed
 
@@ -429,6 +450,8 @@ def add_arguments(p) -> None:
     p.add_argument("--max-wall-s", type=positive(float), default=math.inf,
                    help="start no new configuration after this many seconds (re-run to resume)")
     p.add_argument("--report-only", action="store_true", help="rebuild the report from --runs, run nothing")
+    p.add_argument("--live-demo", metavar="DIR", help="instead: run a live demo record's rows (DIR/live_demo.json) in "
+                   "the virtual fleet at its robots, seeds and the CPU profile, and add them to the record")
     p.add_argument("--no-primary-first", dest="primary_first", action="store_false",
                    help="run the regimes in the order given (default: the primary regime first)")
     p.set_defaults(func=cmd_fleet_closed)

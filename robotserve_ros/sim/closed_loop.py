@@ -74,14 +74,15 @@ SCORED_SEED_BASE = 30_000_000  # far from the demos' (0..249), the horizon study
 UNSCORED_SEED_BASE = 40_000_000
 
 
-def scored_seed(seed: int, robot: int, k: int) -> int:
-    """Episode k of robot i: the task (seed mod 5) differs between neighbouring robots at one time
-    (as nodes/metaworld_robot.py's 101 x i + k)."""
-    return SCORED_SEED_BASE + 1_000_000 * seed + 101 * robot + k
+def scored_seed(seed: int, robot: int, k: int, first: int = SCORED_SEED_BASE) -> int:
+    """Episode k of robot i, nodes/metaworld_robot.py's rule (first + 101 (1000 seed + i) + k): the
+    task (seed mod 5) differs between neighbouring robots at one time; first = 100000 (the live
+    robots' episode_seed) gives the live demo's episodes."""
+    return first + 101 * (1000 * seed + robot) + k
 
 
 def unscored_seed(seed: int, robot: int, k: int) -> int:
-    return UNSCORED_SEED_BASE + 1_000_000 * seed + 101 * robot + k
+    return scored_seed(seed, robot, k, UNSCORED_SEED_BASE)
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,7 @@ class FleetConfig:
     seed: int = 0
     max_steps: int = 200  # study/metaworld_task.MAX_STEPS
     control_hz: float = 80.0
+    first_seed: int = SCORED_SEED_BASE  # scored_seed's first
 
     def __post_init__(self) -> None:
         if self.robots < 1 or self.episodes < 1 or self.max_steps < 1:
@@ -244,7 +246,7 @@ class ClosedLoopFleet:
     def _start_episode(self, r: VirtualRobot, now: float) -> None:
         c = self.cfg
         if r.scored_k < c.episodes:
-            r.seed, r.scored = scored_seed(c.seed, r.index, r.scored_k), True
+            r.seed, r.scored = scored_seed(c.seed, r.index, r.scored_k, c.first_seed), True
             r.scored_k += 1
         else:
             r.seed, r.scored = unscored_seed(c.seed, r.index, r.unscored_k), False
