@@ -203,6 +203,8 @@ def build_report(runs: list, regimes=REGIMES, episodes: int = 200, seed: int = 0
             info["baseline"] = None
             want = []  # the execution-aware rows need the baseline's H
         miss = [("fifo", h) for h in missing] + [(s, h) for s, h in want if h not in reg.get(s, {})]
+        if missing:
+            miss.append(("fifo, kairos, remaining", "{the baseline's H, agreement, schedule} (they need the baseline)"))
         if miss:
             not_run.append({"robots": robots, "profile": profile, "rows": [label(s, h) for s, h in miss]})
         for s in SCHEDULERS:
