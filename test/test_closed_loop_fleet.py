@@ -252,6 +252,7 @@ def test_study_report_names_the_baseline_and_what_did_not_run(policy, tmp_path):
     (["study", "fleet-closed", "--profiles", "nosuch"], ["--profiles", "nosuch", "gpu_like"]),
     (["study", "fleet-closed", "--robots", "0"], ["--robots", "0"]),
     (["study", "fleet-closed", "--episodes", "-3"], ["--episodes", "-3"]),
+    (["study", "fleet-closed", "--live-demo", "/no/such/dir"], ["--live-demo", "/no/such/dir", "live_demo.json"]),
 ])
 def test_fleet_closed_cli_refuses_a_wrong_value_in_one_line(argv, names, capsys):
     from robotserve_ros.cli import main
