@@ -213,7 +213,8 @@ def build_report(runs: list, regimes=REGIMES, episodes: int = 200, seed: int = 0
                 for e in r["episodes"]:
                     eps_out.append({"robots": robots, "profile": profile, "scheduler": s, "horizon": h,
                                     "seed": e["seed"], "task": e["task"], "success": e["success"],
-                                    "time_to_success_s": e["time_to_success_s"]})
+                                    "time_to_success_s": None if e["time_to_success_s"] is None
+                                    else round(e["time_to_success_s"], 6)})  # (virtual time: µs is exact enough)
         regime_out.append(info)
     return {"primary": primary_result(rows, regime_out), "regimes": regime_out, "not_run": not_run,
             "rows": rows, "episodes": eps_out}
@@ -380,7 +381,7 @@ def write_report(runs: list, out: Path, meta: dict, regimes=REGIMES, episodes: i
     # One line per row and per episode: anyone can recompute, and the file stays diffable.
     body = {k: v for k, v in rep.items() if k not in ("rows", "episodes")}
     text = json.dumps(body, indent=1)[:-2] + ',\n "rows": [\n' + ",\n".join(json.dumps(r) for r in rep["rows"]) \
-        + '\n ],\n "episodes": [\n' + ",\n".join(json.dumps(e) for e in rep["episodes"]) + "\n ]\n}\n"
+        + '\n ],\n "episodes": [\n' + ",\n".join(json.dumps(e, separators=(",", ":")) for e in rep["episodes"]) + "\n ]\n}\n"
     json.loads(text)  # the record must stay one valid JSON document
     j.write_text(text)
     (out / "fleet.md").write_text(markdown(rep, meta))
