@@ -333,6 +333,10 @@ def build_parser() -> argparse.ArgumentParser:
     # a benchmark, so it lives in bench/ and is wired here (only the CLI imports bench/)
     study_fleet.add_arguments(study.add_parser("fleet", help="Kairos vs FIFO (and the Table 2 split) on the measured "
                                                               "workloads at peak load and with 100 robots"))
+    from .bench import fleet_closed
+    fleet_closed.add_arguments(study.add_parser(
+        "fleet-closed", help="closed-loop virtual fleet of Meta-World robots on the trained policy: every factor "
+                             "apart, paired seeds, the primary test (docs/closed_loop.md)"))
 
     w = sub.add_parser("workload", help="list, generate or check workload files")
     w.add_argument("action", choices=("list", "gen", "check"))

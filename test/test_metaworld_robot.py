@@ -65,9 +65,13 @@ def test_the_closed_loop_demo_writes_its_report(tmp_path):
         assert s["episodes"] == 2 and 0 <= lo <= s["success"] <= hi <= 1
         assert 0 < s["avg_latency_s"] <= max(e["latency_s"] for e in run["episodes"]) + 1e-9
         assert s["chunks_served"] >= sum(e["chunks"] for e in run["episodes"]) >= 2
+        # the same row in the closed-loop virtual fleet: as many robots and episodes (issue 34 item 6)
+        v = s["virtual"]
+        assert v["episodes"] == 2 and 0 <= v["success"] <= 1 and v["avg_latency_s"] > 0
+        assert set(res["sim_vs_live"][label]) >= {"avg_latency_gap", "latency_within_15pct", "success_within_ci"}
     assert res["why"] and "actions per round" in res["why"] and isinstance(res["target"]["met"], bool)
     md = (tmp_path / "live_demo.md").read_text()
-    assert "Why: " in md and "Target: " in md
+    assert "Why: " in md and "Target: " in md and "closed-loop virtual fleet" in md
     assert (tmp_path / "live_demo.png").read_bytes()[:4] == b"\x89PNG"
 
 

@@ -34,7 +34,8 @@ from typing import Optional
 
 import numpy as np
 
-from ..core.robot_timing import OpenRound, trigger_actions
+from ..core.robot_loop import RobotLoop
+from ..core.robot_timing import trigger_actions
 
 
 def _robot_config(params: Optional[str], config_class=None, section_name: str = "/**/robot_client"):
@@ -77,34 +78,57 @@ def recorded_observations(n: int = 8, width: int = 96, height: int = 96, joints:
 
 
 class LightRobot:
-    """One robot's state; its timing and re-send rules are robot_client's."""
+    """One robot's state; its timing, re-send and task bookkeeping are core/robot_loop.py's
+    RobotLoop (robot_client's rules), whose fields it shows as its own."""
 
-    __slots__ = ("name", "acct", "task_k", "task_id", "round", "timestep", "queue_end", "outstanding", "open_round", "retry_at", "task_start", "exec_start", "idle", "chunks", "fut", "futs",
-                 "finished_tasks", "continued", "done", "obs_k")
+    __slots__ = ("name", "acct", "loop", "hooks", "timestep", "queue_end", "fut", "futs", "obs_k")
 
-    def __init__(self, name: str, hz: float) -> None:
+    def __init__(self, name: str, hz: float, **loop_kw) -> None:
         from ..nodes.client_account import ClientAccount
 
         self.name, self.acct = name, ClientAccount(name, hz)
-        self.task_k = self.finished_tasks = self.continued = self.obs_k = 0
-        self.fut, self.futs = None, []
+        self.loop = RobotLoop(name, hz, loop_kw.pop("trigger", 0), now=time.monotonic(), **loop_kw)
+        self.obs_k = 0
+        self.fut, self.futs, self.hooks = None, [], None
         self.start_task(time.monotonic())
 
     def start_task(self, now: float, keep_motion: bool = False) -> None:
-        self.task_id = f"{self.name}/task{self.task_k}"
-        self.round = 0
-        self.outstanding = self.done = False
-        self.open_round = OpenRound()
-        self.retry_at = 0.0
-        self.chunks = 0
+        self.loop.start_task(now, keep_motion)
         if not keep_motion:
             self.timestep = self.queue_end = 0
-            self.task_start = None
-            self.exec_start = now
-            self.idle = 0.0
 
     def left(self) -> int:
         return max(0, self.queue_end - self.timestep)
+
+
+def _loop_field(name: str) -> property:
+    return property(lambda self: getattr(self.loop, name), lambda self, v: setattr(self.loop, name, v))
+
+
+for _name in ("task_k", "task_id", "round", "outstanding", "open_round", "retry_at", "task_start", "exec_start",
+              "idle", "chunks", "done", "finished_tasks", "continued"):
+    setattr(LightRobot, _name, _loop_field(_name))
+
+
+class _FleetHooks:
+    """A robot's RobotHooks: the fleet node's hook methods, bound to the robot."""
+
+    __slots__ = ("fleet", "robot")
+
+    def __init__(self, fleet: "LightFleetNode", robot: LightRobot) -> None:
+        self.fleet, self.robot = fleet, robot
+
+    def execute(self) -> bool:
+        return self.fleet.execute(self.robot)
+
+    def left(self) -> int:
+        return self.robot.left()
+
+    def task_over(self) -> bool:
+        return self.fleet.task_over(self.robot)
+
+    def needs_more(self) -> bool:
+        return self.fleet.needs_more(self.robot)
 
 
 class LightFleetNode:
@@ -142,7 +166,11 @@ class LightFleetNode:
             from ..transport.images import FrameEncoder
 
             self.frames = [FrameEncoder(c.image_transport, c.image_quality).encode(o.images) for o in self.obs]
+        self.loop_kw = {"trigger": self.trigger, "resend_after_s": self.resend_after,
+                        "request_timeout_s": c.request_timeout_s, "retry_s": c.retry_s}
         self.robots = [self.make_robot(i, n) for i, n in enumerate(names)]
+        for r in self.robots:
+            r.hooks = _FleetHooks(self, r)
         self.by_task = {r.task_id: r for r in self.robots}
         self.cli = self.node.create_client(Infer, c.service, qos_profile=service_qos())
         if refresh_topic:  # no refresh service: the newest observations of the waiting robots on a topic
@@ -165,7 +193,7 @@ class LightFleetNode:
 
     # --- hooks (a robot that acts overrides them) -------------------------------------------
     def make_robot(self, index: int, name: str) -> LightRobot:
-        return self.robot_class(name, self.hz)
+        return self.robot_class(name, self.hz, **self.loop_kw)
 
     def execute(self, r: LightRobot) -> bool:
         """One control tick: execute the next action if there is one (True), else hold (False)."""
@@ -201,21 +229,16 @@ class LightFleetNode:
         for r in self.robots:
             if r.done:
                 continue
-            commanded = self.execute(r)
+            commanded, event = r.loop.tick(now, r.hooks, ready, self.draining)
             r.acct.tick(commanded, r.task_start is not None)
-            if not commanded and r.task_start is not None:
-                r.idle += 1.0 / self.hz
-            if self.task_over(r):
+            if event == "finished":
                 self._finish(r, now)
-                continue
-            self._check_timeout(r, now, ready)
-            if not r.outstanding and (r.open_round.resending or not self.draining) and r.left() <= self.trigger \
-                    and self.needs_more(r) and ready:  # draining: no new round, a deferred re-send still goes
+            elif event == "overdue":
+                r.acct.errors["timeout"] += 1
+            elif event == "send":  # a new round at the trigger point, or the open one again (draining: only that)
                 self._send(r, now)
 
     def _send(self, r: LightRobot, now: float) -> None:
-        if now < r.retry_at:
-            return
         from ..nodes.common import to_time
 
         q = self.Infer.Request()
@@ -233,29 +256,12 @@ class LightFleetNode:
         q.horizon.has_param = self.c.horizon_param >= 0
         q.horizon.param = float(max(0.0, self.c.horizon_param))
         q.refresh_service = self.fetch_name
-        if r.task_start is None:
-            r.task_start = now
-        r.outstanding = True
-        r.open_round.sent(now)
+        r.loop.sent(now)
         key = (r.task_id, r.round)
         r.acct.on_send(key)
         r.fut = self.cli.call_async(q)
         r.futs.append(r.fut)
         r.fut.add_done_callback(lambda f, r=r, key=key: self._on_reply(r, key, f))
-
-    def _check_timeout(self, r: LightRobot, now: float, ready: bool) -> None:
-        """robot_client's rule: the same round again after the (doubling) resend interval,
-        reported overdue once after request_timeout_s, never given up."""
-        if not r.outstanding:
-            return
-        act = r.open_round.check(now, self.resend_after, self.c.request_timeout_s)
-        if act == "resend":  # the earlier call stays open (robot_client's rule): first answer wins
-            r.outstanding = False
-            if ready:
-                self._send(r, now)
-            return
-        if act == "overdue":
-            r.acct.errors["timeout"] += 1
 
     def _drop_calls(self, r: LightRobot) -> None:
         for f in r.futs:
@@ -293,13 +299,10 @@ class LightFleetNode:
             r.retry_at = now + self.c.retry_s
             return
         r.acct.on_chunk_used(key, reply_ms, r.left())
-        r.exec_start = now
-        r.chunks += 1
-        r.round += 1
+        r.loop.answered(now)
 
     def _finish(self, r: LightRobot, now: float) -> None:
-        r.done = True
-        r.finished_tasks += 1
+        """The task is over (the loop marked it done and counted it): say so, start the next."""
         self._publish(r, now, task_done=True)
         if self.c.tasks == 0 or r.finished_tasks < self.c.tasks:
             self.by_task.pop(r.task_id, None)

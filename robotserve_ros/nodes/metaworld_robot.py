@@ -60,7 +60,7 @@ class MetaWorldRobot(LightRobot):
         for seed in range(len(self.env.tasks)):  # every task's MuJoCo model loaded now (~0.25 s each), not in
             self.env.reset(seed)                 # a control tick mid-run, where it would stall the process's robots
         self.queue = ActionQueue(fleet.c.aggregate)
-        super().__init__(name, fleet.hz)
+        super().__init__(name, fleet.hz, **fleet.loop_kw)
 
     def start_task(self, now: float, keep_motion: bool = False) -> None:
         super().start_task(now, keep_motion)

@@ -93,10 +93,11 @@ def fleet_over(engine, scheduler, clock, *, tier: str = "edge", max_batch: Optio
 
 
 def fleet_of(scheduler, tiers: list, engines: dict, clock, *, placement=None, refresher=None,
-             stale_obs_s: Optional[float] = None, **fleet_kw) -> Fleet:
+             stale_obs_s: Optional[float] = None, horizon_params=None, **fleet_kw) -> Fleet:
     """A fleet over given tiers and their engines (the simulator's: a virtual clock, its
     engine model per tier, placement over them). Not started; a simulator drives its steps."""
-    core = ServingCore(scheduler, tiers, clock, placement=placement, refresher=refresher, stale_obs_s=stale_obs_s)
+    core = ServingCore(scheduler, tiers, clock, placement=placement, refresher=refresher, stale_obs_s=stale_obs_s,
+                       **({} if horizon_params is None else {"horizon_params": horizon_params}))
     fleet = Fleet(core, engines, **fleet_kw)
     fleet.engine, fleet.pools = next(iter(engines.values())), []
     return fleet
