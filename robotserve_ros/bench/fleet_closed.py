@@ -353,16 +353,19 @@ def live_demo_check(out_dir: Path) -> int:
 
 
 def add_arguments(p) -> None:
-    from ..cli_types import positive, seed
+    from ..cli_types import positive, scratch, seed
 
     from ..sim.closed_loop import ENGINE_PROFILES
 
     p.add_argument("--robots", type=positive(int), nargs="+", default=[100, 10, 40], help="fleet sizes (regimes)")
-    p.add_argument("--profiles", nargs="+", choices=ENGINE_PROFILES, default=["gpu_like", "cpu"])
+    p.add_argument("--profiles", nargs="+", choices=ENGINE_PROFILES, default=["gpu_like", "cpu"],
+                   help="engine profiles (regimes): gpu_like = 28 ms x (1 + 0.08 (b - 1)), cpu = the flow head's "
+                        "profile of record (default: %(default)s)")
     p.add_argument("--episodes", type=positive(int), default=200,
                    help="scored episodes per row (per robot: ceil(episodes / robots)); paired seeds across a regime")
     p.add_argument("--seed", type=seed, default=0)
-    p.add_argument("--out", default="reports/closed_loop", help="report folder: fleet.json + fleet.md")
+    p.add_argument("--out", default=scratch("closed-loop"), help="report folder: fleet.json + fleet.md (default: "
+                   "%(default)s; the run of record: --out reports/closed_loop --force)")
     p.add_argument("--runs", default="data/closed_loop/runs.jsonl",
                    help="every finished configuration with its episodes (JSON lines); a re-run resumes from it")
     p.add_argument("--max-wall-s", type=positive(float), default=math.inf,
