@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rosutil import requires_rclpy, ros_ctx  # noqa: F401 (the fixture)
+from rosutil import requires_rclpy, ros_ctx, wait_for  # noqa: F401 (the fixture)
 
 import jsonl_protocol
 from jsonl_protocol import JsonLinesProtocol
@@ -53,21 +53,13 @@ def test_rounds_refusals_and_a_closed_connection_on_a_fleet_of_its_own():
             assert ask(f, {"task": "u", "round": 5, "joints": [0]})["error"] == "unknown_task"
             assert ask(f, {"nonsense": True})["error"] == "bad_request"
             assert len(fleet.tasks()) == 1
-        assert until(lambda: not fleet.tasks())  # the connection closed: its task went with it
+        assert wait_for(lambda: not fleet.tasks(), 10.0)  # the connection closed: its task went with it
         assert fleet.core_stats()["errors"] == {"unknown_task": 1, "bad_request": 1}
         assert fleet.protocol_stats()["jsonl"]["served"] == 2
     finally:
         proto.close()
         fleet.close()
 
-
-def until(cond, timeout: float = 10.0) -> bool:
-    end = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > end:
-            return False
-        time.sleep(0.02)
-    return True
 
 
 @requires_rclpy
@@ -103,7 +95,7 @@ def test_jsonl_robots_share_batches_with_ros_robots(ros_ctx, tmp_path):
         ros_ctx.start_node(["robotserve_ros.nodes.robot_client", "--robots", "1", "--ros-args", "--params-file", params])
         for t in robots:
             t.start()
-        ok = until(lambda: node.fleet.batches_by_protocols().get("jsonl+ros", 0) >= 2, 120)
+        ok = wait_for(lambda: node.fleet.batches_by_protocols().get("jsonl+ros", 0) >= 2, 120)
         assert ok, (node.fleet.batches_by_protocols(), node.fleet.protocol_stats())
         assert answered and set(answered) == {"ok"}
         assert node.fleet.protocol_stats()["ros"]["served"] > 0

@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import numpy as np
 import pytest
+from rosutil import wait_for
 
 from robotserve_ros.core.clock import WallClock
 from robotserve_ros.core.errors import RequestError
@@ -35,14 +35,6 @@ class Gate:
     def forget(self, task_id: str) -> None:
         self.forgot.append(task_id)
 
-
-def until(cond, timeout: float = 10.0) -> bool:
-    end = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > end:
-            return False
-        time.sleep(0.005)
-    return True
 
 
 def req(task: str, rnd: int = 0) -> InferenceRequest:
@@ -74,7 +66,7 @@ def test_two_protocols_share_a_batch_and_each_gets_its_own_reply(fleet_of):
     fleet, eng = fleet_of()
     a, b = fleet.session("ros", "/r1"), fleet.session("jsonl", "peer")
     first = a.submit(req("warm"))  # holds the slot while the next two queue up
-    assert until(lambda: fleet.generating("warm"))
+    assert wait_for(lambda: fleet.generating("warm"), 10.0)
     fa, fb = a.submit(req("a")), b.submit(req("b"))
     eng.open.set()
     first.result(10)
@@ -116,7 +108,7 @@ def test_a_dropped_task_answers_its_waiting_call_and_frees_its_engine_state(flee
     fleet, eng = fleet_of()
     s = fleet.session("lerobot")
     busy = s.submit(req("x"))  # generating (the gate is shut): "a" waits in the queue
-    assert until(lambda: fleet.generating("x"))
+    assert wait_for(lambda: fleet.generating("x"), 10.0)
     fa = s.submit(req("a"))
     s.drop("a", "task_dropped", "the robot left")
     assert code_of(fa) == "task_dropped" and "a" in eng.forgot and not fleet.knows("a")
@@ -131,7 +123,7 @@ def test_a_silent_task_is_reaped(fleet_of):
     fleet, eng = fleet_of(task_timeout_s=5.0, now=lambda: now[0])
     s = fleet.session("ros")
     busy = s.submit(req("x"))
-    assert until(lambda: fleet.generating("x"))
+    assert wait_for(lambda: fleet.generating("x"), 10.0)
     fa = s.submit(req("a"))
     now[0] = 3.0
     fleet.touch("x")  # heard (progress): kept
