@@ -387,7 +387,7 @@ def main(argv=None, fleet_class=None, prog: str = "light_fleet", doc: str = __do
     import rclpy
     from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
 
-    from ..nodes.common import prepare_process
+    from ..nodes.common import prepare_process, quiet_signals
 
     prepare_process()
     rclpy.init(args=[sys.argv[0]] + rest)
@@ -401,7 +401,7 @@ def main(argv=None, fleet_class=None, prog: str = "light_fleet", doc: str = __do
     except (KeyboardInterrupt, ExternalShutdownException):
         pass
     finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        quiet_signals()
         fleet.close()
         try:
             fleet.node.destroy_node()

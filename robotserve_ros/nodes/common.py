@@ -184,6 +184,23 @@ def exit_process(code: int) -> NoReturn:
     os._exit(code)
 
 
+def quiet_signals() -> None:
+    """At shutdown, before any executor or node is destroyed: stop rclpy's signal handling and
+    ignore further SIGINT/SIGTERM. rclpy's handler wakes executors from a thread of its own that
+    triggers their guard conditions; on a loaded machine that thread can still be running when
+    executor.shutdown() frees them, a use-after-free that crashed robot_client at stop now and
+    then (SIGSEGV in a non-Python thread, main thread in destroy_node). Uninstalling joins that
+    thread. A second Ctrl-C must not cut the clean-up short either (bags half written, shm left)."""
+    import rclpy
+
+    try:
+        rclpy.uninstall_signal_handlers()
+    except Exception:  # never installed (rclpy.init failed): nothing to join
+        pass
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
 def make_executor(n_threads: int, kind: str = "multithreaded"):
     """The executor of a process serving many calls: rclpy's MultiThreadedExecutor, or its
     SingleThreadedExecutor ('single': srv/Infer's replies are deferred, nodes/deferred.py, so
@@ -226,9 +243,7 @@ def run_nodes(make: Callable[[], Sequence], argv=None, threads=None, executor=No
     except (KeyboardInterrupt, ExternalShutdownException):
         pass
     finally:
-        # A second Ctrl-C must not cut the clean-up short (bags half written, shm left behind).
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        quiet_signals()
         for n in nodes:
             close = getattr(n, "close", None)
             if close:
