@@ -247,6 +247,8 @@ def build_parser() -> argparse.ArgumentParser:
     fl.add_argument("--flame", help="py-spy flame graph (svg) of the server over the window")
     fl.add_argument("--refresh-topic", action="store_true", help="with --light: robots publish their newest "
                     "observations on /robotserve/observations, the server reads them at dispatch (no refresh service)")
+    fl.add_argument("--metrics-check", action="store_true", help="scrape the server's Prometheus endpoint during the "
+                    "run; exit 1 unless its figures are the server's own (/diagnostics; docs/metrics.md)")
     fl.set_defaults(func=cmd_bench_fleet_live)
 
     so = b.add_parser("soak", help="the server under a steady light fleet for minutes: RSS growth, lost chunks, ledger freed")

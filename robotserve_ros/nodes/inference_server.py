@@ -38,7 +38,7 @@ from .convert import check_robot_id, check_service_name, fill_status
 from .infer_call import InferCall
 from .refresh import ObservationRefresher
 from .server_config import InferenceServerConfig
-from .server_diagnostics import MemoryTrace, RecentErrors, diagnostic_array, server_stats, trim_heap
+from .server_diagnostics import MemoryTrace, RecentErrors, diagnostic_array, server_stats, start_metrics, trim_heap
 from .services import SERVICES
 
 __all__ = ["InferenceServerConfig", "InferenceServerNode", "check_robot_id", "check_service_name", "main"]
@@ -94,6 +94,7 @@ class InferenceServerNode(ManagedNode):
             except (TypeError, ValueError, OSError) as e:
                 self.cleanup()
                 raise ParamError(f"parameter '{name}': no {name} service with these: {e}") from e
+        self.metrics = start_metrics(self, c)  # before activate: its histograms see every round
         self.get_logger().info(f"configured for {c.service}: scheduler {c.scheduler.name}, engine {c.engine.name}, "
                                f"engine profile saturation batch {self.engine.profile.saturation_batch}")
 
@@ -228,8 +229,8 @@ class InferenceServerNode(ManagedNode):
 
     def cleanup(self) -> None:
         """Free the fleet, its engine(s) and the side services (lifecycle cleanup)."""
-        if self.memory is not None:
-            self.memory.close()
+        for tool in filter(None, (self.memory, getattr(self, "metrics", None))):  # memory trace, metrics endpoint
+            tool.close()
         for svc in getattr(self, "side_services", {}).values():
             svc.close()
         self.fleet.close()

@@ -81,7 +81,7 @@ class Session:
 
     def refuse(self, err: RequestError) -> None:
         """A request refused by the protocol's codec before it reached the fleet: counted."""
-        self.fleet.count_error(err, self.protocol)
+        self.fleet.count_error(err, self.protocol, self.robot)
 
     def withdraw(self, task_id: str, round_id: int) -> None:
         """The caller stopped waiting (its own timeout): the round stays queued, its reply unrouted."""
@@ -119,6 +119,7 @@ class Fleet:
         self._calls: dict = {}  # (task_id, round_id) -> _Call: the one table of waiting calls
         self._owner: dict = {}  # task id -> its Session
         self.counts: dict = defaultdict(Counter)  # protocol -> submitted / served / refused:<code>
+        self.robot_refusals: Counter = Counter()  # (robot, code) -> refusals its sessions got
         self.mix: Counter = Counter()  # batches by the protocols of the robots in them
         self.batch_listeners: list = []  # (replies, dispatch, results) after every batch, under the lock
 
@@ -166,6 +167,7 @@ class Fleet:
 
     def _refused(self, s: Session, req: InferenceRequest, fut: Future, e: RequestError) -> Future:
         self.counts[s.protocol]["refused:" + e.code] += 1
+        self.robot_refusals[(s.robot, e.code)] += 1
         if self.binder is not None and req.task_id not in self._core.ledger.tasks:
             self.binder.forget(req.task_id)  # a refused round 0 binds nothing
         fut.set_exception(e)
@@ -196,10 +198,11 @@ class Fleet:
             with self.lock:
                 self._check_owner(task_id, round_id, robot, proof, bind=False)
 
-    def count_error(self, err: RequestError, protocol: str = "?") -> None:
+    def count_error(self, err: RequestError, protocol: str = "?", robot: str = "") -> None:
         with self.lock:
             self._count(err)
             self.counts[protocol]["refused:" + err.code] += 1
+            self.robot_refusals[(robot, err.code)] += 1
 
     def _count(self, err: RequestError) -> None:
         """Under the lock: a refusal by kind, and its reason as the newest of its kind (what
@@ -241,6 +244,11 @@ class Fleet:
     def protocol_of(self, task_id: str) -> str:
         s = self._owner.get(task_id)
         return s.protocol if s is not None else "?"
+
+    def robot_of(self, task_id: str) -> str:
+        """The robot of the session that submitted the task ('' anonymous or unknown)."""
+        s = self._owner.get(task_id)
+        return s.robot if s is not None else ""
 
     # --- tasks ---------------------------------------------------------------------------------
     def knows(self, task_id: str) -> bool:
