@@ -258,6 +258,8 @@ def build_parser() -> argparse.ArgumentParser:
     so.add_argument("--out", default=scratch("soak.json"), help="result JSON (the record: reports/live/soak.json)")
     so.add_argument("--memory-trace", action="store_true",
                     help="the server traces Python allocations (tracemalloc; slower) and the report names what grew")
+    so.add_argument("--warmup-minutes", type=positive(zero_ok=True), help="minutes left out of the RSS slope "
+                    "(default 5, or a quarter of a shorter run)")
     so.set_defaults(func=cmd_bench_soak)
 
     ch = b.add_parser("chaos", help="faults in a live light fleet: server killed/restarted, robot process killed, server frozen")
