@@ -148,3 +148,20 @@ def test_the_metrics_check_passes_on_the_runners_figures_and_fails_on_others(ser
     assert not rep["ok"] and "served" in rep["failures"][0], rep
     off = MetricsCheck().final(FakeListener({"metrics_port": "-1"}))
     assert not off["ok"] and "metrics_port" in off["failures"][0]
+
+
+def test_the_grafana_dashboard_asks_only_for_metrics_the_server_serves(served):
+    """docs/grafana/robotserve.json: every robotserve_* name in its queries is served (a renamed
+    metric would leave a panel empty without an error anywhere)."""
+    import json
+    import re
+    from pathlib import Path
+
+    from robotserve_ros.serve.metrics import PROGRESS_REFUSED, TASKS_ENDED
+
+    fleet, m = served
+    run_rounds(fleet)
+    served_names = {n for n, _ in parse(m.text())} | {TASKS_ENDED + "_total", PROGRESS_REFUSED + "_total"}
+    dash = json.loads((Path(__file__).parents[1] / "docs" / "grafana" / "robotserve.json").read_text())
+    asked = {n for p in dash["panels"] for t in p["targets"] for n in re.findall(r"robotserve_\w+", t["expr"])}
+    assert len(asked) >= 15 and not asked - served_names, sorted(asked - served_names)

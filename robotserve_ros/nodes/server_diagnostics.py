@@ -38,14 +38,14 @@ def start_metrics(node, c):
     Beside the fleet's figures: tasks the node finished and reaped, progress it refused."""
     if c.metrics.port < 0:
         return None
-    from ..serve.metrics import MetricsServer
+    from ..serve.metrics import PROGRESS_REFUSED, TASKS_ENDED, MetricsServer
 
     def node_counts() -> dict:
         with node.fleet.lock:
-            return {"robotserve_tasks_ended": ("Tasks ended: finished by their robot, or reaped after task_timeout_s "
+            return {TASKS_ENDED: ("Tasks ended: finished by their robot, or reaped after task_timeout_s "
                                                "of silence", {("finished",): node.finished["tasks"],
                                                               ("reaped",): node.finished["reaped"]}, ("how",)),
-                    "robotserve_progress_refused": ("Progress messages not applied, by reason",
+                    PROGRESS_REFUSED: ("Progress messages not applied, by reason",
                                                     {(k,): v for k, v in node.progress_refused.items()}, ("reason",))}
 
     try:

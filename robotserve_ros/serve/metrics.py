@@ -36,6 +36,10 @@ CORE_COUNTERS = (
 )
 
 
+# The front end's own counters (the inference server's node_counts: nodes/server_diagnostics.py).
+TASKS_ENDED, PROGRESS_REFUSED = "robotserve_tasks_ended", "robotserve_progress_refused"
+
+
 def robot_label(robot: str) -> str:
     """A robot's label as /diagnostics keys its wait ratio (serve/stats.py)."""
     return (robot or "").lstrip("/") or "(anonymous)"
@@ -109,21 +113,26 @@ class FleetCollector:
     def _load(self, fams: _Families) -> None:
         f, core, r = self.fleet, self.fleet.core, self.fleet._runner
         r.account()  # the backlog integrals up to now
+        tiers = [t.name for t in core.tiers]  # every tier's series from the start, 0 until it counts
+
+        def per_tier(counts) -> list:
+            return [((t,), counts.get(t, 0)) for t in tiers]
+
         fams.counter("robotserve_engine_busy_seconds", "Engine time per tier (slot-seconds inside engine.infer)",
-                     labels=("tier",), rows=[((t,), v) for t, v in sorted(r.busy_s.items())])
+                     labels=("tier",), rows=per_tier(r.busy_s))
         fams.counter("robotserve_engine_failures", "Batches a tier failed (requeued)", labels=("tier",),
-                     rows=[((t,), v) for t, v in sorted(r.failures.items())])
+                     rows=per_tier(r.failures))
         fams.counter("robotserve_backlogged_seconds", "Time more rounds waited than one full batch of every slot",
                      r.backlogged_s)
         fams.counter("robotserve_engine_busy_while_backlogged_seconds", "Engine slot-seconds while backlogged, per tier",
-                     labels=("tier",), rows=[((t,), v) for t, v in sorted(r.busy_backlogged_s.items())])
+                     labels=("tier",), rows=per_tier(r.busy_backlogged_s))
         fams.counter("robotserve_late_replies_discarded", "Engine replies for batches requeued meanwhile", r.late_replies)
         fams.gauge("robotserve_queue_length", "Rounds queued now", len(core.pending))
         fams.gauge("robotserve_batches_in_flight", "Batches generating now", len(core.inflight))
         fams.gauge("robotserve_tasks", "Tasks known to the ledger now", len(core.ledger.tasks))
         fams.gauge("robotserve_waiting_calls", "Calls waiting for their round's reply now", f.waiting())
         fams.gauge("robotserve_engine_slots_running", "Tier slots inside engine.infer now", labels=("tier",),
-                   rows=[((t.name,), r.running.get(t.name, 0)) for t in core.tiers])
+                   rows=per_tier(r.running))
         fams.gauge("robotserve_refresh_success_ratio", "Recent share of refreshes answered in time",
                    core.refresh_gate.success)
 
@@ -202,6 +211,7 @@ class MetricsServer:
     def __init__(self, fleet, port: int = 0, address: str = "127.0.0.1", per_robot: bool = True,
                  node_counts: Optional[Callable[[], dict]] = None) -> None:
         prom = _prom()
+        prom.disable_created_metrics()  # no *_created series: half the per-robot series, nothing lost
         self.registry = prom.CollectorRegistry(auto_describe=False)
         self.registry.register(FleetCollector(fleet, node_counts))
         self.feed = BatchFeed(fleet, self.registry, per_robot)
