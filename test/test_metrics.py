@@ -165,3 +165,46 @@ def test_the_grafana_dashboard_asks_only_for_metrics_the_server_serves(served):
     dash = json.loads((Path(__file__).parents[1] / "docs" / "grafana" / "robotserve.json").read_text())
     asked = {n for p in dash["panels"] for t in p["targets"] for n in re.findall(r"robotserve_\w+", t["expr"])}
     assert len(asked) >= 15 and not asked - served_names, sorted(asked - served_names)
+
+
+class Gate(Echo):
+    """Batches wait until `open` is set; the first `fail` of them raise."""
+
+    def __init__(self, fail: int = 0) -> None:
+        import threading
+
+        self.open, self.fail = threading.Event(), fail
+
+    def infer(self, batch):
+        assert self.open.wait(10)
+        if self.fail:
+            self.fail -= 1
+            raise RuntimeError("engine down")
+        return super().infer(batch)
+
+
+def test_re_sent_and_lost_rounds_per_robot_add_up_to_the_servers():
+    from rosutil import wait_for
+
+    eng = Gate(fail=1)
+    fleet = fleet_over(eng, make_scheduler("fifo"), WallClock(), max_attempts=1).start()
+    m = MetricsServer(fleet, port=0)
+    try:
+        r1, r2 = fleet.session("ros", "/r1"), fleet.session("ros", "r2")
+        lost = r2.submit(req("hold"))  # its batch fails once: given up (max_attempts 1)
+        assert wait_for(lambda: fleet.generating("hold"), 10.0)
+        first = r1.submit(req("a"))
+        again = r1.submit(req("a"))  # asked again while queued: attached, not run twice
+        assert isinstance(first.exception(10), RequestError)  # the older call: duplicate_request
+        eng.open.set()
+        assert isinstance(lost.exception(10), RequestError) and again.result(10)
+        got, s = parse(m.text()), fleet.core.stats
+        assert s.resent_requests == 1 and s.given_up == 1
+        assert got[("robotserve_robot_resent_requests_total", (("robot", "r1"),))] == s.resent_requests
+        assert got[("robotserve_robot_rounds_given_up_total", (("robot", "r2"),))] == s.given_up
+        assert got[("robotserve_engine_failures_total", (("tier", "edge"),))] == 1
+        per_robot = sum(v for (n, _), v in got.items() if n == "robotserve_robot_resent_requests_total")
+        assert per_robot == got[("robotserve_resent_requests_total", ())]
+    finally:
+        m.close()
+        fleet.close()

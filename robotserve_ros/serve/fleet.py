@@ -119,7 +119,8 @@ class Fleet:
         self._calls: dict = {}  # (task_id, round_id) -> _Call: the one table of waiting calls
         self._owner: dict = {}  # task id -> its Session
         self.counts: dict = defaultdict(Counter)  # protocol -> submitted / served / refused:<code>
-        self.robot_refusals: Counter = Counter()  # (robot, code) -> refusals its sessions got
+        # (robot, refused:<code> / resent / replayed / given_up) -> its sessions' requests (the metrics' per robot)
+        self.robot_counts: Counter = Counter()
         self.mix: Counter = Counter()  # batches by the protocols of the robots in them
         self.batch_listeners: list = []  # (replies, dispatch, results) after every batch, under the lock
 
@@ -154,7 +155,7 @@ class Fleet:
                 return self._refused(s, req, fut, e)
             try:
                 self.counts[s.protocol]["submitted"] += 1
-                self._runner.submit(req, then=lambda p: self._register(s, key, fut, p))
+                self._runner.submit(req, then=lambda p: self._register(s, key, fut, p, req))
             except RequestError as e:  # counted by the core
                 return self._refused(s, req, fut, e)
         return fut
@@ -167,13 +168,13 @@ class Fleet:
 
     def _refused(self, s: Session, req: InferenceRequest, fut: Future, e: RequestError) -> Future:
         self.counts[s.protocol]["refused:" + e.code] += 1
-        self.robot_refusals[(s.robot, e.code)] += 1
+        self.robot_counts[(s.robot, "refused:" + e.code)] += 1
         if self.binder is not None and req.task_id not in self._core.ledger.tasks:
             self.binder.forget(req.task_id)  # a refused round 0 binds nothing
         fut.set_exception(e)
         return fut
 
-    def _register(self, s: Session, key: tuple, fut: Future, pending) -> None:
+    def _register(self, s: Session, key: tuple, fut: Future, pending, req: InferenceRequest) -> None:
         """Under the lock, before any batch can take the round."""
         task = key[0]
         self._owner[task] = s
@@ -182,8 +183,11 @@ class Fleet:
             self.heard.heard(task)
         if pending.replay is not None:  # a re-sent round already answered: its cached reply
             self.counts[s.protocol]["replayed"] += 1
+            self.robot_counts[(s.robot, "replayed")] += 1
             _settle(fut, pending.replay)
             return
+        if pending.request is not req:  # the core attached it to the round it holds (counted resent there)
+            self.robot_counts[(s.robot, "resent")] += 1
         # A re-sent round still queued or generating: the newest call gets the reply.
         self._answer(key, error=Refused("duplicate_request", "this round was sent again: its reply goes to the newer call"))
         self._calls[key] = _Call(fut, s)
@@ -202,7 +206,7 @@ class Fleet:
         with self.lock:
             self._count(err)
             self.counts[protocol]["refused:" + err.code] += 1
-            self.robot_refusals[(robot, err.code)] += 1
+            self.robot_counts[(robot, "refused:" + err.code)] += 1
 
     def _count(self, err: RequestError) -> None:
         """Under the lock: a refusal by kind, and its reason as the newest of its kind (what
@@ -234,6 +238,7 @@ class Fleet:
         in max_attempts batches end their calls with the error."""
         for p in pendings:
             rid = p.request.round_id
+            self.robot_counts[(self.robot_of(p.task_id), "given_up")] += 1
             if isinstance(exc, RequestError):
                 error = Refused(exc.code, f"round {rid}: {exc.message}")
             else:

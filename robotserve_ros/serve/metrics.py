@@ -12,6 +12,7 @@ docs/metrics.md lists every metric; docs/grafana/robotserve.json is a dashboard 
 """
 from __future__ import annotations
 
+from collections import Counter
 from typing import Callable, Optional
 
 # Seconds: a light fleet's round is ms, an overloaded one's tens of seconds.
@@ -107,8 +108,19 @@ class FleetCollector:
                                                 (("skipped",), s.refresh_skipped)])
         fams.counter("robotserve_protocol_requests", "Requests per client protocol, by outcome (and refusal reason)",
                      labels=("protocol", "outcome", "reason"), rows=_protocol_rows(f.counts))
-        fams.counter("robotserve_robot_refusals", "Requests refused, per robot and reason", labels=("robot", "reason"),
-                     rows=[((robot_label(rb), code), v) for (rb, code), v in sorted(f.robot_refusals.items())])
+        per_robot: dict = {}  # kind -> Counter of label tuples ('/r1' and 'r1' are one robot)
+        for (rb, what), v in f.robot_counts.items():
+            kind, _, code = what.partition(":")
+            per_robot.setdefault(kind, Counter())[(robot_label(rb), code) if code else (robot_label(rb),)] += v
+        fams.counter("robotserve_robot_refusals", "Per robot: requests refused, by reason", labels=("robot", "reason"),
+                     rows=sorted(per_robot.get("refused", {}).items()))
+        for kind, name, doc in (("resent", "robotserve_robot_resent_requests", "Per robot: requests for a round still "
+                                 "queued or generating"),
+                                ("replayed", "robotserve_robot_replies_replayed", "Per robot: requests answered from "
+                                 "the reply cache"),
+                                ("given_up", "robotserve_robot_rounds_given_up", "Per robot: rounds lost after "
+                                 "max_attempts failed batches")):
+            fams.counter(name, doc, labels=("robot",), rows=sorted(per_robot.get(kind, {}).items()))
 
     def _load(self, fams: _Families) -> None:
         f, core, r = self.fleet, self.fleet.core, self.fleet._runner
@@ -170,7 +182,7 @@ class BatchFeed:
     lock), on the core's clock: from the replies the core counts as served."""
 
     def __init__(self, fleet, registry, per_robot: bool = True) -> None:
-        from prometheus_client import Counter, Histogram
+        from prometheus_client import Counter as PromCounter, Histogram
 
         self.fleet, self.per_robot = fleet, per_robot
         h = lambda name, doc, buckets, labels=(): Histogram(name, doc, labels, registry=registry, buckets=buckets)  # noqa: E731
@@ -183,7 +195,7 @@ class BatchFeed:
         self.batch = h("robotserve_batch_size", "Rounds per completed batch", BATCH_BUCKETS)
         self.robot_latency = h("robotserve_robot_round_latency_seconds", "Per robot: a round from queued to its "
                                "chunk ready", ROBOT_BUCKETS, ("robot",)) if per_robot else None
-        self.robot_served = Counter("robotserve_robot_rounds_served", "Per robot: rounds served with a chunk",
+        self.robot_served = PromCounter("robotserve_robot_rounds_served", "Per robot: rounds served with a chunk",
                                     ("robot",), registry=registry) if per_robot else None
 
     def __call__(self, replies, d, results) -> None:
