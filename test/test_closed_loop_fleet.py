@@ -281,21 +281,31 @@ def test_study_report_names_the_baseline_and_what_did_not_run(policy, tmp_path):
     from robotserve_ros.bench import fleet_closed as fc
 
     runs = fc.run_study([(2, "gpu_like")], episodes=2, seed=0, runs_path=tmp_path / "runs.jsonl",
-                        max_wall_s=math.inf, log=lambda *_: None)
-    assert len(runs) == len(fc.STATIC_H) + 8  # 8 static rows, then the execution-aware ones
-    again = fc.run_study([(2, "gpu_like")], episodes=2, seed=0, runs_path=tmp_path / "runs.jsonl", log=lambda *_: None)
+                        max_wall_s=math.inf, log=lambda *_: None, rtc=True)
+    # 8 static rows, then the execution-aware ones, then the RTC rows
+    assert len(runs) == len(fc.STATIC_H) + 8 + len(fc.RTC_ROWS)
+    again = fc.run_study([(2, "gpu_like")], episodes=2, seed=0, runs_path=tmp_path / "runs.jsonl", log=lambda *_: None,
+                         rtc=True)
     assert len(again) == len(runs)  # resumable: nothing runs twice
-    paths = fc.write_report(runs, tmp_path / "out", {"episodes_per_row": 2}, [(2, "gpu_like"), (5, "cpu")], 2, 0)
+    paths = fc.write_report(runs, tmp_path / "out", {"episodes_per_row": 2}, [(2, "gpu_like"), (5, "cpu")], 2, 0, True)
     import json
 
     rep = json.loads(paths[0].read_text())
+    rtc = [r for r in rep["rows"] if "rtc" in r]
+    assert [(r["scheduler"], r["horizon"].endswith(" + rtc")) for r in rtc] == [(s, True) for s, _ in fc.RTC_ROWS]
+    for r in rtc:  # the delays the fleet's dispatcher set, and the row against its plain twin
+        assert r["rtc"]["guided"] > 0 and r["rtc"]["d_p50"] is not None and r["rtc"]["vs_plain"] in \
+            {f"{x['scheduler']} + {x['horizon']}" for x in rep["rows"] if "rtc" not in x}
+        assert 0 <= r["rtc"]["mcnemar_p_vs_plain"] <= 1
+    assert "## Real-time chunking rows" in paths[1].read_text()
+    assert not any(r["baseline"] for r in rtc)  # the baseline is picked among plain static rows only
     assert rep["primary"]["result"] == "not run"  # the primary regime (100 robots) is not among these
     assert {"robots": 5, "profile": "cpu", "rows": "all"} in rep["not_run"]
     base = [r for r in rep["rows"] if r["baseline"]]
     assert len(base) == 1 and base[0]["scheduler"] == "fifo" and base[0]["horizon"].startswith("static H=")
     assert set(rep["episodes"][0]) == {"robots", "profile", "scheduler", "horizon", "seed", "task", "success",
                                        "time_to_success_s"}
-    assert len(rep["episodes"]) == 16 * 2
+    assert len(rep["episodes"]) == (16 + len(fc.RTC_ROWS)) * 2
 
 
 @pytest.mark.parametrize("argv,names", [
