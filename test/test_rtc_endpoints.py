@@ -43,6 +43,59 @@ def test_openpi_leftover_rebuilt_from_the_last_chunk_and_the_time_since(rtc):
     assert d <= len(second["actions"]) <= 8 - d  # s <= H - d: 8 rows asked, at most 8 - d given
 
 
+def _exec(**kw) -> dict:
+    return {"observation/state": STATE, "prompt": "pick", "robotserve/exec": kw}
+
+
+def test_openpi_rtc_is_a_per_session_option_an_unchanged_client_leaves_off():
+    # a server with rtc off: the client that says rtc true gets guided chunks whose first d rows are its
+    # rebuilt leftover's; one that says nothing is served as before; one sends its own leftover
+    srv = openpi_server(control_hz=1.0)
+    try:
+        on = openpi_client.WebsocketClientPolicy("127.0.0.1", srv.port)
+        plain = openpi_client.WebsocketClientPolicy("127.0.0.1", srv.port)
+        own = openpi_client.WebsocketClientPolicy("127.0.0.1", srv.port)
+        first = on.infer(_exec(rtc=True))
+        second = on.infer({"observation/state": STATE, "prompt": "pick"})  # the option holds for the session
+        p1, p2 = plain.infer({"observation/state": STATE}), plain.infer({"observation/state": STATE})
+        own.infer({"observation/state": STATE})
+        left = np.linspace(-1, 1, 30, dtype=np.float32).reshape(5, 6)
+        mine = own.infer(_exec(rtc_leftover=left))
+    finally:
+        srv.stop()
+    d = second["robotserve"]["rtc_delay_steps"]
+    assert "rtc_delay_steps" not in first["robotserve"]  # round 0: nothing was running yet
+    assert 1 <= d and np.array_equal(second["actions"][:d], first["actions"][:d])
+    assert "rtc_delay_steps" not in p2["robotserve"] and not np.array_equal(p2["actions"][:1], p1["actions"][:1])
+    dm = mine["robotserve"]["rtc_delay_steps"]
+    assert 1 <= dm <= 5 and np.array_equal(mine["actions"][:dm], left[:dm])
+
+
+@pytest.mark.parametrize("exec_, says, code", [
+    ({"rtc": "yes"}, "robotserve/exec.rtc must be true or false", "bad_observation"),
+    ({"rtc_leftover": "abc"}, "rtc_leftover must be a 2-D array", "bad_observation"),
+    ({"rtc_leftover": np.zeros((2, 4), np.float32)}, "4 values per action, the policy takes 6", "bad_rtc"),
+    ({"rtc_leftover": np.full((2, 6), np.nan, np.float32)}, "not finite", "bad_rtc"),
+    ({"rtc_leftover": np.zeros((9, 6), np.float32)}, "more than a chunk of 8", "bad_rtc"),
+])
+def test_openpi_a_bad_rtc_field_is_refused_in_one_line_counted_and_costs_no_one_else(exec_, says, code):
+    srv = openpi_server(control_hz=1.0)
+    try:
+        bad = openpi_client.WebsocketClientPolicy("127.0.0.1", srv.port)
+        good = openpi_client.WebsocketClientPolicy("127.0.0.1", srv.port)
+        bad.infer({"observation/state": STATE})
+        with pytest.raises(Exception) as e:
+            bad.infer(_exec(**exec_))
+        good.infer(_exec(rtc=True))
+        served = good.infer({"observation/state": STATE})
+        errors = srv.stats()["core"]["errors"]
+    finally:
+        srv.stop()
+    assert says in str(e.value).splitlines()[-1], str(e.value)  # the server's one line, after the client's prefix
+    assert errors.get(code) == 1
+    assert served["robotserve"]["rtc_delay_steps"] >= 1
+
+
 def test_lerobot_leftover_rebuilt_from_the_sessions_timestep():
     pytest.importorskip("grpc")
     pytest.importorskip("lerobot")
