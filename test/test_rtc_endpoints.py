@@ -128,6 +128,76 @@ def test_lerobot_leftover_rebuilt_from_the_sessions_timestep():
         srv.stop(0)
 
 
+def _lerobot_server(rtc=False):
+    pytest.importorskip("grpc")
+    pytest.importorskip("lerobot")
+    from robotserve_ros.transport.lerobot.config import CompatConfig
+    from robotserve_ros.transport.lerobot.protocol import LeRobotCompatServer
+
+    return LeRobotCompatServer(CompatConfig(port=0, engine="simulated", engine_params={"chunk_size": 8},
+                                            profile_ms={1: 5.0, 4: 8.0}, get_actions_timeout_s=1.0,
+                                            policy_dirs=("/policies",), rtc=rtc))
+
+
+def _lerobot_rounds(client, rtc=None) -> tuple:
+    """Ready, the policy setup (with the robotserve-rtc header when rtc is given), then two rounds, the
+    second sent once two of the first chunk's four actions ran: (first rows, second rows)."""
+    from test_lerobot_compat import pb, policy_setup, timed_obs
+
+    from robotserve_ros.transport.lerobot.clients import RTC_HEADER
+
+    client.stub.Ready(pb.Empty())
+    client.stub.SendPolicyInstructions(policy_setup(), metadata=[] if rtc is None else [(RTC_HEADER, rtc)])
+    t0 = time.time()
+    client.send(timed_obs(0, stamp=t0))
+    first = client.actions()
+    client.send(timed_obs(2, q=np.ones(6), stamp=t0 + 2 / 30))
+    second = client.actions()
+    return (np.stack([x.action.numpy() for x in first]), np.stack([x.action.numpy() for x in second]))
+
+
+def test_lerobot_rtc_is_a_per_session_option_an_unchanged_client_leaves_off():
+    from test_lerobot_compat import Client
+
+    srv = _lerobot_server(rtc=False)
+    try:
+        on, plain = Client(srv.port), Client(srv.port)
+        first, second = _lerobot_rounds(on, "on")
+        _lerobot_rounds(plain)  # LeRobot's own client: no header, the server's rtc (off)
+        core = next(iter(srv.servicer.groups.values())).core
+        tasks = {c.rtc: c.task_id for c in srv.servicer.clients.values()}
+        guided, unguided = core.last_reply[tasks[True]], core.last_reply[tasks[False]]
+        on.close()
+        plain.close()
+    finally:
+        srv.stop(0)
+    d = guided.rtc_delay_steps
+    assert d is not None and 1 <= d <= 2, d  # at most the 2-row leftover (timesteps 2 and 3)
+    np.testing.assert_array_equal(second[:d], first[2:][:d])
+    assert unguided.rtc_delay_steps is None
+
+
+def test_lerobot_a_bad_rtc_header_is_refused_naming_it_counted_and_costs_no_one_else():
+    import grpc
+    from test_lerobot_compat import Client
+
+    srv = _lerobot_server(rtc=False)
+    try:
+        bad, good = Client(srv.port), Client(srv.port)
+        with pytest.raises(grpc.RpcError) as e:
+            _lerobot_rounds(bad, "maybe")
+        first, second = _lerobot_rounds(good, "on")
+        errors = srv.servicer.stats()["protocol_errors"]
+        bad.close()
+        good.close()
+    finally:
+        srv.stop(0)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "robotserve-rtc must be one of on, off" in e.value.details() and "maybe" in e.value.details()
+    assert errors.get("bad_rtc") == 1
+    assert len(second) == 4 and np.array_equal(second[:1], first[2:3])  # the good one is served, guided
+
+
 def test_the_guide_travels_to_a_remote_gpu_tier_and_its_d_comes_back():
     pytest.importorskip("grpc")
     from robotserve_ros.core import EngineProfile
