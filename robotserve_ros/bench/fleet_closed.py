@@ -29,8 +29,12 @@ DYNAMIC = ("agreement", "schedule")
 REGIMES = ((100, "gpu_like"), (10, "gpu_like"), (40, "gpu_like"), (100, "cpu"), (10, "cpu"), (40, "cpu"))
 
 # With --rtc (issue 39 item 4): these rows again with every robot on real-time chunking (RTC soft guidance,
-# the d the loaded fleet's dispatcher sets), each against its plain twin.
-RTC_ROWS = (("fifo", "static"), ("remaining", "agreement"))
+# the d the loaded fleet's dispatcher sets), each against its plain twin: (scheduler, horizon, static H; None:
+# the baseline's). "s=d" is the arms study's winning cell (reports/rtc): the whole chunk (H=16) delivered and
+# the next round sent once the fleet's expected delay d0 of it ran (trigger 16 - d0), so a round every ~d
+# actions; it has no plain twin (without RTC that is the naive arm), only the baseline.
+RTC_ROWS = (("fifo", "static", None), ("fifo", "static", "s=d"), ("remaining", "agreement", None))
+CHUNK = 16  # models/metaworld_flow's chunk
 
 # The primary test, fixed before any run (issue 34 item 5). Every other cell is exploratory.
 PRIMARY = {
@@ -68,8 +72,13 @@ def configs_for(robots: int, profile: str, episodes: int, seed: int, baseline_h=
             if c not in out and not (s == "fifo" and h == "static"):
                 out.append(c)
     if rtc:
-        out += [FleetConfig(robots, profile, s, h, baseline_h if h == "static" else 0, episodes=per, seed=seed, rtc=True)
-                for s, h in RTC_ROWS]
+        from ..sim.closed_loop import engine_profile, fleet_trigger
+
+        d0 = fleet_trigger(engine_profile(profile), robots, FleetConfig.control_hz)
+        for s, h, p in RTC_ROWS:
+            param = (CHUNK if p == "s=d" else baseline_h) if h == "static" else 0
+            out.append(FleetConfig(robots, profile, s, h, param, episodes=per, seed=seed, rtc=True,
+                                   trigger=max(0, CHUNK - d0) if p == "s=d" else None))
     return out
 
 
@@ -82,7 +91,7 @@ def read_runs(path: Path) -> list:
 
 def _key(cfg: dict) -> tuple:
     return (cfg["robots"], cfg["profile"], cfg["scheduler"], cfg["horizon"], float(cfg["param"]), cfg["episodes"],
-            cfg["seed"], cfg["max_steps"], bool(cfg.get("rtc")))
+            cfg["seed"], cfg["max_steps"], bool(cfg.get("rtc")), cfg.get("trigger"))
 
 
 def run_study(regimes, episodes: int, seed: int, runs_path: Path, max_wall_s: float = math.inf, log=print,
@@ -128,7 +137,14 @@ def run_study(regimes, episodes: int, seed: int, runs_path: Path, max_wall_s: fl
 # --- the report --------------------------------------------------------------------------------
 def horizon_label(cfg: dict) -> str:
     base = static_label(cfg["param"]) if cfg["horizon"] == "static" else cfg["horizon"]
-    return base + (" + rtc" if cfg.get("rtc") else "")
+    t = cfg.get("trigger")
+    return base + (f", trigger {t}" if t is not None else "") + (" + rtc" if cfg.get("rtc") else "")
+
+
+def rtc_rows_named() -> str:
+    return ", ".join(label(s, h if h != "static" else "static H=" + ("the baseline's" if p is None else
+                                                                     f"{CHUNK} sent every ~d actions"))
+                     for s, h, p in RTC_ROWS)
 
 
 def static_rows(fifo: dict) -> dict:
@@ -365,7 +381,7 @@ def cmd_fleet_closed(a) -> int:
             "horizon_knobs": {"agreement": "tau 0.6", "schedule": "t 0"}, "runs_file": str(runs_path),
             "configurations_run": len(runs)}
     if a.rtc:
-        meta["rtc"] = ("RTC rows: " + ", ".join(label(s, h) for s, h in RTC_ROWS) + " (the baseline's H) with every robot "
+        meta["rtc"] = ("RTC rows: " + rtc_rows_named() + " with every robot "
                        "on real-time chunking: the paper's soft guidance (engines/flow_engine.py rtc_form paper), d set at dispatch")
     paths = write_report(runs, Path(a.out), meta, regimes, a.episodes, a.seed, a.rtc)
     print("wrote " + ", ".join(str(p) for p in paths))
@@ -411,8 +427,8 @@ def add_arguments(p) -> None:
     p.add_argument("--max-wall-s", type=positive(float), default=math.inf,
                    help="start no new configuration after this many seconds (re-run to resume)")
     p.add_argument("--report-only", action="store_true", help="rebuild the report from --runs, run nothing")
-    p.add_argument("--rtc", action="store_true", help="also run each regime's RTC rows (" + ", ".join(
-                   label(s, h) for s, h in RTC_ROWS) + ", at the baseline's H) with every robot on real-time chunking "
+    p.add_argument("--rtc", action="store_true", help="also run each regime's RTC rows (" + rtc_rows_named()
+                   + ") with every robot on real-time chunking "
                    "(docs/rtc_serving.md), each beside its plain twin")
     p.add_argument("--live-demo", metavar="DIR", help="instead: run a live demo record's rows (DIR/live_demo.json) in "
                    "the virtual fleet at its robots, seeds and the CPU profile, and add them to the record")

@@ -108,7 +108,7 @@ def rtc_lines(rows: list) -> list:
         red, ci = r.get("time_reduction_vs_plain"), r.get("ci95")
         vs = f"{100 * red:+.1f} % [{100 * ci[0]:+.1f}, {100 * ci[1]:+.1f}]" if red is not None and ci else "-"
         plain = (f"{x['success']:.3f} vs {r['success_plain']:.3f} (p = {r['mcnemar_p_vs_plain']:.3g})"
-                 if "success_plain" in r else "- (plain row not run)")
+                 if "success_plain" in r else "- (no plain twin: its row above is against the baseline)")
         out.append(f"| {x['robots']} robots {x['profile']}: {x['scheduler']} + {x['horizon']} | {r['guided']} "
                    f"| {_f(r['d_p50'], '.0f')} | {_f(r['d_mean'], '.1f')} | {_f(r['held_share'] and 100 * r['held_share'], '.0f')} % "
                    f"| {plain} | {vs} |")

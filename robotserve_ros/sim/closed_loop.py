@@ -77,6 +77,11 @@ SCORED_SEED_BASE = 30_000_000  # far from the demos' (0..249), the horizon study
 UNSCORED_SEED_BASE = 40_000_000
 
 
+def fleet_trigger(profile: EngineProfile, robots: int, control_hz: float) -> int:
+    """The trigger point of a robot that expects the round trip of the batch the whole fleet makes."""
+    return trigger_actions(profile.latency_s(min(robots, profile.saturation_batch)), control_hz)
+
+
 def scored_seed(seed: int, robot: int, k: int, first: int = SCORED_SEED_BASE) -> int:
     """Episode k of robot i, nodes/metaworld_robot.py's rule (first + 101 (1000 seed + i) + k): the
     task (seed mod 5) differs between neighbouring robots at one time; first = 100000 (the live
@@ -103,6 +108,7 @@ class FleetConfig:
     # Real-time chunking per robot (docs/rtc_serving.md): each request carries the robot's leftover, the
     # server sets d at dispatch, the engine inpaints (the paper's soft guidance), the robot splices at d.
     rtc: bool = False
+    trigger: Optional[int] = None  # actions left at which a robot sends its next round (None: the latency rule)
 
     def __post_init__(self) -> None:
         if self.robots < 1 or self.episodes < 1 or self.max_steps < 1:
@@ -113,7 +119,7 @@ class FleetConfig:
     @property
     def horizon_label(self) -> str:
         base = f"static H={int(self.param)}" if self.horizon == "static" else self.horizon
-        return base + (" + rtc" if self.rtc else "")
+        return base + (f", trigger {self.trigger}" if self.trigger is not None else "") + (" + rtc" if self.rtc else "")
 
 
 @dataclass
@@ -229,8 +235,7 @@ class ClosedLoopFleet:
         self.session = self.fleet.session("sim")
         self.loop = VirtualLoop(self.clock, self._dispatch, self._engine, self._generated, settle_instant=True)
         # The robots expect the round trip of the batch the whole fleet makes (live/demo.py's rule).
-        self.trigger = trigger_actions(self.profile.latency_s(min(cfg.robots, self.profile.saturation_batch)),
-                                       cfg.control_hz)
+        self.trigger = cfg.trigger if cfg.trigger is not None else fleet_trigger(self.profile, cfg.robots, cfg.control_hz)
         self.period = 1.0 / cfg.control_hz
         self.choice = HorizonChoice(cfg.horizon, float(cfg.param) if cfg.horizon == "static"
                                     else HORIZON_KNOBS[cfg.horizon])
