@@ -83,9 +83,33 @@ def markdown(rep: dict, meta: dict) -> str:
               "row: over its own solved episodes); 'time saved' is 1 - mean(row) / mean(baseline) on those (positive: "
               "the row is faster; negative: slower), with its paired bootstrap 95 % CI. Restricted mean: failures counted at the cap (the regime's "
               "longest episode). Engine utilisation: busy share of the virtual time until the last scored episode ended."]
+    lines += rtc_lines(rep["rows"])
     if rep["not_run"]:
         lines += ["", "## Not run", ""]
         for n in rep["not_run"]:
             rows = n["rows"] if n["rows"] == "all" else ", ".join(n["rows"])
             lines.append(f"- {n['robots']} robots, {n['profile']}: {rows}")
     return "\n".join(lines) + "\n"
+
+
+def rtc_lines(rows: list) -> list:
+    """The RTC rows (--rtc): the delays the loaded fleet's dispatcher set, and each row against its plain twin."""
+    rtc = [x for x in rows if "rtc" in x]
+    if not rtc:
+        return []
+    out = ["", "## Real-time chunking rows", "",
+           "Every robot sends its leftover with each round; the server sets d at dispatch (queueing + the batch's "
+           "profile latency, docs/rtc_serving.md), the flow head inpaints with the paper's soft guidance, the robot "
+           "splices the chunk at d. Against the same row without RTC (paired episodes).", "",
+           "| row | guided chunks | d p50 | d mean | came after the leftover ran out | success vs plain (McNemar p) "
+           "| time saved vs plain (95 % CI) |", "|---|---|---|---|---|---|---|"]
+    for x in rtc:
+        r = x["rtc"]
+        red, ci = r.get("time_reduction_vs_plain"), r.get("ci95")
+        vs = f"{100 * red:+.1f} % [{100 * ci[0]:+.1f}, {100 * ci[1]:+.1f}]" if red is not None and ci else "-"
+        plain = (f"{x['success']:.3f} vs {r['success_plain']:.3f} (p = {r['mcnemar_p_vs_plain']:.3g})"
+                 if "success_plain" in r else "- (no plain twin: its row above is against the baseline)")
+        out.append(f"| {x['robots']} robots {x['profile']}: {x['scheduler']} + {x['horizon']} | {r['guided']} "
+                   f"| {_f(r['d_p50'], '.0f')} | {_f(r['d_mean'], '.1f')} | {_f(r['held_share'] and 100 * r['held_share'], '.0f')} % "
+                   f"| {plain} | {vs} |")
+    return out

@@ -67,7 +67,7 @@ from .robot_client_config import COMMAND_TYPES, RobotClientConfig  # noqa: F401 
 from .robot_commands import JointCommands
 from .robot_goals import RunTaskGoals
 from .robot_sensors import RobotSensors
-from .rtc_client import RtcAccount
+from ..core.rtc_account import RtcAccount
 
 
 class RobotClientNode(RobotSensors, JointCommands, RunTaskGoals, ManagedNode):

@@ -21,7 +21,7 @@ from ..call_guard import CallGuard
 from ..tensors import log_failure, shown
 from .config import CompatConfig
 from .groups import PolicyGroups
-from .clients import Client
+from .clients import Client, rtc_option
 from .payloads import Payloads, Refused, lerobot_modules
 
 log = logging.getLogger("robotserve.lerobot")
@@ -111,11 +111,11 @@ class LeRobotCompatServicer:
             if key is None:  # no Ready before: the connection's session starts here
                 key = self._connection_session(context.peer()).key
             c = self._client(key, context)
-        group, layout, apc = self.policies.resolve(spec)
+        (group, layout, apc), rtc = self.policies.resolve(spec), rtc_option(context, self.cfg.rtc)
         with self.lock:
             if self.clients.get(c.key) is not c or c.group is not None or c.next_round:  # a new policy: a fresh task
                 c = self._start_client(c.key, c.peer)
-            c.group, c.layout, c.actions_per_chunk = group, layout, apc
+            c.group, c.layout, c.actions_per_chunk, c.rtc = group, layout, apc, rtc
             c.session = group.fleet.session("lerobot", c.peer)
             c.last_seen = self.clock.now()
             group.last_used = time.monotonic()
@@ -192,7 +192,7 @@ class LeRobotCompatServicer:
             h = len(reply.actions)
             c.delivered_until = max(c.delivered_until, t0 + h - 1)
             c.exec_start = self.clock.now()  # the client queues the chunk now: execution runs from here
-            if self.cfg.rtc:  # the reply log the next round's leftover is rebuilt from
+            if c.rtc:  # the reply log the next round's leftover is rebuilt from
                 c.served = ServedChunk(np.asarray(reply.actions, np.float32), t0, c.exec_start)
             c.counts["chunks"] += 1
             c.counts["actions"] += h

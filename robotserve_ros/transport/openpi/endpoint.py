@@ -16,6 +16,7 @@ from websockets.exceptions import ConnectionClosed
 
 from ...core.errors import RequestError
 from ...core.observation import BadObservation
+from ...core.rtc import RtcGuide
 from ...core.rtc_rebuild import ServedChunk, rebuilt_guide
 from ...core.types import ExecInfo, HorizonChoice, InferenceRequest
 from ...serve import Fleet, Session
@@ -33,6 +34,14 @@ def rtc_said(reply) -> dict:
     return {} if d is None else {"rtc_delay_steps": int(d)}
 
 
+def rtc_guide(c, own, now: float):
+    """A round's RTC guide: the client's own leftover where it sent one, else (rtc on) the one
+    rebuilt from the session's last chunk and the time since; None: unguided."""
+    if own is not None:
+        return RtcGuide(own)
+    return rebuilt_guide(c.served, now, c.hz) if c.rtc else None
+
+
 class _Conn:
     """One openpi client: one task of the fleet scheduler."""
 
@@ -40,7 +49,8 @@ class _Conn:
         self.task_id, self.peer, self.hz, self.session = task_id, peer, hz, session
         self.next_round = 0
         self.delivered_at: Optional[float] = None  # when its last chunk was sent
-        self.served: Optional[ServedChunk] = None  # that chunk (cfg.rtc: the leftover is rebuilt from it)
+        self.served: Optional[ServedChunk] = None  # that chunk (rtc on: the leftover is rebuilt from it)
+        self.rtc = False  # this session's real-time chunking: the server's `rtc`, or what the client said
         self.tokens, self.refilled = float(burst), time.monotonic()
 
 
@@ -159,6 +169,7 @@ class OpenPiEndpoint:
         peer = "%s:%s" % ws.remote_address[:2] if ws.remote_address else "?"
         c = _Conn(f"openpi/{peer}#{self._n}", peer, self.cfg.control_hz, self.cfg.rate_burst,
                   self.fleet.session("openpi", peer))
+        c.rtc = self.cfg.rtc
         self.counts["connections"] += 1
         try:
             await ws.send(pack(self.metadata))
@@ -191,7 +202,7 @@ class OpenPiEndpoint:
         self._rate(c, received)
         raw = unpack(msg, self.cfg.limits)
         try:
-            left, c.hz, horizon, reset = exec_info(raw.get(EXEC_KEY), c.hz)
+            left, c.hz, horizon, reset, want_rtc, own = exec_info(raw.get(EXEC_KEY), c.hz)
             obs = self.keys.observation(raw, self.clock.now())
         except BadObservation as e:  # a malformed request of this robot's task: the fleet counts it
             c.session.refuse(e)
@@ -207,7 +218,8 @@ class OpenPiEndpoint:
             # actions (ActionChunkBroker asks when its chunk is spent), unless it says otherwise.
             info = ExecInfo(now, left or 0, c.hz)
         h = horizon or self.cfg.horizon or self.keys.feats.chunk_len
-        rtc = rebuilt_guide(c.served, now, c.hz) if self.cfg.rtc and info is not None else None
+        c.rtc = c.rtc if want_rtc is None else want_rtc  # a per-session option: it holds until said again
+        rtc = rtc_guide(c, own, now) if info is not None else None  # (round 0: nothing of ours is running)
         req = InferenceRequest(c.task_id, c.next_round, info, HorizonChoice("static", float(h)), obs, obs_stamp=obs.stamp,
                                rtc=rtc)
         key = (c.task_id, c.next_round)
@@ -220,7 +232,7 @@ class OpenPiEndpoint:
             raise Refusal("reply_timeout", f"round {key[1]} not served within reply_timeout_s ({self.cfg.reply_timeout_s} s)") from None
         c.next_round += 1
         c.delivered_at = self.clock.now()
-        if self.cfg.rtc:
+        if c.rtc:
             c.served = ServedChunk(reply.actions, None, c.delivered_at)
         self.counts["chunks"] += 1
         infer_ms = (time.monotonic() - received) * 1e3
