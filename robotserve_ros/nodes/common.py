@@ -18,6 +18,8 @@ from rcl_interfaces.msg import ParameterDescriptor
 
 from ..config import (Config, ConfigError, bad, check, check_one_of, defaults_of, flatten, from_tree,  # noqa: F401
                       param, unflatten)
+from ..core.task_auth import body_mac
+from .canonical import canonical
 
 C = TypeVar("C", bound=Config)
 
@@ -128,6 +130,20 @@ def to_sec(t: Time) -> float:
 def to_ns(t: Time) -> int:
     """A stamp in integer ns: what a task MAC covers (core/task_auth.py), exact both ends."""
     return int(t.sec) * 1_000_000_000 + int(t.nanosec)
+
+
+def signed_body(msg) -> bytes:
+    """What a task MAC covers (core/task_auth.py): the whole message, canonical, its auth_mac empty."""
+    mac, msg.auth_mac = msg.auth_mac, []
+    try:
+        return canonical(msg)
+    finally:
+        msg.auth_mac = mac
+
+
+def sign(msg, key: bytes, kind: str) -> None:
+    """Set msg.auth_mac to the MAC of everything else in it (its auth stamp set before)."""
+    msg.auth_mac = body_mac(key, kind, signed_body(msg))
 
 
 def to_time(s: float) -> Time:

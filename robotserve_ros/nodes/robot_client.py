@@ -56,10 +56,10 @@ from ..action import RunTask
 from ..sim.simulator import task_type_of
 from ..msg import ExecutionProgress
 from ..srv import FetchObservation, Infer
-from .common import (exit_process, NodeClock, lean_node_kwargs, ParamError, run_nodes, service_qos, to_ns,
+from .common import (exit_process, NodeClock, lean_node_kwargs, ParamError, run_nodes, service_qos, sign,
                      to_time)
 from .managed import ManagedNode
-from ..core.task_auth import read_key, task_mac
+from ..core.task_auth import read_key
 from .client_account import ClientAccount
 from .convert import chunk_to_array, is_namespace
 from ..transport.images import FrameEncoder
@@ -365,7 +365,7 @@ class RobotClientNode(RobotSensors, JointCommands, RunTaskGoals, ManagedNode):
         m.task_done = task_done
         m.robot_id = self.robot_id
         if self.task_key is not None:
-            m.auth_mac = task_mac(self.task_key, m.task_id, m.round_id, to_ns(m.header.stamp))
+            sign(m, self.task_key, "progress")
         self.progress.publish(m)
         if self.goal is not None and not task_done:
             self._goal_feedback()
