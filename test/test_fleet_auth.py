@@ -9,7 +9,7 @@ import pytest
 from robotserve_ros.core.types import ExecInfo, HorizonChoice, InferenceRequest
 from robotserve_ros.core.task_auth import NotTaskOwner, TaskBinder, body_mac, key_file_name, new_key
 from robotserve_ros.serve import Proof
-from test_serve_fleet import Gate, code_of, fleet_of  # noqa: F401  (fleet_of: the fixture)
+from test_serve_fleet import code_of, fleet_of  # noqa: F401  (fleet_of: the fixture)
 
 
 def req(task: str, rnd: int) -> InferenceRequest:
