@@ -312,3 +312,13 @@ def test_what_a_task_mac_covers_is_the_same_bytes_at_both_ends():
     body = signed_body(m)
     m.task_done = True
     assert signed_body(m) != body and bytes(m.auth_mac) == b"y" * 32  # the MAC field itself is left as it was
+
+
+def test_a_signers_stamps_grow_even_when_its_clock_does_not():
+    """A signed message's stamp is its sequence number: a coarse clock (sim time) reading the
+    same instant twice must not make the robot's second message look like a replay."""
+    from robotserve_ros.nodes.common import Stamps, to_ns
+
+    s = Stamps()
+    got = [to_ns(s(t)) for t in (5.0, 5.0, 5.0, 4.0, 6.0)]
+    assert got == [5_000_000_000, 5_000_000_001, 5_000_000_002, 5_000_000_003, 6_000_000_000]

@@ -141,6 +141,18 @@ def signed_body(msg) -> bytes:
         msg.auth_mac = mac
 
 
+class Stamps:
+    """Strictly increasing stamps for one signer: a signed message's stamp is its sequence
+    number (core/task_auth.py), and a coarse clock (sim time) can read the same twice."""
+
+    def __init__(self) -> None:
+        self.last = 0
+
+    def __call__(self, now: float) -> Time:
+        self.last = ns = max(int(round(now * 1e9)), self.last + 1)
+        return Time(sec=ns // 1_000_000_000, nanosec=ns % 1_000_000_000)
+
+
 def sign(msg, key: bytes, kind: str) -> None:
     """Set msg.auth_mac to the MAC of everything else in it (its auth stamp set before)."""
     msg.auth_mac = body_mac(key, kind, signed_body(msg))

@@ -80,6 +80,6 @@ class RobotSensors:
             fill_leftover(r, self.queue.queued())
         r.robot_id = self.robot_id
         if self.task_key is not None:
-            r.auth_stamp = to_time(now)
+            r.auth_stamp = self.stamps(now)
             sign(r, self.task_key, "infer")
         return r
