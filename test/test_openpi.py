@@ -305,6 +305,42 @@ def test_one_address_cannot_take_every_slot():
         srv.stop()
 
 
+def test_one_address_cannot_take_the_pending_budget_from_others():
+    """max_pending_bytes_per_peer: while one address's frames wait for a slow engine, its next
+    frame past its share is refused `busy` in one line; a robot at another address is served."""
+    import socket
+
+    srv = sim_server(max_pending_bytes_per_peer=100_000, max_string_bytes=60_000, rate_burst=10)
+    srv.engine.infer = slow(srv.engine.infer, 1.0)
+    try:
+        sock = socket.create_connection(("127.0.0.1", srv.port), timeout=5, source_address=("127.0.0.2", 0))
+        other = [connect(f"ws://127.0.0.1:{srv.port}", sock=sock, compression=None)]
+        sock = socket.create_connection(("127.0.0.1", srv.port), timeout=5, source_address=("127.0.0.2", 0))
+        other.append(connect(f"ws://127.0.0.1:{srv.port}", sock=sock, compression=None))
+        for ws in other:
+            ws.recv()
+        other[0].send(_frame(prompt="p" * 55_000))  # held while the engine is slow
+        for _ in range(100):
+            if srv.endpoint.pending_bytes:
+                break
+            threading.Event().wait(0.01)
+        other[1].send(_frame(prompt="q" * 55_000))
+        said = other[1].recv()
+        assert isinstance(said, str) and "max_pending_bytes_per_peer (100000)" in said
+        assert Client("127.0.0.1", srv.port).infer(obs(prompt="g" * 55_000))["actions"].shape == (8, 6)
+        assert isinstance(other[0].recv(), bytes)  # its held frame was answered too
+        assert srv.endpoint.refused["busy"] == 1
+    finally:
+        srv.stop()
+
+
+def slow(infer, seconds: float):
+    def run(batch):
+        threading.Event().wait(seconds)
+        return infer(batch)
+    return run
+
+
 def test_frames_held_past_the_pending_budget_are_refused_and_let_go():
     """max_pending_bytes (all connections together): a frame that would pass it is refused at
     once with one line naming it, nothing of it kept; a robot within it is served."""

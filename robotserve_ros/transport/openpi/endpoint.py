@@ -38,6 +38,7 @@ class _Conn:
 
     def __init__(self, task_id: str, peer: str, hz: float, burst: int, session: Session) -> None:
         self.task_id, self.peer, self.hz, self.session = task_id, peer, hz, session
+        self.addr = peer.rsplit(":", 1)[0]  # its address: what the per-peer budgets count by
         self.next_round = 0
         self.delivered_at: Optional[float] = None  # when its last chunk was sent
         self.served: Optional[ServedChunk] = None  # that chunk (cfg.rtc: the leftover is rebuilt from it)
@@ -85,6 +86,7 @@ class OpenPiEndpoint:
         self.active = 0
         self.per_peer: Counter = Counter()  # connections at once by remote address
         self.pending_bytes = 0  # frames received and not yet answered (the loop thread only)
+        self.pending_by_peer: Counter = Counter()  # the same by remote address
         self._n = 0
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._stop: Optional[asyncio.Event] = None
@@ -202,17 +204,23 @@ class OpenPiEndpoint:
             self._end(c)
 
     async def _budgeted_round(self, c: _Conn, msg) -> bytes:
-        """A frame is held until answered within max_pending_bytes of all connections together:
-        past it, refused at once (and let go) rather than queued behind the others."""
-        n = len(msg)
-        if self.pending_bytes + n > self.cfg.max_pending_bytes:
-            raise Refusal("busy", f"the server holds max_pending_bytes ({self.cfg.max_pending_bytes}) of frames "
-                                  "not yet answered; retry later")
+        """A frame is held until answered within max_pending_bytes_per_peer of its address and
+        max_pending_bytes of all together: past either, refused at once (and let go) rather than
+        queued behind the others, so one address cannot take the whole budget."""
+        n, addr, cfg = len(msg), c.addr, self.cfg
+        for held, cap, name in ((self.pending_by_peer[addr], cfg.max_pending_bytes_per_peer, "max_pending_bytes_per_peer"),
+                                (self.pending_bytes, cfg.max_pending_bytes, "max_pending_bytes")):
+            if held + n > cap:
+                raise Refusal("busy", f"the server holds {name} ({cap}) of frames not yet answered; retry later")
         self.pending_bytes += n
+        self.pending_by_peer[addr] += n
         try:
             return await self._round(c, msg)
         finally:
             self.pending_bytes -= n
+            self.pending_by_peer[addr] -= n
+            if not self.pending_by_peer[addr]:
+                del self.pending_by_peer[addr]
 
     async def _round(self, c: _Conn, msg) -> bytes:
         """One infer(): decode, map, submit, wait for the chunk; the reply frame."""
