@@ -106,7 +106,9 @@ class Fleet:
     """A ServingCore and its Runner (built by serve/build.py), and the sessions on them.
 
     max_waiting: at most this many calls wait for their rounds (OVERLOADED past it);
-    binder: a core.task_auth.TaskBinder (every request proves its robot; round 0 binds);
+    binder: a core.task_auth.TaskBinder (every message proves its robot by a MAC over its whole
+    body, in sequence; the first request opens the task, in its robot's namespace). Without
+    one, a task still belongs to the protocol and robot of the session that opened it;
     task_timeout_s: a task not heard from for this long is dropped by reap()."""
 
     def __init__(self, core: ServingCore, engines: Mapping[str, object], *, max_waiting: Optional[int] = None,
