@@ -42,18 +42,27 @@ def _value(v, typ: str, out: bytearray) -> None:
         elem = _bare(seq.group(1) or seq.group(2))
         out += _LEN.pack(len(v))
         if elem in _DTYPES:
-            if isinstance(v, (bytes, bytearray)):
-                v = np.frombuffer(v, np.uint8)
-            out += np.asarray(v, dtype=_DTYPES[elem]).tobytes()
+            out += np.asarray(_plain(v), dtype=_DTYPES[elem]).tobytes()
         else:
             for x in v:
                 _value(x, elem, out)
         return
     typ = _bare(typ)
     if typ in _DTYPES:
-        out += np.asarray(v, dtype=_DTYPES[typ]).tobytes()
+        out += np.asarray(_plain(v), dtype=_DTYPES[typ]).tobytes()
     elif typ in ("string", "wstring"):
         b = v.encode("utf-8")
         out += _LEN.pack(len(b)) + b
     else:  # a nested message
         _message(v, out)
+
+
+def _plain(v):
+    """rclpy's octet values are bytes (one, or a list of them), its char values 1-char str."""
+    if isinstance(v, (bytes, bytearray)):
+        return np.frombuffer(bytes(v), np.uint8)
+    if isinstance(v, str):
+        return [ord(ch) for ch in v]
+    if isinstance(v, (list, tuple)) and v and isinstance(v[0], (bytes, str)):
+        return [x for item in v for x in _plain(item)]
+    return v
