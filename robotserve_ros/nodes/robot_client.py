@@ -56,10 +56,10 @@ from ..action import RunTask
 from ..sim.simulator import task_type_of
 from ..msg import ExecutionProgress
 from ..srv import FetchObservation, Infer
-from .common import (exit_process, NodeClock, lean_node_kwargs, ParamError, run_nodes, service_qos, to_ns,
+from .common import (exit_process, NodeClock, lean_node_kwargs, ParamError, run_nodes, service_qos, sign, Stamps,
                      to_time)
 from .managed import ManagedNode
-from ..core.task_auth import read_key, task_mac
+from ..core.task_auth import read_key
 from .client_account import ClientAccount
 from .convert import chunk_to_array, is_namespace
 from ..transport.images import FrameEncoder
@@ -86,7 +86,7 @@ class RobotClientNode(RobotSensors, JointCommands, RunTaskGoals, ManagedNode):
         # robot_name that is no ROS namespace is sent anonymous, or refused with a key.
         self.robot_id = "/" + self.robot if is_namespace("/" + self.robot) else ""
         try:
-            self.task_key = read_key(c.task_key_file) if c.task_key_file else None
+            self.task_key, self.stamps = (read_key(c.task_key_file) if c.task_key_file else None), Stamps()
         except (OSError, ValueError) as e:
             raise ParamError("task_key_file", str(e)) from None
         if self.task_key is not None and not self.robot_id:
@@ -352,7 +352,7 @@ class RobotClientNode(RobotSensors, JointCommands, RunTaskGoals, ManagedNode):
                 self._goal_feedback()
             return
         m = ExecutionProgress()
-        m.header.stamp = to_time(self.clock.now())
+        m.header.stamp = self.stamps(self.clock.now())  # signed: a sequence, so never the same twice
         m.task_id = self.task_id
         m.task_start = to_time(self.task_start)
         m.round_id = max(0, self.round - 1)
@@ -365,7 +365,7 @@ class RobotClientNode(RobotSensors, JointCommands, RunTaskGoals, ManagedNode):
         m.task_done = task_done
         m.robot_id = self.robot_id
         if self.task_key is not None:
-            m.auth_mac = task_mac(self.task_key, m.task_id, m.round_id, to_ns(m.header.stamp))
+            sign(m, self.task_key, "progress")
         self.progress.publish(m)
         if self.goal is not None and not task_done:
             self._goal_feedback()

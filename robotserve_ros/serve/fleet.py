@@ -43,10 +43,13 @@ class Refused(RequestError):
 
 @dataclass(frozen=True)
 class Proof:
-    """A request's task-authentication proof (core/task_auth.py): its stamp and MAC."""
+    """A message's task-authentication proof (core/task_auth.py): its stamp (the sequence
+    number), its MAC, and the bytes the MAC covers (the whole message, MAC field empty)."""
 
     stamp_ns: int = 0
     mac: bytes = b""
+    body: bytes = b""
+    kind: str = "infer"
 
 
 def _settle(fut: Future, result=None, error: Optional[Exception] = None) -> None:
@@ -103,7 +106,9 @@ class Fleet:
     """A ServingCore and its Runner (built by serve/build.py), and the sessions on them.
 
     max_waiting: at most this many calls wait for their rounds (OVERLOADED past it);
-    binder: a core.task_auth.TaskBinder (every request proves its robot; round 0 binds);
+    binder: a core.task_auth.TaskBinder (every message proves its robot by a MAC over its whole
+    body, in sequence; the first request opens the task, in its robot's namespace). Without
+    one, a task still belongs to the protocol and robot of the session that opened it;
     task_timeout_s: a task not heard from for this long is dropped by reap()."""
 
     def __init__(self, core: ServingCore, engines: Mapping[str, object], *, max_waiting: Optional[int] = None,
@@ -149,7 +154,7 @@ class Fleet:
         key = (req.task_id, req.round_id)
         with self.lock:
             try:
-                self._admit(s, req, proof, key)
+                opened = self._admit(s, req, proof, key)
             except RequestError as e:  # refused before the core saw it: counted there too
                 self._count(e)
                 return self._refused(s, req, fut, e)
@@ -157,20 +162,28 @@ class Fleet:
                 self.counts[s.protocol]["submitted"] += 1
                 self._runner.submit(req, then=lambda p: self._register(s, key, fut, p, req))
             except RequestError as e:  # counted by the core
-                return self._refused(s, req, fut, e)
+                return self._refused(s, req, fut, e, opened)
         return fut
 
-    def _admit(self, s: Session, req: InferenceRequest, proof: Optional[Proof], key: tuple) -> None:
-        if self.binder is not None:
-            self._check_owner(req.task_id, req.round_id, s.robot, proof, bind=req.round_id == 0)
+    def _admit(self, s: Session, req: InferenceRequest, proof: Optional[Proof], key: tuple) -> bool:
+        """A task is its opener's: the same protocol and robot (every protocol), and with a
+        binder the robot proven by a MAC over the message, in sequence (core/task_auth.py).
+        True: this request opened its task in the binder."""
+        owner = self._owner.get(req.task_id)
+        if owner is not None and (owner.protocol, owner.robot) != (s.protocol, s.robot):
+            raise Refused("not_task_owner", f"task {req.task_id!r} was opened by another robot")
+        opened = self.binder is not None and self._check_owner(req.task_id, s.robot, proof, bind=True)
         if self.max_waiting is not None and len(self._calls) >= self.max_waiting and key not in self._calls:
+            if opened:
+                self.binder.forget(req.task_id)
             raise Overloaded(f"{self.max_waiting} calls are waiting for their rounds; send it again later")
+        return opened
 
-    def _refused(self, s: Session, req: InferenceRequest, fut: Future, e: RequestError) -> Future:
+    def _refused(self, s: Session, req: InferenceRequest, fut: Future, e: RequestError, opened: bool = False) -> Future:
         self.counts[s.protocol]["refused:" + e.code] += 1
         self.robot_counts[(s.robot, "refused:" + e.code)] += 1
-        if self.binder is not None and req.task_id not in self._core.ledger.tasks:
-            self.binder.forget(req.task_id)  # a refused round 0 binds nothing
+        if opened and req.task_id not in self._core.ledger.tasks:
+            self.binder.forget(req.task_id)  # a refused first request opens nothing
         fut.set_exception(e)
         return fut
 
@@ -192,15 +205,16 @@ class Fleet:
         self._answer(key, error=Refused("duplicate_request", "this round was sent again: its reply goes to the newer call"))
         self._calls[key] = _Call(fut, s)
 
-    def _check_owner(self, task_id: str, round_id: int, robot: str, proof: Optional[Proof], bind: bool) -> None:
+    def _check_owner(self, task_id: str, robot: str, proof: Optional[Proof], bind: bool) -> bool:
         p = proof or Proof()
-        self.binder.check(task_id, round_id, robot, p.stamp_ns, p.mac, self.clock.now(), bind=bind)
+        return self.binder.check(task_id, robot, p.kind, p.stamp_ns, p.body, p.mac, self.clock.now(), bind=bind)
 
-    def check_owner(self, task_id: str, round_id: int, robot: str, proof: Optional[Proof]) -> None:
-        """A message about a task (progress, a fresh observation) is its robot's: NotTaskOwner if not."""
+    def check_owner(self, task_id: str, robot: str, proof: Optional[Proof]) -> None:
+        """A message about an open task (progress, a fresh observation) is its robot's, and
+        not a replay: NotTaskOwner (a `not_task_owner` refusal) if not."""
         if self.binder is not None:
             with self.lock:
-                self._check_owner(task_id, round_id, robot, proof, bind=False)
+                self._check_owner(task_id, robot, proof, bind=False)
 
     def count_error(self, err: RequestError, protocol: str = "?", robot: str = "") -> None:
         with self.lock:

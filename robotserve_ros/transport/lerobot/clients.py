@@ -34,6 +34,7 @@ class Client:
         self.lru = 0.0  # monotonic time of its last call: least recently used sessions are evicted first
         self.held_bytes = 0  # observation bytes it holds (newest, held): max_session_bytes
         self.group: Optional[PolicyGroup] = None
+        self.spec = None  # the policy instructions it runs (an evicted session is re-established from them)
         self.session = None  # its group's fleet session (serve/), once it named a policy
         self.layout: Optional[Layout] = None
         self.actions_per_chunk = 1

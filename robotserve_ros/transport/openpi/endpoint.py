@@ -47,6 +47,7 @@ class _Conn:
 
     def __init__(self, task_id: str, peer: str, hz: float, burst: int, session: Session) -> None:
         self.task_id, self.peer, self.hz, self.session = task_id, peer, hz, session
+        self.addr = peer.rsplit(":", 1)[0]  # its address: what the per-peer budgets count by
         self.next_round = 0
         self.delivered_at: Optional[float] = None  # when its last chunk was sent
         self.served: Optional[ServedChunk] = None  # that chunk (rtc on: the leftover is rebuilt from it)
@@ -93,6 +94,9 @@ class OpenPiEndpoint:
         self._ws_log.addFilter(_HandshakeFailures(self.refused))
         self.counts: Counter = Counter()  # connections, rounds, chunks
         self.active = 0
+        self.per_peer: Counter = Counter()  # connections at once by remote address
+        self.pending_bytes = 0  # frames received and not yet answered (the loop thread only)
+        self.pending_by_peer: Counter = Counter()  # the same by remote address
         self._n = 0
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._stop: Optional[asyncio.Event] = None
@@ -120,7 +124,8 @@ class OpenPiEndpoint:
             # max_size: websockets refuses a larger frame from its header, before reading it.
             server = await serve(self._handle, self.cfg.host, self.cfg.port, process_request=self._http,
                                  process_response=self._http_done,
-                                 max_size=self.cfg.max_message_bytes, compression=None, max_queue=4,
+                                 max_size=self.cfg.max_message_bytes, compression=None,
+                                 max_queue=(self.cfg.max_queued_frames, 1),  # resume reading at 1 left
                                  logger=self._ws_log)
         except OSError as e:
             self._error = e
@@ -152,16 +157,31 @@ class OpenPiEndpoint:
             self.refused["too_many_connections"] += 1
             return connection.respond(http.HTTPStatus.SERVICE_UNAVAILABLE,
                                       f"{self.cfg.max_connections} robots connected already (max_connections); retry later\n")
+        addr = connection.remote_address[0] if connection.remote_address else "?"
+        if self.per_peer[addr] >= self.cfg.max_connections_per_peer:
+            self.refused["too_many_connections_per_peer"] += 1
+            return connection.respond(http.HTTPStatus.SERVICE_UNAVAILABLE,
+                                      f"{self.cfg.max_connections_per_peer} connections from this address already "
+                                      "(max_connections_per_peer); retry later\n")
         self.active += 1  # counted from the handshake, so two at once cannot both pass the last slot
-        connection.robotserve_counted = True
+        self.per_peer[addr] += 1
+        connection.robotserve_counted = addr
         return None
 
     def _http_done(self, connection, request, response):
         """A handshake admitted above that still failed (a bad upgrade) gives its slot back."""
-        if getattr(connection, "robotserve_counted", False) and response.status_code != http.HTTPStatus.SWITCHING_PROTOCOLS:
-            connection.robotserve_counted = False
-            self.active -= 1
+        if getattr(connection, "robotserve_counted", None) and response.status_code != http.HTTPStatus.SWITCHING_PROTOCOLS:
+            self._release(connection)
         return response
+
+    def _release(self, connection) -> None:
+        """A counted connection's slot, and its address's, are free again (once)."""
+        addr, connection.robotserve_counted = getattr(connection, "robotserve_counted", None), None
+        if addr:
+            self.active -= 1
+            self.per_peer[addr] -= 1
+            if not self.per_peer[addr]:
+                del self.per_peer[addr]
 
     # --- one connection ---------------------------------------------------------------------
     async def _handle(self, ws) -> None:
@@ -178,7 +198,7 @@ class OpenPiEndpoint:
                     msg = await asyncio.wait_for(ws.recv(), self.cfg.idle_timeout_s)
                 except asyncio.TimeoutError:
                     raise Refusal("idle", f"no observation for idle_timeout_s ({self.cfg.idle_timeout_s} s)") from None
-                await ws.send(await self._round(c, msg))
+                await ws.send(await self._budgeted_round(c, msg))
         except Refusal as r:
             if r.key != "counted":
                 self.refused[r.key] += 1
@@ -191,8 +211,27 @@ class OpenPiEndpoint:
         except ConnectionClosed:  # openpi clients never close; a gone robot is this
             pass
         finally:
-            self.active -= 1
+            self._release(ws)
             self._end(c)
+
+    async def _budgeted_round(self, c: _Conn, msg) -> bytes:
+        """A frame is held until answered within max_pending_bytes_per_peer of its address and
+        max_pending_bytes of all together: past either, refused at once (and let go) rather than
+        queued behind the others, so one address cannot take the whole budget."""
+        n, addr, cfg = len(msg), c.addr, self.cfg
+        for held, cap, name in ((self.pending_by_peer[addr], cfg.max_pending_bytes_per_peer, "max_pending_bytes_per_peer"),
+                                (self.pending_bytes, cfg.max_pending_bytes, "max_pending_bytes")):
+            if held + n > cap:
+                raise Refusal("busy", f"the server holds {name} ({cap}) of frames not yet answered; retry later")
+        self.pending_bytes += n
+        self.pending_by_peer[addr] += n
+        try:
+            return await self._round(c, msg)
+        finally:
+            self.pending_bytes -= n
+            self.pending_by_peer[addr] -= n
+            if not self.pending_by_peer[addr]:
+                del self.pending_by_peer[addr]
 
     async def _round(self, c: _Conn, msg) -> bytes:
         """One infer(): decode, map, submit, wait for the chunk; the reply frame."""
@@ -255,4 +294,5 @@ class OpenPiEndpoint:
 
     def stats(self) -> dict:
         mix = {k: n for k, n in self.fleet.batches_by_protocols().items() if "openpi" in k.split("+")}
-        return {"connected": self.active, "refused": dict(self.refused), **self.counts, "batches_by_protocols": mix}
+        return {"connected": self.active, "peers": len(self.per_peer), "pending_bytes": self.pending_bytes,
+                "refused": dict(self.refused), **self.counts, "batches_by_protocols": mix}
