@@ -30,8 +30,7 @@ from ..core.action_queue import ActionQueue
 from ..core.clock import VirtualClock
 from ..core.observation import Observation
 from ..core.profile import EngineProfile
-from ..core.robot_loop import RobotLoop
-from ..core.robot_timing import trigger_actions
+from ..core.robot_loop import RobotLoop, trigger_actions
 from ..core.schedulers import make_scheduler
 from ..serve import Tier, fleet_of
 from ..serve.stats import load_stats
