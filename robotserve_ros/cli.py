@@ -317,8 +317,9 @@ def build_parser() -> argparse.ArgumentParser:
     transport.add_arguments(g)
     g.set_defaults(func=cmd_gpu_server)
 
-    d = sub.add_parser("demo", help="live fleet on this machine: Meta-World robots on the trained flow policy, FIFO + "
-                                    "static vs execution-aware serving (--workload NAME: a generated workload)")
+    d = sub.add_parser("demo", help="live fleet on this machine: Meta-World robots on the trained flow policy under the "
+                                    "closed-loop study's baseline, FIFO + dynamic horizon and best execution-aware rows "
+                                    "(--workload NAME: a generated workload)")
     d.add_argument("--robots", type=positive(int), default=10)
     d.add_argument("--tasks", type=positive(int), help="episodes per robot (Meta-World: 8) or tasks per robot (--workload: 2)")
     d.add_argument("--workload", help="replay a built-in generated workload instead (robotserve workload list), "

@@ -31,9 +31,8 @@ from ..core.action_queue import ActionQueue
 from ..core.clock import VirtualClock
 from ..core.observation import Observation
 from ..core.profile import EngineProfile
-from ..core.robot_loop import RobotLoop, rtc_leftover
+from ..core.robot_loop import RobotLoop, rtc_leftover, trigger_actions
 from ..core.rtc_account import RtcAccount, merge_rtc
-from ..core.robot_timing import trigger_actions
 from ..core.schedulers import make_scheduler
 from ..serve import Tier, fleet_of
 from ..serve.stats import load_stats
