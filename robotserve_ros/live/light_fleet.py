@@ -282,10 +282,10 @@ class LightFleetNode:
         self._drop_calls(r)
         now = self.clock.now()
         if resp is None:
-            r.retry_at = now + self.c.retry_s
+            r.loop.refused(now)
             return
         if resp.status.code != 0:
-            r.retry_at = now + self.c.retry_s
+            r.loop.refused(now, resp.status.reason)  # (overloaded: asked again later each time in a row)
             if resp.status.reason in ("unknown_task", "task_dropped"):
                 # The server forgot the task (restarted, or reaped it): the motion goes on
                 # under a new task id from round 0; the queue left is kept.
@@ -296,7 +296,7 @@ class LightFleetNode:
                 self.by_task[r.task_id] = r
             return
         if not self.use_chunk(r, resp.chunk):
-            r.retry_at = now + self.c.retry_s
+            r.loop.refused(now)
             return
         r.acct.on_chunk_used(key, reply_ms, r.left())
         r.loop.answered(now)

@@ -51,7 +51,7 @@ from std_msgs.msg import Float64MultiArray
 from trajectory_msgs.msg import JointTrajectory
 
 from ..core.action_queue import ActionQueue
-from ..core.robot_timing import OpenRound, trigger_actions
+from ..core.robot_timing import OpenRound, ResendTimer, refusal_backoff, trigger_actions
 from ..action import RunTask
 from ..sim.simulator import task_type_of
 from ..msg import ExecutionProgress
@@ -95,6 +95,7 @@ class RobotClientNode(RobotSensors, JointCommands, RunTaskGoals, ManagedNode):
         self.draining = False  # SIGUSR1: start no new round, see the open ones through (bench drain)
         self.trigger = c.trigger_actions if c.trigger_actions >= 0 else trigger_actions(c.expected_latency_s, self.hz)
         self.resend_after = c.resend_after_s or max(2.0, 20 * c.expected_latency_s)
+        self.resend_timer, self.overloads = ResendTimer.for_robot(self.resend_after, self.hz), 0  # kept across tasks
         self.mix = None
         if c.workload:
             from ..sim.workloads import builtin_workload
@@ -192,7 +193,7 @@ class RobotClientNode(RobotSensors, JointCommands, RunTaskGoals, ManagedNode):
             self.instruction = c.instruction
         self.round = 0
         self.outstanding = False
-        self.open_round = OpenRound()
+        self.open_round = OpenRound(self.resend_timer)
         self.retry_at = 0.0
         self.queue.reset()
         self.task_start = None
@@ -208,7 +209,7 @@ class RobotClientNode(RobotSensors, JointCommands, RunTaskGoals, ManagedNode):
         self.task_id = f"{self.robot}/task{self.task_k}"
         self.round = 0
         self.outstanding = False
-        self.open_round = OpenRound()
+        self.open_round = OpenRound(self.resend_timer)
         self.tasks_continued += 1
 
     def _task_actions(self) -> int:
@@ -307,7 +308,8 @@ class RobotClientNode(RobotSensors, JointCommands, RunTaskGoals, ManagedNode):
         if resp.status.code != 0:
             self._log_once(resp.status.reason, f"{self.task_id} round {self.round}: {resp.status.reason}: "
                                                f"{resp.status.message} (each kind logged once; counted in the account)")
-            self.retry_at = self.clock.now() + self.config.retry_s
+            self.overloads = self.overloads + 1 if resp.status.reason == "overloaded" else 0
+            self.retry_at = self.clock.now() + refusal_backoff(self.config.retry_s, self.overloads)
             if resp.status.reason in ("unknown_task", "task_dropped"):
                 self._continue_task()  # the server forgot us (restarted, or reaped the task)
             return
@@ -327,6 +329,8 @@ class RobotClientNode(RobotSensors, JointCommands, RunTaskGoals, ManagedNode):
             self._send_trajectory()
         self.acct.on_chunk_used((task, rnd), reply_ms, len(self.queue))
         self.exec_start = self.clock.now()  # this round's execution phase starts with its chunk
+        self.open_round.answered(self.exec_start)  # the re-send interval learns the queue's wait
+        self.overloads = 0
         self.chunks += 1
         self.round += 1
 
