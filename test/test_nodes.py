@@ -102,6 +102,16 @@ def test_two_robots_are_served_concurrently(ros_ctx):
     assert both < 2 * 0.32 + 0.6, both
 
 
+def test_a_robot_past_the_servers_capacity_is_refused_overloaded_with_the_reason(ros_ctx):
+    ros_ctx.start_node(server_args("admission.max_tasks:=1", "task_timeout_s:=60.0"))  # (not reaped on a slow machine)
+    c = Caller(ros_ctx)
+    assert c.call(make_request("a", 0), timeout=30).status.reason == "ok"
+    res = c.call(make_request("b", 0), timeout=30)  # (anonymous: admitted by task)
+    assert (res.status.reason, res.status.code) == ("overloaded", res.status.OVERLOADED), res.status
+    assert "not admitted" in res.status.message and "max_tasks" in res.status.message, res.status.message
+    assert c.call(make_request("a", 1, exec_info=(c.now(), 2)), timeout=30).status.reason == "ok"  # the admitted goes on
+
+
 def test_bad_inputs_get_clear_errors_and_the_good_robot_keeps_going(ros_ctx):
     from diagnostic_msgs.msg import DiagnosticArray
 
@@ -255,3 +265,23 @@ def test_a_reply_that_does_not_come_in_time_is_asked_for_again(ros_ctx, tmp_path
     acct = json.loads((tmp_path / "client_robot_0.json").read_text())
     assert acct["resent"] >= 1 and acct["duplicates"] == 0 and acct["mismatched"] == 0, acct
     assert int(last()["served"]) == acct["chunks"] - acct["answers_to_resent"], (last(), acct)
+
+
+def test_a_round_queued_as_long_as_the_last_one_is_not_asked_for_again(ros_ctx, tmp_path):
+    """Generation slower than the client's first re-send guess: round 0 is re-sent (the
+    robot knows no better yet), and from its answer the robot's re-send interval follows the
+    wait it measured (core/robot_timing.ResendTimer), so the later rounds, as slow, are not."""
+    import json
+
+    stats = tmp_path / "client_{robot}.json"
+    params = fleet_params(tmp_path, server={"engine": {"batch_sizes": [1, 2], "latency_ms": [1000.0, 1100.0]}},
+                          resend_after_s=0.4, expected_latency_s=0.05, tasks=1, task_actions=125,
+                          stats_file=str(stats))
+    client, last = start_fleet_of_one(ros_ctx, params)
+    assert ros_ctx.wait_for(lambda: int(last().get("finished_tasks", "0")) >= 1, 60), (last(), client.output())
+    client.stop()
+    acct = json.loads((tmp_path / "client_robot_0.json").read_text())
+    rounds = sorted({rnd for _, rnd, *_ in acct["chunk_log"]})
+    assert len(rounds) >= 4, acct  # (every round waits ~1 s: a fixed 0.4 s interval re-sent each twice)
+    assert 1 <= acct["resent"] <= 2 and acct["duplicates"] == 0, acct  # round 0's only
+    assert int(last()["resent_requests"]) == acct["resent"], (last(), acct)

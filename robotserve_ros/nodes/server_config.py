@@ -156,6 +156,22 @@ class QueueConfig(Config):
 
 
 @dataclass(frozen=True)
+class AdmissionConfig(Config):
+    """Which robots the server takes (core/admission.py): past its capacity a new robot's first
+    round is refused OVERLOADED with the reason, counted; admitted robots' rounds are never
+    refused for it. Off by default (both 0/false)."""
+
+    max_tasks: int = param(0, "most robots admitted at once, >= 0 (0: no fixed cap)")
+    by_capacity: bool = param(False, "admit a new robot only while the admitted ones ask fewer rounds/s than the "
+                                     "tiers serve at their batch limits (engine profiles) x headroom")
+    headroom: float = param(1.0, "with by_capacity: the share of that capacity robots may ask for, > 0")
+
+    def check(self) -> None:
+        check(self.max_tasks >= 0, "max_tasks", self.max_tasks, "is not >= 0")
+        check(self.headroom > 0, "headroom", self.headroom, "is not > 0")
+
+
+@dataclass(frozen=True)
 class TaskAuthConfig(Config):
     """Tasks bound to their first robot by a per-task MAC (core/task_auth.py)."""
 
@@ -205,6 +221,8 @@ class InferenceServerConfig(Config):
                           "thread, without services: theirs wait in a thread); bench fleet-live --executors compares them")
     infer_queue: QueueConfig = param(QueueConfig(), "srv/Infer's queues: DDS depth, calls waiting at once (OVERLOADED past)")
     task_auth: TaskAuthConfig = param(TaskAuthConfig(), "tasks bound to their robot by HMAC: key_dir, max_skew_s")
+    admission: AdmissionConfig = param(AdmissionConfig(), "robots admitted up to capacity: max_tasks, by_capacity, "
+                                       "headroom (OVERLOADED past it)")
     remote_tiers: tuple[str, ...] = param((), "cloud tiers (GPU servers): names, each a section beside these "
                                           "(address, token_file, root_cert, slots, ...)")
     ray_tiers: tuple[str, ...] = param((), "Ray Serve pools of policy replicas: names, each a section beside "
