@@ -112,6 +112,19 @@ def test_a_robot_past_the_servers_capacity_is_refused_overloaded_with_the_reason
     assert c.call(make_request("a", 1, exec_info=(c.now(), 2)), timeout=30).status.reason == "ok"  # the admitted goes on
 
 
+def test_a_round_whose_observation_is_too_old_is_not_generated_and_its_robot_told(ros_ctx):
+    ros_ctx.start_node(server_args("max_obs_age_s:=3.0"))  # (no refresh service: nothing fresher comes)
+    c = Caller(ros_ctx)
+    old = make_request("a", 0)
+    old.observation.header.stamp.sec = int(c.now()) - 10
+    res = c.call(old, timeout=30)
+    assert (res.status.reason, res.status.code) == ("stale_observation", res.status.BAD_OBSERVATION), res.status
+    assert "over its maximum 3 s" in res.status.message, res.status.message
+    fresh = make_request("a", 0)  # the round again, with a fresh observation
+    fresh.observation.header.stamp.sec, fresh.observation.header.stamp.nanosec = divmod(int(c.now() * 1e9), 10**9)
+    assert c.call(fresh, timeout=30).status.reason == "ok"
+
+
 def test_bad_inputs_get_clear_errors_and_the_good_robot_keeps_going(ros_ctx):
     from diagnostic_msgs.msg import DiagnosticArray
 

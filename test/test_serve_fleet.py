@@ -197,3 +197,34 @@ def test_admission_refuses_robots_past_capacity_with_the_reason_and_serves_the_a
     assert fleet.core_stats()["admission_refused"] == 1 and fleet.core_stats()["admitted"] == 2
     assert fleet.protocol_stats()["ros"]["refused:overloaded"] == 1
     assert not fleet.knows("r3/t0")  # nothing of the refused robot is kept
+
+
+def test_no_chunk_is_generated_from_an_observation_older_than_its_robots_maximum(fleet_of):
+    fleet, eng = fleet_of(stale_obs_s=0.1, refresher=lambda reqs: [None] * len(reqs))  # (refreshes fail)
+    s = fleet.session("ros", "/r1")
+    busy = s.submit(req("x"))  # generating: the next two share the next batch
+    assert wait_for(lambda: fleet.generating("x"), 10.0)
+    now = fleet.clock.now()
+    old = InferenceRequest("old", 0, horizon=HorizonChoice("static", 4.0), obs_stamp=now - 2.0, max_obs_age_s=1.0)
+    fresh = InferenceRequest("fresh", 0, horizon=HorizonChoice("static", 4.0), obs_stamp=now - 2.0, max_obs_age_s=30.0)
+    f_old, f_fresh = s.submit(old), s.submit(fresh)
+    eng.open.set()
+    busy.result(10)
+    assert code_of(f_old) == "stale_observation" and "over its maximum 1 s" in str(f_old.exception())
+    assert f_fresh.result(10).task_id == "fresh"  # its batch-mate is served
+    assert ["fresh"] in eng.batches and not any("old" in b for b in eng.batches)  # never generated
+    assert fleet.core_stats()["errors"]["stale_observation"] == 1
+    again = InferenceRequest("old", 0, horizon=HorizonChoice("static", 4.0), obs_stamp=fleet.clock.now(),
+                             max_obs_age_s=1.0)
+    assert s.submit(again).result(10).task_id == "old"  # the round sent again with a fresh observation
+
+
+def test_a_batch_whose_every_observation_is_too_old_runs_nothing_and_the_slot_goes_on(fleet_of):
+    fleet, eng = fleet_of()
+    eng.open.set()
+    s = fleet.session("ros", "/r1")
+    stale = InferenceRequest("a", 0, horizon=HorizonChoice("static", 4.0), obs_stamp=fleet.clock.now() - 5.0,
+                             max_obs_age_s=0.5)
+    assert code_of(s.submit(stale)) == "stale_observation" and eng.batches == []
+    assert s.submit(req("b")).result(10).task_id == "b"
+    assert fleet.batches_by_protocols() == {"ros": 1}

@@ -198,6 +198,9 @@ class InferenceServerConfig(Config):
     horizon: dict = param({"static": {"h": 25}, "confidence": {"t": 0.4, "h_min": 10}},
                           "horizon policy name -> its keyword parameters (core/horizon)")
     stale_obs_s: float = param(0.25, "an observation older than this at dispatch is refreshed from the robot, > 0")
+    max_obs_age_s: float = param(0.0, "a round whose observation is older than this when its batch begins (after "
+                                      "the refresh) is not generated: its robot is answered stale_observation (code "
+                                      "BAD_OBSERVATION) and sends it again; >= 0 (0: off)")
     refresh_timeout_s: float = param(0.05, "how long a refresh may take before the old observation is used, > 0")
     refresh_topic: str = param("", "robots' newest observations (srv/Infer requests) on this topic, sensor-data "
                                "QoS, the latest per task read at dispatch (nodes/refresh.py; empty: none)")
@@ -280,6 +283,7 @@ class InferenceServerConfig(Config):
                      "diagnostics_window_s", "memory_trace_after_s", "max_task_id_bytes", "max_instruction_bytes", "max_images"):
             check(getattr(self, name) > 0, name, getattr(self, name), "is not > 0")
         check(self.max_batch >= 0, "max_batch", self.max_batch, "is not >= 0 (0: the saturation batch)")
+        check(self.max_obs_age_s >= 0, "max_obs_age_s", self.max_obs_age_s, "is not >= 0 (0: off)")
         check(self.threads >= 4, "threads", self.threads, "is not >= 4")
         check_one_of("executor", self.executor, EXECUTORS)
         check(self.executor != "single" or not self.services, "executor", self.executor,

@@ -72,7 +72,8 @@ def build_fleet(c, clock, *, tiers: Optional[TierSet] = None, scheduler=None, re
     ts = tiers or build_tiers(c, clock)
     try:
         core = ServingCore(scheduler, ts.tiers, clock, horizon_params=c.horizon, placement=ts.placement,
-                           refresher=refresher, stale_obs_s=c.stale_obs_s, rtc_shape=rtc_shape)
+                           refresher=refresher, stale_obs_s=c.stale_obs_s, rtc_shape=rtc_shape,
+                           max_obs_age_s=getattr(c, "max_obs_age_s", 0.0) or None)
     except (TypeError, ValueError) as e:  # a horizon knob the policy does not take: say which
         ts.close()
         raise ValueError("horizon", str(e)) from e

@@ -239,8 +239,8 @@ class Fleet:
             _settle(call.future, reply, error)
 
     def _on_replies(self, replies, d, results) -> None:
-        kinds = {self.protocol_of(p.task_id) for p in d.requests}
-        self.mix["+".join(sorted(kinds))] += 1
+        if d.requests:  # (none: every row's observation was too old, nothing ran)
+            self.mix["+".join(sorted({self.protocol_of(p.task_id) for p in d.requests}))] += 1
         full = {(p.task_id, p.request.round_id): r for p, r in zip(d.requests, results)}
         for r in replies:
             key = (r.task_id, r.round_id)
