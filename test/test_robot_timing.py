@@ -111,3 +111,22 @@ def test_a_robot_loop_asks_an_overloaded_server_less_and_less_often_and_learns_t
     assert lp.resend_timer.samples == 1 and lp.resend_timer.rto > 3.0
     lp.next_task(7.0)
     assert lp.open_round.timer is lp.resend_timer  # kept across tasks
+
+
+def test_before_its_first_answer_a_robot_waits_as_long_as_the_server_says_its_queue_takes():
+    from robotserve_ros.core.robot_timing import OpenRound, QueueHint, ResendTimer
+
+    hint = QueueHint(fresh_s=3.0)
+    timer = ResendTimer.for_robot(2.0, 10.0, hint)
+    assert timer.interval(0.0) == 2.0  # nothing heard: the first guess
+    hint.heard(6.0, 0.5)  # 300 robots started at once: a round sent now waits ~6 s
+    r = OpenRound(timer)
+    r.sent(1.0)
+    assert r.check(3.1, 99.0, 60.0) is None  # not at 2 s
+    hint.heard(6.0, 5.0)  # (the server says it again and again)
+    assert r.check(7.1, 99.0, 60.0) is None  # nor at 6 s
+    assert r.check(7.25, 99.0, 60.0) == "resend"  # 6 s + one control period + 100 ms: lost, asked again
+    assert timer.interval(8.5) == 2.0  # the server's word 3.5 s old: not taken
+    hint.heard(float("nan"), 9.0)
+    hint.heard(-1.0, 9.0)  # (nonsense is not heard)
+    assert timer.interval(9.0) == 2.0

@@ -228,3 +228,16 @@ def test_a_batch_whose_every_observation_is_too_old_runs_nothing_and_the_slot_go
     assert code_of(s.submit(stale)) == "stale_observation" and eng.batches == []
     assert s.submit(req("b")).result(10).task_id == "b"
     assert fleet.batches_by_protocols() == {"ros": 1}
+
+
+def test_the_expected_wait_grows_with_the_queue_at_the_tiers_rate(fleet_of):
+    fleet, eng = fleet_of()  # Gate: batch 8 in 2 ms -> 4000 rounds/s
+    s = fleet.session("ros")
+    assert fleet.expected_wait_s() == pytest.approx(0.002)  # one batch
+    busy = s.submit(req("x"))
+    assert wait_for(lambda: fleet.generating("x"), 10.0)
+    for k in range(8):
+        s.submit(req(f"q{k}"))
+    assert fleet.expected_wait_s() == pytest.approx(8 / 4000 + 0.002)
+    eng.open.set()
+    busy.result(10)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Optional, Protocol
 
-from .robot_timing import OpenRound, ResendTimer, refusal_backoff, trigger_actions
+from .robot_timing import OpenRound, QueueHint, ResendTimer, refusal_backoff, trigger_actions
 from .types import ExecInfo
 
 
@@ -53,13 +53,14 @@ class RobotLoop:
                  "steps", "held", "done", "finished_tasks", "continued", "resend_timer", "overloads")
 
     def __init__(self, name: str, control_hz: float, trigger: int, *, resend_after_s: float = 2.0,
-                 request_timeout_s: float = 30.0, retry_s: float = 0.2, now: float = 0.0) -> None:
+                 request_timeout_s: float = 30.0, retry_s: float = 0.2, now: float = 0.0,
+                 hint: Optional[QueueHint] = None) -> None:
         if not control_hz > 0 or trigger < 0:
             raise ValueError(f"control_hz must be > 0 and trigger >= 0, got {control_hz}, {trigger}")
         self.name, self.hz, self.trigger = name, float(control_hz), int(trigger)
         self.resend_after_s, self.request_timeout_s, self.retry_s = resend_after_s, request_timeout_s, retry_s
         self.task_k = self.finished_tasks = self.continued = self.overloads = 0
-        self.resend_timer = ResendTimer.for_robot(resend_after_s, control_hz)
+        self.resend_timer = ResendTimer.for_robot(resend_after_s, control_hz, hint)  # hint: the server's queue
         self.start_task(now)
 
     @classmethod

@@ -65,6 +65,24 @@ def refusal_backoff(retry_s: float, overloads: int, cap_s: float = 30.0) -> floa
     return retry_s if overloads <= 0 else min(cap_s, retry_s * 2.0 ** overloads)
 
 
+class QueueHint:
+    """The server's word on its queue: how long a round sent now is expected to wait (the
+    server publishes it, nodes/inference_server.py `queue_topic`). One per robot process,
+    shared by its robots' timers; a word older than `fresh_s` is not taken."""
+
+    __slots__ = ("wait_s", "at", "fresh_s")
+
+    def __init__(self, fresh_s: float = 3.0) -> None:
+        self.wait_s, self.at, self.fresh_s = 0.0, float("-inf"), fresh_s
+
+    def heard(self, wait_s: float, now: float) -> None:
+        if math.isfinite(wait_s) and wait_s >= 0:
+            self.wait_s, self.at = wait_s, now
+
+    def wait(self, now: float) -> float:
+        return self.wait_s if now - self.at <= self.fresh_s else 0.0
+
+
 class ResendTimer:
     """When a robot re-sends its unanswered round, from the reply times it measured: RFC 6298's
     retransmission timer (SRTT + max(G, 4 RTTVAR), alpha 1/8, beta 1/4). A round that is queued
@@ -76,11 +94,16 @@ class ResendTimer:
 
     The sample runs from the round's FIRST send (not Karn's rule of skipping re-sent rounds):
     the server never runs a round twice, so the answer to a re-send of a queued round comes
-    when the first call's would have; the rare lost request only lengthens one sample."""
+    when the first call's would have; the rare lost request only lengthens one sample.
 
-    __slots__ = ("initial_s", "floor_s", "max_s", "granularity_s", "srtt", "rttvar", "rto", "samples")
+    With a QueueHint the interval is at least the server's expected wait + one granularity
+    + 100 ms: before a robot's first answer (all robots starting at once behind one queue)
+    the server's word is all it knows."""
 
-    def __init__(self, initial_s: float, floor_s: float = 0.0, max_s: float = 60.0, granularity_s: float = 0.0) -> None:
+    __slots__ = ("initial_s", "floor_s", "max_s", "granularity_s", "srtt", "rttvar", "rto", "samples", "hint")
+
+    def __init__(self, initial_s: float, floor_s: float = 0.0, max_s: float = 60.0, granularity_s: float = 0.0,
+                 hint: Optional[QueueHint] = None) -> None:
         if not initial_s > 0 or floor_s < 0 or not max_s > 0:
             raise ValueError(f"initial_s and max_s must be > 0 and floor_s >= 0, got {initial_s}, {max_s}, {floor_s}")
         self.initial_s, self.floor_s, self.max_s, self.granularity_s = initial_s, floor_s, max_s, granularity_s
@@ -88,12 +111,19 @@ class ResendTimer:
         self.rttvar = 0.0
         self.rto = initial_s
         self.samples = 0
+        self.hint = hint
 
     @classmethod
-    def for_robot(cls, initial_s: float, control_hz: float) -> "ResendTimer":
+    def for_robot(cls, initial_s: float, control_hz: float, hint: Optional[QueueHint] = None) -> "ResendTimer":
         """A robot's: at least one control period over the mean reply time, and at least a tenth
         of the first guess (<= 1 s): a reply a tick late is not lost."""
-        return cls(initial_s, floor_s=min(initial_s / 10, 1.0), granularity_s=1.0 / control_hz)
+        return cls(initial_s, floor_s=min(initial_s / 10, 1.0), granularity_s=1.0 / control_hz, hint=hint)
+
+    def interval(self, now: float) -> float:
+        """Seconds after a send that its re-send is due (before doubling per re-send)."""
+        if self.hint is None or math.isinf(self.initial_s):
+            return self.rto
+        return min(self.max_s, max(self.rto, self.hint.wait(now) + self.granularity_s + 0.1))
 
     def sample(self, rtt_s: float) -> None:
         """A round answered rtt_s after its first send (RFC 6298 §2.2-2.3)."""
@@ -140,7 +170,7 @@ class OpenRound:
         """unanswered_action for this round (its interval the timer's when there is one);
         "resend" marks a re-send due, "overdue" is said once."""
         if self.timer is not None:
-            resend_after_s = self.timer.rto
+            resend_after_s = self.timer.interval(now)
         act = unanswered_action(now, self.sent_at, self.first_sent_at, resend_after_s, request_timeout_s,
                                 self.resends, overdue_told=self.overdue_told)
         if act == "resend":

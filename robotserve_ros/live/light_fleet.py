@@ -147,7 +147,7 @@ class LightFleetNode:
         from rclpy.qos import QoSProfile, ReliabilityPolicy
 
         from ..msg import ExecutionProgress
-        from ..nodes.common import NodeClock, lean_node_kwargs, service_qos
+        from ..nodes.common import NodeClock, lean_node_kwargs, queue_hint, service_qos
         from ..srv import FetchObservation, Infer
 
         self.c = c = _robot_config(params, self.config_class, self.config_section)
@@ -167,7 +167,8 @@ class LightFleetNode:
 
             self.frames = [FrameEncoder(c.image_transport, c.image_quality).encode(o.images) for o in self.obs]
         self.loop_kw = {"trigger": self.trigger, "resend_after_s": self.resend_after,
-                        "request_timeout_s": c.request_timeout_s, "retry_s": c.retry_s}
+                        "request_timeout_s": c.request_timeout_s, "retry_s": c.retry_s,
+                        "hint": queue_hint(self.node, c.queue_topic)}  # the server's word, for all its robots
         self.robots = [self.make_robot(i, n) for i, n in enumerate(names)]
         for r in self.robots:
             r.hooks = _FleetHooks(self, r)

@@ -56,8 +56,8 @@ from ..action import RunTask
 from ..sim.simulator import task_type_of
 from ..msg import ExecutionProgress
 from ..srv import FetchObservation, Infer
-from .common import (exit_process, NodeClock, lean_node_kwargs, ParamError, run_nodes, service_qos, to_ns,
-                     to_time)
+from .common import (exit_process, NodeClock, lean_node_kwargs, ParamError, queue_hint, run_nodes, service_qos,
+                     to_ns, to_time)
 from .managed import ManagedNode
 from ..core.task_auth import read_key, task_mac
 from .client_account import ClientAccount
@@ -95,7 +95,7 @@ class RobotClientNode(RobotSensors, JointCommands, RunTaskGoals, ManagedNode):
         self.draining = False  # SIGUSR1: start no new round, see the open ones through (bench drain)
         self.trigger = c.trigger_actions if c.trigger_actions >= 0 else trigger_actions(c.expected_latency_s, self.hz)
         self.resend_after = c.resend_after_s or max(2.0, 20 * c.expected_latency_s)
-        self.resend_timer, self.overloads = ResendTimer.for_robot(self.resend_after, self.hz), 0  # kept across tasks
+        self.resend_timer = ResendTimer.for_robot(self.resend_after, self.hz, queue_hint(self, c.queue_topic))  # kept
         self.mix = None
         if c.workload:
             from ..sim.workloads import builtin_workload
@@ -120,8 +120,7 @@ class RobotClientNode(RobotSensors, JointCommands, RunTaskGoals, ManagedNode):
         self.fetch = self.create_service(FetchObservation, "~/fetch_observation", self._on_fetch)
         self.fetch_name = self.resolve_service_name("~/fetch_observation")  # the server needs it expanded
         self.cli = self.create_client(Infer, c.service, qos_profile=service_qos())
-        self.finished_tasks = 0
-        self.tasks_continued = 0
+        self.finished_tasks = self.tasks_continued = self.overloads = 0
         self.fut, self.futs = None, []  # the latest call, and every call open for the current round
         self.goal, self.goal_end = None, None  # the running RunTask goal, and the future its execute awaits
         self.goals = 0

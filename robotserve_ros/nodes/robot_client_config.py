@@ -15,6 +15,8 @@ COMMAND_TYPES = ("trajectory", "trajectory_chunk", "position")
 class RobotClientConfig(NodeConfig):
     service: str = param("/robotserve/infer", "the srv/Infer service of the inference server")
     progress_topic: str = param("/robotserve/progress", "where execution progress is published")
+    queue_topic: str = param("/robotserve/queue_wait", "where the server says how long a round sent now waits "
+                                                    "(std_msgs/Float64, s): no re-send before it; '' = not heard")
     robot_name: str = param("", "the robot's name in task ids (default: the node's namespace, or its name)")
     control_hz: float = param(30.0, "control rate: actions executed per second, > 0")
     image_topics: tuple[str, ...] = param(("camera/image_raw",), "camera topics, one image each per observation")

@@ -191,6 +191,9 @@ _SIM_ENGINE = {"chunk_size": 50, "action_dim": 6, "steps": 10, "updates": True, 
 class InferenceServerConfig(Config):
     service: str = param("/robotserve/infer", "the srv/Infer service robots call")
     progress_topic: str = param("/robotserve/progress", "where robots report execution progress")
+    queue_topic: str = param("/robotserve/queue_wait", "where the server publishes how long a round sent now is "
+                                                    "expected to wait (std_msgs/Float64, s; robots re-send no sooner); '' = off")
+    queue_hz: float = param(4.0, "queue_topic publication rate, > 0")
     scheduler: SchedulerConfig = param(SchedulerConfig(), "the scheduler: name, and each one's knobs under its name")
     engine: EngineConfig = param(EngineConfig(profile="smolvla_tiny", params={"simulated": _SIM_ENGINE}),
                                  "the engine: name, engine profile, and each one's knobs under its name")
@@ -279,7 +282,7 @@ class InferenceServerConfig(Config):
             check(name in self.sections, "ray_tiers", name, f"has no section '{name}' (replicas: 1 at least)")
         self.tiers()  # each tier's section checked now
         self.ray_tier_configs()
-        for name in ("stale_obs_s", "refresh_timeout_s", "task_timeout_s", "max_request_bytes", "diagnostics_hz",
+        for name in ("stale_obs_s", "refresh_timeout_s", "task_timeout_s", "max_request_bytes", "diagnostics_hz", "queue_hz",
                      "diagnostics_window_s", "memory_trace_after_s", "max_task_id_bytes", "max_instruction_bytes", "max_images"):
             check(getattr(self, name) > 0, name, getattr(self, name), "is not > 0")
         check(self.max_batch >= 0, "max_batch", self.max_batch, "is not >= 0 (0: the saturation batch)")

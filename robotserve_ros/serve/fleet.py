@@ -200,6 +200,14 @@ class Fleet:
             self.admission.round(s.robot or task, pending.arrival)
         self._calls[key] = _Call(fut, s)
 
+    def expected_wait_s(self) -> float:
+        """How long a round sent now should wait for its chunk: the rounds queued ahead at the
+        rate the tiers serve at their batch limits (their engine profiles), plus one batch."""
+        with self.lock:
+            tiers, rate = self._core.tiers, tier_rounds_per_s(self._core.tiers)
+            batch_s = max(t.profile.latency_s(t.batch_limit) for t in tiers)
+            return len(self._core.pending) / rate + batch_s if rate > 0 else batch_s
+
     def _where(self, p) -> str:
         """Under the lock: where a re-sent round is, and when the queue should serve it."""
         core = self._core
