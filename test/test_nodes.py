@@ -102,6 +102,29 @@ def test_two_robots_are_served_concurrently(ros_ctx):
     assert both < 2 * 0.32 + 0.6, both
 
 
+def test_a_robot_past_the_servers_capacity_is_refused_overloaded_with_the_reason(ros_ctx):
+    ros_ctx.start_node(server_args("admission.max_tasks:=1", "task_timeout_s:=60.0"))  # (not reaped on a slow machine)
+    c = Caller(ros_ctx)
+    assert c.call(make_request("a", 0), timeout=30).status.reason == "ok"
+    res = c.call(make_request("b", 0), timeout=30)  # (anonymous: admitted by task)
+    assert (res.status.reason, res.status.code) == ("overloaded", res.status.OVERLOADED), res.status
+    assert "not admitted" in res.status.message and "max_tasks" in res.status.message, res.status.message
+    assert c.call(make_request("a", 1, exec_info=(c.now(), 2)), timeout=30).status.reason == "ok"  # the admitted goes on
+
+
+def test_a_round_whose_observation_is_too_old_is_not_generated_and_its_robot_told(ros_ctx):
+    ros_ctx.start_node(server_args("max_obs_age_s:=3.0"))  # (no refresh service: nothing fresher comes)
+    c = Caller(ros_ctx)
+    old = make_request("a", 0)
+    old.observation.header.stamp.sec = int(c.now()) - 10
+    res = c.call(old, timeout=30)
+    assert (res.status.reason, res.status.code) == ("stale_observation", res.status.BAD_OBSERVATION), res.status
+    assert "over its maximum 3 s" in res.status.message, res.status.message
+    fresh = make_request("a", 0)  # the round again, with a fresh observation
+    fresh.observation.header.stamp.sec, fresh.observation.header.stamp.nanosec = divmod(int(c.now() * 1e9), 10**9)
+    assert c.call(fresh, timeout=30).status.reason == "ok"
+
+
 def test_bad_inputs_get_clear_errors_and_the_good_robot_keeps_going(ros_ctx):
     from diagnostic_msgs.msg import DiagnosticArray
 
@@ -241,13 +264,15 @@ def test_stale_observations_are_refreshed_from_the_robot(ros_ctx, tmp_path):
 def test_a_reply_that_does_not_come_in_time_is_asked_for_again(ros_ctx, tmp_path):
     """Generation slower than the client's resend_after_s (as a reply lost in the RMW would
     look): the client sends the same round again, the server attaches it to the round it is
-    generating (resent_requests), the robot gets one chunk per round and finishes its task."""
+    generating (resent_requests), the robot gets one chunk per round and finishes its task.
+    (The client does not hear the server's expected wait, queue_topic '', as a client that
+    knows nothing of it.)"""
     import json
 
     stats = tmp_path / "client_{robot}.json"
     params = fleet_params(tmp_path, server={"engine": {"batch_sizes": [1, 2], "latency_ms": [1200.0, 1300.0]}},
                           resend_after_s=0.4, expected_latency_s=0.05, tasks=1, task_actions=30,
-                          stats_file=str(stats))
+                          stats_file=str(stats), queue_topic="")
     client, last = start_fleet_of_one(ros_ctx, params)
     assert ros_ctx.wait_for(lambda: int(last().get("resent_requests", "0")) >= 1
                             and int(last().get("finished_tasks", "0")) >= 1, 40), (last(), client.output())
@@ -255,3 +280,28 @@ def test_a_reply_that_does_not_come_in_time_is_asked_for_again(ros_ctx, tmp_path
     acct = json.loads((tmp_path / "client_robot_0.json").read_text())
     assert acct["resent"] >= 1 and acct["duplicates"] == 0 and acct["mismatched"] == 0, acct
     assert int(last()["served"]) == acct["chunks"] - acct["answers_to_resent"], (last(), acct)
+
+
+def test_a_round_queued_as_long_as_the_last_one_is_not_asked_for_again(ros_ctx, tmp_path):
+    """Generation slower than the client's first re-send guess: round 0 may be re-sent
+    (unless the server's word on its queue came first), and from its answer the robot's
+    re-send interval follows the wait it measured (core/robot_timing.ResendTimer), so the
+    later rounds, as slow, are not. The server says how long a round sent now waits."""
+    import json
+
+    from std_msgs.msg import Float64
+
+    waits = ros_ctx.collect(Float64, "/robotserve/queue_wait")
+    stats = tmp_path / "client_{robot}.json"
+    params = fleet_params(tmp_path, server={"engine": {"batch_sizes": [1, 2], "latency_ms": [1000.0, 1100.0]}},
+                          resend_after_s=0.4, expected_latency_s=0.05, tasks=1, task_actions=125,
+                          stats_file=str(stats))
+    client, last = start_fleet_of_one(ros_ctx, params)
+    assert ros_ctx.wait_for(lambda: int(last().get("finished_tasks", "0")) >= 1, 60), (last(), client.output())
+    client.stop()
+    acct = json.loads((tmp_path / "client_robot_0.json").read_text())
+    rounds = sorted({rnd for _, rnd, *_ in acct["chunk_log"]})
+    assert len(rounds) >= 4, acct  # (every round waits ~1 s: a fixed 0.4 s interval re-sent each twice)
+    assert acct["resent"] <= 2 and acct["duplicates"] == 0, acct  # round 0's only
+    assert int(last()["resent_requests"]) == acct["resent"], (last(), acct)
+    assert waits and min(m.data for m in waits) >= 1.0, [m.data for m in waits[:5]]  # at least one batch (1-1.1 s)

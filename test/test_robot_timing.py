@@ -1,4 +1,6 @@
 """core/robot_timing.py: when a robot re-sends or gives up an unanswered round."""
+import math
+
 from robotserve_ros.core.robot_timing import unanswered_action
 
 
@@ -37,3 +39,94 @@ def test_open_round_counts_resends_and_says_overdue_once():
     r.resending = False
     r.sent(40.0)  # a new round starts afresh
     assert (r.first_sent_at, r.resends, r.overdue_told) == (40.0, 0, False)
+
+
+def test_the_resend_interval_follows_the_measured_queue_wait_rfc6298():
+    from robotserve_ros.core.robot_timing import ResendTimer
+
+    t = ResendTimer.for_robot(2.0, 30.0)
+    assert t.rto == 2.0  # the first guess until a round is answered
+    t.sample(3.0)  # first: SRTT 3, RTTVAR 1.5 -> 3 + 4 x 1.5
+    assert t.rto == 9.0
+    for _ in range(40):  # a steady queue wait of 3 s: the interval settles just above it
+        t.sample(3.0)
+    assert 3.0 < t.rto < 3.1
+    for _ in range(40):  # a fast server: the floor (a tenth of the first guess) keeps it above a tick
+        t.sample(0.01)
+    assert t.rto == 0.2
+    t.sample(float("nan"))  # (no answer time: nothing learnt)
+    assert t.rto == 0.2 and t.samples == 81
+
+
+def test_a_robot_that_never_resends_stays_so_whatever_it_measures():
+    from robotserve_ros.core.robot_timing import ResendTimer
+
+    t = ResendTimer.for_robot(math.inf, 30.0)
+    t.sample(1.0)
+    assert t.rto == math.inf
+
+
+def test_a_queued_round_is_not_asked_again_once_the_queue_wait_is_learnt():
+    from robotserve_ros.core.robot_timing import OpenRound, ResendTimer
+
+    timer = ResendTimer.for_robot(2.0, 30.0)
+    r = OpenRound(timer)
+    r.sent(0.0)
+    assert r.check(2.1, 99.0, 60.0) == "resend"  # (the timer's interval, not the argument) the guess was short
+    r.sent(2.1)
+    assert r.check(3.5, 99.0, 60.0) is None  # backed off: 4 s from the re-send
+    r.answered(3.5)  # answered 3.5 s after the FIRST send: the queue's wait
+    for t0 in (10.0, 20.0, 30.0):  # the next rounds wait as long: none is re-sent
+        r = OpenRound(timer)
+        r.sent(t0)
+        assert all(r.check(t0 + dt, 99.0, 60.0) is None for dt in (1.0, 2.1, 3.0, 3.5))
+        r.answered(t0 + 3.5)
+    r = OpenRound(timer)
+    r.sent(40.0)  # a round whose request or reply was lost: re-sent once the usual wait passed
+    assert r.check(40.0 + timer.rto + 0.01, 99.0, 60.0) == "resend" and timer.rto < 7.0
+
+
+def test_overloaded_refusals_back_off_and_other_errors_do_not():
+    from robotserve_ros.core.robot_timing import refusal_backoff
+
+    assert refusal_backoff(0.2, 0) == 0.2
+    assert [refusal_backoff(0.2, k) for k in (1, 2, 3)] == [0.4, 0.8, 1.6]
+    assert refusal_backoff(0.2, 20) == 30.0
+
+
+def test_a_robot_loop_asks_an_overloaded_server_less_and_less_often_and_learns_the_wait():
+    from robotserve_ros.core.robot_loop import RobotLoop
+
+    lp = RobotLoop("r", 10.0, trigger=0, resend_after_s=2.0, retry_s=0.2)
+    lp.sent(0.0)
+    lp.refused(0.1, "overloaded")
+    lp.sent(lp.retry_at)
+    lp.refused(1.0, "overloaded")
+    assert abs(lp.retry_at - 1.8) < 1e-9  # 0.2 x 2^2: the second refusal in a row
+    lp.sent(2.0)
+    lp.refused(2.1, "bad_observation")  # another error: the plain pause again
+    assert abs(lp.retry_at - 2.3) < 1e-9
+    lp.sent(3.0)
+    lp.answered(6.0)  # answered 3 s after its first send: the loop's interval learnt it
+    assert lp.resend_timer.samples == 1 and lp.resend_timer.rto > 3.0
+    lp.next_task(7.0)
+    assert lp.open_round.timer is lp.resend_timer  # kept across tasks
+
+
+def test_before_its_first_answer_a_robot_waits_as_long_as_the_server_says_its_queue_takes():
+    from robotserve_ros.core.robot_timing import OpenRound, QueueHint, ResendTimer
+
+    hint = QueueHint(fresh_s=3.0)
+    timer = ResendTimer.for_robot(2.0, 10.0, hint)
+    assert timer.interval(0.0) == 2.0  # nothing heard: the first guess
+    hint.heard(6.0, 0.5)  # 300 robots started at once: a round sent now waits ~6 s
+    r = OpenRound(timer)
+    r.sent(1.0)
+    assert r.check(3.1, 99.0, 60.0) is None  # not at 2 s
+    hint.heard(6.0, 5.0)  # (the server says it again and again)
+    assert r.check(7.1, 99.0, 60.0) is None  # nor at 6 s
+    assert r.check(7.25, 99.0, 60.0) == "resend"  # 6 s + one control period + 100 ms: lost, asked again
+    assert timer.interval(8.5) == 2.0  # the server's word 3.5 s old: not taken
+    hint.heard(float("nan"), 9.0)
+    hint.heard(-1.0, 9.0)  # (nonsense is not heard)
+    assert timer.interval(9.0) == 2.0

@@ -160,3 +160,84 @@ def test_a_withdrawn_call_leaves_the_round_queued(fleet_of):
     eng.open.set()
     with pytest.raises(TimeoutError):
         f.result(0.5)  # nobody routes it any more
+
+
+def test_a_resent_round_is_run_once_counted_and_the_older_call_told_where_it_is(fleet_of):
+    fleet, eng = fleet_of()
+    s = fleet.session("ros", "/r1")
+    busy = s.submit(req("x"))  # generating (the gate is shut): the next rounds queue behind it
+    assert wait_for(lambda: fleet.generating("x"), 10.0)
+    first, other = s.submit(req("a")), s.submit(req("b"))
+    calls = [s.submit(req("b")) for _ in range(3)]  # an unchanged client asking again and again
+    assert code_of(other) == "duplicate_request"
+    msg = str(other.exception())
+    assert "queued behind 1" in msg and "expected in about" in msg  # "a" arrived first
+    assert [code_of(c) for c in calls[:2]] == ["duplicate_request"] * 2
+    x_again = s.submit(req("x"))
+    assert "generating" in str(busy.exception(timeout=10))
+    eng.open.set()
+    assert calls[2].result(10).task_id == "b" and first.result(10).task_id == "a" and x_again.result(10).task_id == "x"
+    assert sorted(t for b in eng.batches for t in b) == ["a", "b", "x"]  # each round generated once
+    st = fleet.protocol_stats()["ros"]
+    assert st["resent"] == 4 and st["served"] == 3 and st["submitted"] == 7
+    assert fleet.core_stats()["errors"].get("duplicate_request") is None  # a re-send is no refusal
+
+
+def test_admission_refuses_robots_past_capacity_with_the_reason_and_serves_the_admitted(fleet_of):
+    from robotserve_ros.core.admission import Admission
+
+    fleet, eng = fleet_of(admission=Admission(max_tasks=2))
+    eng.open.set()
+    r1, r2, r3 = (fleet.session("ros", f"/r{k}") for k in (1, 2, 3))
+    assert r1.submit(req("r1/t0")).result(10).task_id == "r1/t0"
+    assert r2.submit(req("r2/t0")).result(10).task_id == "r2/t0"
+    refused = r3.submit(req("r3/t0"))
+    assert code_of(refused) == "overloaded" and "'/r3' not admitted" in str(refused.exception())
+    assert r1.submit(req("r1/t1")).result(10).task_id == "r1/t1"  # a robot's next task keeps its place
+    assert fleet.core_stats()["admission_refused"] == 1 and fleet.core_stats()["admitted"] == 2
+    assert fleet.protocol_stats()["ros"]["refused:overloaded"] == 1
+    assert not fleet.knows("r3/t0")  # nothing of the refused robot is kept
+
+
+def test_no_chunk_is_generated_from_an_observation_older_than_its_robots_maximum(fleet_of):
+    fleet, eng = fleet_of(stale_obs_s=0.1, refresher=lambda reqs: [None] * len(reqs))  # (refreshes fail)
+    s = fleet.session("ros", "/r1")
+    busy = s.submit(req("x"))  # generating: the next two share the next batch
+    assert wait_for(lambda: fleet.generating("x"), 10.0)
+    now = fleet.clock.now()
+    old = InferenceRequest("old", 0, horizon=HorizonChoice("static", 4.0), obs_stamp=now - 2.0, max_obs_age_s=1.0)
+    fresh = InferenceRequest("fresh", 0, horizon=HorizonChoice("static", 4.0), obs_stamp=now - 2.0, max_obs_age_s=30.0)
+    f_old, f_fresh = s.submit(old), s.submit(fresh)
+    eng.open.set()
+    busy.result(10)
+    assert code_of(f_old) == "stale_observation" and "over its maximum 1 s" in str(f_old.exception())
+    assert f_fresh.result(10).task_id == "fresh"  # its batch-mate is served
+    assert ["fresh"] in eng.batches and not any("old" in b for b in eng.batches)  # never generated
+    assert fleet.core_stats()["errors"]["stale_observation"] == 1
+    again = InferenceRequest("old", 0, horizon=HorizonChoice("static", 4.0), obs_stamp=fleet.clock.now(),
+                             max_obs_age_s=1.0)
+    assert s.submit(again).result(10).task_id == "old"  # the round sent again with a fresh observation
+
+
+def test_a_batch_whose_every_observation_is_too_old_runs_nothing_and_the_slot_goes_on(fleet_of):
+    fleet, eng = fleet_of()
+    eng.open.set()
+    s = fleet.session("ros", "/r1")
+    stale = InferenceRequest("a", 0, horizon=HorizonChoice("static", 4.0), obs_stamp=fleet.clock.now() - 5.0,
+                             max_obs_age_s=0.5)
+    assert code_of(s.submit(stale)) == "stale_observation" and eng.batches == []
+    assert s.submit(req("b")).result(10).task_id == "b"
+    assert fleet.batches_by_protocols() == {"ros": 1}
+
+
+def test_the_expected_wait_grows_with_the_queue_at_the_tiers_rate(fleet_of):
+    fleet, eng = fleet_of()  # Gate: batch 8 in 2 ms -> 4000 rounds/s
+    s = fleet.session("ros")
+    assert fleet.expected_wait_s() == pytest.approx(0.002)  # one batch
+    busy = s.submit(req("x"))
+    assert wait_for(lambda: fleet.generating("x"), 10.0)
+    for k in range(8):
+        s.submit(req(f"q{k}"))
+    assert fleet.expected_wait_s() == pytest.approx(8 / 4000 + 0.002)
+    eng.open.set()
+    busy.result(10)

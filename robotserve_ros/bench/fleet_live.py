@@ -20,6 +20,8 @@ each process's CPU time once a second and listens to /diagnostics.
 
 Accounting (over the clients' whole life):
   requests            Infer calls sent
+  resent_requests     of them, the same (task, round) sent again (resent_share: their share;
+                      the server's count of re-sends it attached: server_headline.resent_requests)
   chunks_served       chunks received (status ok)
   lost_chunks         rounds with no answer after the settle whose first send was more than
                       lost_after_s (default 10 s) before the stop: every open round had the
@@ -398,7 +400,7 @@ def cli(a) -> int:
         bad_runs += bool(bad)
         runs.append({k: res.get(k) for k in (
             "lost_chunks", "duplicate_chunks", "mismatched_chunks", "chunks_served", "requests", "resent_requests",
-            "replies_replayed", "lateness_p50_ms", "lateness_p99_ms", "engine_utilization_when_backlogged",
+            "resent_share", "replies_replayed", "lateness_p50_ms", "lateness_p99_ms", "engine_utilization_when_backlogged",
             "in_flight_at_stop", "settle_s", "errors", "processes_failed_during_run")}
             | {"loadavg_at_start": res["machine"].get("loadavg_at_start")})
     print(f"wrote {a.out}")

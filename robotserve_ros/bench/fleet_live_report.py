@@ -121,6 +121,7 @@ def aggregate(accounts: list[dict], t_ready: float, t_stop: float, lost_after_s:
         "duplicate_chunks": tot["duplicates"],
         "mismatched_chunks": tot["mismatched"],
         "resent_requests": tot["resent"],
+        "resent_share": round(tot["resent"] / tot["requests"], 4) if tot["requests"] else None,  # issue 38's <= 5 %
         "answers_to_resent_requests": tot["answers_to_resent"],  # a round sent twice, answered twice, used once
         "answers_for_left_tasks": tot["left_task_answers"],
         "errors": dict(errors),
@@ -167,7 +168,8 @@ def summary_lines(res: dict) -> list[str]:
         f"late {ct['late_tick_fraction_in_window']:.3%}, interval p99 {ct['interval_p99_ms']:.0f} ms, max {ct['interval_max_ms']:.0f} ms",
         f"server: served {srv.get('served')}, engine utilization when backlogged {res['engine_utilization_when_backlogged']} "
         f"(backlogged {res['server_headline']['backlogged_s_in_window']} s), dispatch p99 {srv.get('dispatch_ms_p99')} ms, "
-        f"in-server p99 {srv.get('in_server_ms_p99')} ms, replayed {res['replies_replayed']}, resent {res['resent_requests']}",
+        f"in-server p99 {srv.get('in_server_ms_p99')} ms, replayed {res['replies_replayed']}, resent {res['resent_requests']} "
+        f"({res.get('resent_share')} of requests; server attached {res['server_headline'].get('resent_requests')})",
         f"cpu: machine busy mean {cpu.get('machine_busy_fraction_mean')}, max 1 s {cpu.get('machine_busy_fraction_max_1s')}, "
         f"by role {cpu.get('process_cores_used_by_role')}",
     ]

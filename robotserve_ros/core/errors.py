@@ -38,6 +38,11 @@ class RoundInFlight(RequestError):
     """The task's previous round is still being generated."""
 
 
+class StaleObservation(RequestError):
+    """The round's observation was older than its maximum age when its batch began, and no
+    fresher one came: it is not generated from it (the robot sends the round again)."""
+
+
 class BadExecInfo(RequestError):
     """Missing, NaN or negative execution info (phase start, actions left, control rate)."""
 

@@ -14,9 +14,11 @@ Per control tick the driver calls `tick(now, hooks)` and acts on its event:
   and calls `sent(now)`;
 - "overdue": the open round went unanswered past request_timeout_s (said once; still re-sent).
 With nothing to execute the robot holds position and the tick counts as idle.
-On an answer: `answered(now)` when the chunk was used, `refused(now)` when it was an error or a
-chunk the robot cannot use (asked again after retry_s), `restart(now)` when the server forgot
-the task (the motion goes on under a new task id from round 0).
+On an answer: `answered(now)` when the chunk was used, `refused(now, reason)` when it was an
+error or a chunk the robot cannot use (asked again after retry_s; after an `overloaded`
+refusal, after retry_s doubled per refusal in a row), `restart(now)` when the server forgot
+the task (the motion goes on under a new task id from round 0). The re-send interval follows
+the reply times the robot measured (robot_timing.ResendTimer), kept across tasks.
 
 A driver with no control ticks (an event loop on a virtual or wall clock replaying recorded
 rounds: the trace simulator, bench hybrid, bench ray) runs ReplayRobot instead: the same
@@ -27,11 +29,12 @@ from __future__ import annotations
 
 from typing import Callable, Optional, Protocol, Sequence, Union
 
-from .robot_timing import alone_latency, exec_start, OpenRound, request_after, trigger_actions
+from .robot_timing import (alone_latency, exec_start, OpenRound, QueueHint, refusal_backoff, request_after,
+                           ResendTimer, trigger_actions)
 from .types import ExecInfo
 
 __all__ = ["RobotHooks", "RobotLoop", "ReplayRobot", "loop_fields", "rtc_leftover", "trigger_actions",
-           "alone_latency"]
+           "alone_latency", "QueueHint"]
 
 
 class RobotHooks(Protocol):
@@ -56,15 +59,17 @@ class RobotLoop:
 
     __slots__ = ("name", "hz", "trigger", "resend_after_s", "request_timeout_s", "retry_s", "task_k", "task_id",
                  "round", "outstanding", "open_round", "retry_at", "task_start", "exec_start", "idle", "chunks",
-                 "steps", "held", "done", "finished_tasks", "continued")
+                 "steps", "held", "done", "finished_tasks", "continued", "resend_timer", "overloads")
 
     def __init__(self, name: str, control_hz: float, trigger: int, *, resend_after_s: float = 2.0,
-                 request_timeout_s: float = 30.0, retry_s: float = 0.2, now: float = 0.0) -> None:
+                 request_timeout_s: float = 30.0, retry_s: float = 0.2, now: float = 0.0,
+                 hint: Optional[QueueHint] = None) -> None:
         if not control_hz > 0 or trigger < 0:
             raise ValueError(f"control_hz must be > 0 and trigger >= 0, got {control_hz}, {trigger}")
         self.name, self.hz, self.trigger = name, float(control_hz), int(trigger)
         self.resend_after_s, self.request_timeout_s, self.retry_s = resend_after_s, request_timeout_s, retry_s
-        self.task_k = self.finished_tasks = self.continued = 0
+        self.task_k = self.finished_tasks = self.continued = self.overloads = 0
+        self.resend_timer = ResendTimer.for_robot(resend_after_s, control_hz, hint)  # hint: the server's queue
         self.start_task(now)
 
     @classmethod
@@ -79,7 +84,7 @@ class RobotLoop:
         self.task_id = f"{self.name}/task{self.task_k}"
         self.round = 0
         self.outstanding = self.done = False
-        self.open_round = OpenRound()
+        self.open_round = OpenRound(self.resend_timer)
         self.retry_at = 0.0
         if not keep_motion:
             self.chunks = 0
@@ -152,14 +157,18 @@ class RobotLoop:
     def answered(self, now: float) -> None:
         """The round's chunk joined the queue: a new execution phase starts, the next round is next."""
         self.outstanding = False
+        self.open_round.answered(now)
+        self.overloads = 0
         self.exec_start = now
         self.chunks += 1
         self.round += 1
 
-    def refused(self, now: float) -> None:
-        """An error, or a chunk the robot cannot use: the same round again after retry_s."""
+    def refused(self, now: float, reason: str = "") -> None:
+        """An error, or a chunk the robot cannot use: the same round again after retry_s; a
+        server that refused it as `overloaded` is asked again later each time in a row."""
         self.outstanding = False
-        self.retry_at = now + self.retry_s
+        self.overloads = self.overloads + 1 if reason == "overloaded" else 0
+        self.retry_at = now + refusal_backoff(self.retry_s, self.overloads)
 
 
 def rtc_leftover(queued) -> "object":

@@ -59,17 +59,98 @@ def unanswered_action(now: float, sent_at: float, first_sent_at: float, resend_a
     return None
 
 
+def refusal_backoff(retry_s: float, overloads: int, cap_s: float = 30.0) -> float:
+    """Pause before asking again after a refusal: retry_s, doubled per `overloaded` refusal in
+    a row (capped): a server at capacity is not asked again every retry_s by every robot."""
+    return retry_s if overloads <= 0 else min(cap_s, retry_s * 2.0 ** overloads)
+
+
+class QueueHint:
+    """The server's word on its queue: how long a round sent now is expected to wait (the
+    server publishes it, nodes/inference_server.py `queue_topic`). One per robot process,
+    shared by its robots' timers; a word older than `fresh_s` is not taken."""
+
+    __slots__ = ("wait_s", "at", "fresh_s")
+
+    def __init__(self, fresh_s: float = 3.0) -> None:
+        self.wait_s, self.at, self.fresh_s = 0.0, float("-inf"), fresh_s
+
+    def heard(self, wait_s: float, now: float) -> None:
+        if math.isfinite(wait_s) and wait_s >= 0:
+            self.wait_s, self.at = wait_s, now
+
+    def wait(self, now: float) -> float:
+        return self.wait_s if now - self.at <= self.fresh_s else 0.0
+
+
+class ResendTimer:
+    """When a robot re-sends its unanswered round, from the reply times it measured: RFC 6298's
+    retransmission timer (SRTT + max(G, 4 RTTVAR), alpha 1/8, beta 1/4). A round that is queued
+    on the server is answered after the queue's wait, so the interval follows the queue and a
+    queued round is not asked for again (57 % of all requests at 300 light robots were such
+    re-sends); a lost one is re-sent once that wait has passed. Before the first answer it is
+    `initial_s`; never below `floor_s` nor above `max_s`. An infinite initial_s never re-sends
+    (the simulator's robots, whose engine loses nothing).
+
+    The sample runs from the round's FIRST send (not Karn's rule of skipping re-sent rounds):
+    the server never runs a round twice, so the answer to a re-send of a queued round comes
+    when the first call's would have; the rare lost request only lengthens one sample.
+
+    With a QueueHint the interval is at least the server's expected wait + one granularity
+    + 100 ms: before a robot's first answer (all robots starting at once behind one queue)
+    the server's word is all it knows."""
+
+    __slots__ = ("initial_s", "floor_s", "max_s", "granularity_s", "srtt", "rttvar", "rto", "samples", "hint")
+
+    def __init__(self, initial_s: float, floor_s: float = 0.0, max_s: float = 60.0, granularity_s: float = 0.0,
+                 hint: Optional[QueueHint] = None) -> None:
+        if not initial_s > 0 or floor_s < 0 or not max_s > 0:
+            raise ValueError(f"initial_s and max_s must be > 0 and floor_s >= 0, got {initial_s}, {max_s}, {floor_s}")
+        self.initial_s, self.floor_s, self.max_s, self.granularity_s = initial_s, floor_s, max_s, granularity_s
+        self.srtt: Optional[float] = None
+        self.rttvar = 0.0
+        self.rto = initial_s
+        self.samples = 0
+        self.hint = hint
+
+    @classmethod
+    def for_robot(cls, initial_s: float, control_hz: float, hint: Optional[QueueHint] = None) -> "ResendTimer":
+        """A robot's: at least one control period over the mean reply time, and at least a tenth
+        of the first guess (<= 1 s): a reply a tick late is not lost."""
+        return cls(initial_s, floor_s=min(initial_s / 10, 1.0), granularity_s=1.0 / control_hz, hint=hint)
+
+    def interval(self, now: float) -> float:
+        """Seconds after a send that its re-send is due (before doubling per re-send)."""
+        if self.hint is None or math.isinf(self.initial_s):
+            return self.rto
+        return min(self.max_s, max(self.rto, self.hint.wait(now) + self.granularity_s + 0.1))
+
+    def sample(self, rtt_s: float) -> None:
+        """A round answered rtt_s after its first send (RFC 6298 §2.2-2.3)."""
+        if math.isinf(self.initial_s) or not math.isfinite(rtt_s) or rtt_s < 0:
+            return
+        if self.srtt is None:
+            self.srtt, self.rttvar = rtt_s, rtt_s / 2
+        else:
+            self.rttvar = 0.75 * self.rttvar + 0.25 * abs(self.srtt - rtt_s)
+            self.srtt = 0.875 * self.srtt + 0.125 * rtt_s
+        self.samples += 1
+        self.rto = min(self.max_s, max(self.floor_s, self.srtt + max(self.granularity_s, 4 * self.rttvar)))
+
+
 class OpenRound:
     """A robot's open round as re-send state (unanswered_action's inputs): when it was first
     and last sent, how often re-sent, whether it was reported overdue, and whether a re-send is
-    due. robot_client and light_fleet each keep one per robot."""
+    due. robot_client and light_fleet each keep one per robot. With a ResendTimer (kept across
+    the robot's rounds) the re-send interval is the timer's, and an answered round samples it."""
 
-    __slots__ = ("sent_at", "first_sent_at", "resends", "overdue_told", "resending")
+    __slots__ = ("sent_at", "first_sent_at", "resends", "overdue_told", "resending", "timer")
 
-    def __init__(self) -> None:
+    def __init__(self, timer: Optional[ResendTimer] = None) -> None:
         self.sent_at = self.first_sent_at = 0.0
         self.resends = 0
         self.overdue_told = self.resending = False
+        self.timer = timer
 
     def sent(self, now: float) -> None:
         """The round went out: a re-send if one was due, else a new round."""
@@ -80,8 +161,16 @@ class OpenRound:
             self.first_sent_at, self.resends, self.overdue_told = now, 0, False
         self.resending = False
 
+    def answered(self, now: float) -> None:
+        """The round's chunk came: the timer learns how long the queue made it wait."""
+        if self.timer is not None:
+            self.timer.sample(now - self.first_sent_at)
+
     def check(self, now: float, resend_after_s: float, request_timeout_s: float) -> Optional[str]:
-        """unanswered_action for this round; "resend" marks a re-send due, "overdue" is said once."""
+        """unanswered_action for this round (its interval the timer's when there is one);
+        "resend" marks a re-send due, "overdue" is said once."""
+        if self.timer is not None:
+            resend_after_s = self.timer.interval(now)
         act = unanswered_action(now, self.sent_at, self.first_sent_at, resend_after_s, request_timeout_s,
                                 self.resends, overdue_told=self.overdue_told)
         if act == "resend":

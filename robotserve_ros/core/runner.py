@@ -31,7 +31,7 @@ import threading
 from collections import Counter, deque
 from typing import Callable, Mapping, Optional
 
-from .errors import RequestError
+from .errors import RequestError, StaleObservation
 from .loop import LiveDriver
 from .refresh_ahead import RefreshAhead
 from .serving import Dispatch, ServingCore
@@ -208,6 +208,7 @@ class Runner(RefreshAhead):
         if frm is not None:
             self.gap_handoff_s.append(self.core.clock.now() - frm)
         self.core.refresh_stale(d)
+        self._carve_too_old(d)
         self._emit("engine_start", _rounds(d))
         with self.lock:
             self.account()
@@ -321,6 +322,24 @@ class Runner(RefreshAhead):
             self.on_error(carved, results[bad[0]].error)
         return [r for r in results if not isinstance(r, _RowFailed)]
 
+    def _carve_too_old(self, d: Dispatch) -> None:
+        """Rows whose observation is still older than its maximum age after the refresh leave
+        the batch ungenerated; their senders are told now (stale_observation) and may send the
+        round again with a fresh observation."""
+        old = self.core.too_old(d)
+        if not old:
+            return
+        with self.lock:
+            if d.id not in self.core.inflight:
+                return
+            carved = self.core.split(d, [i for i, _, _ in old])
+            _, age, lim = old[0]
+            e = StaleObservation(f"observation {age:.3f} s old when its batch began, over its maximum {lim:g} s, and "
+                                 "no fresher one came: send the round again with a fresh observation")
+            self.core.stats.errors[e.code] += len(old)
+            self.core.stats.last_error[e.code] = str(e)
+            self._requeue(carved, e, max_attempts=1)
+
     def end_cooldown(self, tier_name: str) -> None:
         with self.lock:
             self.core.tier(tier_name).busy -= 1
@@ -329,6 +348,9 @@ class Runner(RefreshAhead):
     def run_batch(self, d: Dispatch) -> None:
         """One batch on its tier's engine, start to reply (a live slot thread's work)."""
         started = self.begin(d)
+        if not d.requests:  # every row's observation too old: nothing to generate
+            self.finish(d, [], started)
+            return
         try:
             results = self._infer_rows(self.engines[d.tier], [p.request for p in d.requests])
         except Exception as e:

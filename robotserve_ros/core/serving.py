@@ -54,6 +54,7 @@ class ServingCore:
         placement: Optional[Placement] = None,
         refresher: Optional[Refresher] = None,
         stale_obs_s: Optional[float] = None,
+        max_obs_age_s: Optional[float] = None,
         ledger: Optional[TaskLedger] = None,
         max_failures: int = 3,
         rtc_shape: Optional[tuple] = None,
@@ -65,7 +66,7 @@ class ServingCore:
         self.clock = clock
         self.placement = placement or FillInOrder()
         self.refresher = refresher
-        self.stale_obs_s = stale_obs_s
+        self.stale_obs_s, self.max_obs_age_s = stale_obs_s, max_obs_age_s
         self.ledger = ledger or TaskLedger()
         if max_failures < 1:
             raise ValueError(f"max_failures must be >= 1, got {max_failures}")
@@ -239,6 +240,16 @@ class ServingCore:
             s.obs_age_sum += age
             s.obs_age_n += 1
             s.obs_age_max = max(s.obs_age_max, age)
+
+    def too_old(self, d: Dispatch) -> list:
+        """After refresh_stale: the rows whose observation is older than its maximum age (the
+        request's, else the server's), as (row, age, maximum); they must not be generated."""
+        now, out = self.clock.now(), []
+        for i, p in enumerate(d.requests):
+            lim = p.request.max_obs_age_s if p.request.max_obs_age_s is not None else self.max_obs_age_s
+            if lim is not None and p.request.obs_stamp is not None and now - p.request.obs_stamp > lim:
+                out.append((i, now - p.request.obs_stamp, lim))
+        return out
 
     # --- results back ----------------------------------------------------------------
     def complete(self, item: Dispatch, result: Sequence[ChunkResult]) -> list[ChunkReply]:

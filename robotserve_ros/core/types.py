@@ -67,6 +67,8 @@ class InferenceRequest:
     # Real-time chunking (core/rtc.py RtcGuide): the robot's unexecuted leftover, and the
     # delay d the server predicts at dispatch. None: the chunk is generated without guidance.
     rtc: Any = None
+    # The oldest observation a chunk of this robot may be generated from (s); None: the server's.
+    max_obs_age_s: Optional[float] = None
 
     @property
     def kind(self) -> Optional[str]:

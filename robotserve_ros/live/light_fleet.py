@@ -141,7 +141,7 @@ class LightFleetNode:
         from rclpy.qos import QoSProfile, ReliabilityPolicy
 
         from ..msg import ExecutionProgress
-        from ..nodes.common import NodeClock, lean_node_kwargs, service_qos
+        from ..nodes.common import NodeClock, lean_node_kwargs, queue_hint, service_qos
         from ..srv import FetchObservation, Infer
 
         self.c = c = _robot_config(params, self.config_class, self.config_section)
@@ -161,7 +161,8 @@ class LightFleetNode:
 
             self.frames = [FrameEncoder(c.image_transport, c.image_quality).encode(o.images) for o in self.obs]
         self.loop_kw = {"trigger": self.trigger, "resend_after_s": self.resend_after,
-                        "request_timeout_s": c.request_timeout_s, "retry_s": c.retry_s}
+                        "request_timeout_s": c.request_timeout_s, "retry_s": c.retry_s,
+                        "hint": queue_hint(self.node, c.queue_topic)}  # the server's word, for all its robots
         self.robots = [self.make_robot(i, n) for i, n in enumerate(names)]
         for r in self.robots:
             r.hooks = _FleetHooks(self, r)
@@ -274,14 +275,20 @@ class LightFleetNode:
             return
         self._drop_calls(r)
         now = self.clock.now()
-        if resp is None or resp.status.code != 0 or not self.use_chunk(r, resp.chunk):
-            r.loop.refused(now)  # asked again after retry_s
-            if resp is not None and resp.status.reason in ("unknown_task", "task_dropped"):
+        if resp is None:
+            r.loop.refused(now)
+            return
+        if resp.status.code != 0:
+            r.loop.refused(now, resp.status.reason)  # (overloaded: asked again later each time in a row)
+            if resp.status.reason in ("unknown_task", "task_dropped"):
                 # The server forgot the task (restarted, or reaped it): the motion goes on
                 # under a new task id from round 0; the queue left is kept.
                 self.by_task.pop(r.task_id, None)
                 r.loop.restart(now)
                 self.by_task[r.task_id] = r
+            return
+        if not self.use_chunk(r, resp.chunk):
+            r.loop.refused(now)
             return
         r.acct.on_chunk_used(key, reply_ms, r.left())
         r.loop.answered(now)

@@ -123,6 +123,35 @@ class NodeClock:
         return self._clock.now().nanoseconds * 1e-9
 
 
+# The server's expected queue wait (s) for a round sent now: std_msgs/Float64, the newest only.
+QUEUE_WAIT_DEPTH = 1
+
+
+def publish_queue_wait(node, topic: str, hz: float, expected_wait_s: Callable[[], float]) -> None:
+    """The server says `hz` times a second how long a round sent now should wait (nothing
+    when topic is ''): its robots re-send a queued round no sooner (queue_hint)."""
+    if not topic:
+        return
+    from std_msgs.msg import Float64
+
+    pub = node.create_publisher(Float64, topic, QUEUE_WAIT_DEPTH)
+    node.create_timer(1.0 / hz, lambda: pub.publish(Float64(data=float(expected_wait_s()))))
+
+
+def queue_hint(node, topic: str):
+    """A robot's QueueHint (core/robot_loop), fed from the server's `topic` (none when topic
+    is ''): its re-send intervals are at least the wait the server expects."""
+    if not topic:
+        return None
+    from std_msgs.msg import Float64
+
+    from ..core.robot_loop import QueueHint
+
+    hint, clock = QueueHint(), NodeClock(node)
+    node.create_subscription(Float64, topic, lambda m: hint.heard(m.data, clock.now()), QUEUE_WAIT_DEPTH)
+    return hint
+
+
 def to_sec(t: Time) -> float:
     return t.sec + t.nanosec * 1e-9
 

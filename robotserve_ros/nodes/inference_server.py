@@ -31,7 +31,7 @@ from ..core.types import ExecInfo
 from ..msg import ExecutionProgress
 from ..serve import StageTrace, build_fleet, build_tiers
 from ..srv import Infer
-from .common import exit_process, NodeClock, ParamError, run_nodes, service_qos, to_sec
+from .common import exit_process, NodeClock, ParamError, publish_queue_wait, run_nodes, service_qos, to_sec
 from .managed import ManagedNode
 from .deferred import DeferredReplies
 from .convert import check_robot_id, check_service_name, fill_status
@@ -127,6 +127,7 @@ class InferenceServerNode(ManagedNode):
         self.diag = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
         self.recent_errors = RecentErrors(time.monotonic(), c.diagnostics_window_s)
         self.create_timer(1.0 / c.diagnostics_hz, self._publish_diagnostics)
+        publish_queue_wait(self, c.queue_topic, c.queue_hz, self.fleet.expected_wait_s)
         self.create_timer(min(1.0, c.task_timeout_s / 4), self._reap)
         self.create_timer(30.0, trim_heap)
         self.memory = MemoryTrace(self, c.memory_trace_file, c.memory_trace_after_s) if c.memory_trace_file else None

@@ -56,8 +56,8 @@ from ..action import RunTask
 from ..sim.simulator import task_type_of
 from ..msg import ExecutionProgress
 from ..srv import FetchObservation, Infer
-from .common import (exit_process, NodeClock, lean_node_kwargs, ParamError, run_nodes, service_qos, sign, Stamps,
-                     to_time)
+from .common import (exit_process, NodeClock, lean_node_kwargs, ParamError, queue_hint, run_nodes, service_qos, sign,
+                     Stamps, to_time)
 from .managed import ManagedNode
 from ..core.task_auth import read_key
 from .client_account import ClientAccount
@@ -97,7 +97,8 @@ class RobotClientNode(RobotSensors, JointCommands, RunTaskGoals, ManagedNode):
         self.resend_after = c.resend_after_s or max(2.0, 20 * c.expected_latency_s)
         k = self.robot_loop.task_k if self.robot_loop is not None else 0  # a task id is never sent twice
         self.robot_loop = RobotLoop(self.robot, self.hz, self.trigger, resend_after_s=self.resend_after,
-                                    request_timeout_s=c.request_timeout_s, retry_s=c.retry_s)
+                                    request_timeout_s=c.request_timeout_s, retry_s=c.retry_s,
+                                    hint=queue_hint(self, c.queue_topic))  # the server's queue wait
         self.robot_loop.task_k, self.robot_loop.done = k, True  # no task until one starts
         self.hooks = _ClientHooks(self)
         self.mix = None
@@ -270,7 +271,7 @@ class RobotClientNode(RobotSensors, JointCommands, RunTaskGoals, ManagedNode):
         if resp.status.code != 0:
             self._log_once(resp.status.reason, f"{self.task_id} round {self.round}: {resp.status.reason}: "
                                                f"{resp.status.message} (each kind logged once; counted in the account)")
-            self.robot_loop.refused(now)
+            self.robot_loop.refused(now, resp.status.reason)  # overloaded: asked again later each time in a row
             if resp.status.reason in ("unknown_task", "task_dropped"):
                 # The server forgot us (restarted, or reaped the task): the motion goes on under
                 # a new task id from round 0, the queued actions kept; counted.
@@ -291,7 +292,7 @@ class RobotClientNode(RobotSensors, JointCommands, RunTaskGoals, ManagedNode):
         if self.config.command_type == "trajectory_chunk":
             self._send_trajectory()
         self.acct.on_chunk_used((task, rnd), reply_ms, len(self.queue))
-        self.robot_loop.answered(now)  # this round's execution phase starts with its chunk
+        self.robot_loop.answered(now)  # a new execution phase; the re-send interval learns the wait
 
     def _finish(self) -> None:
         """The task is over (the robot loop marked it done and counted it)."""

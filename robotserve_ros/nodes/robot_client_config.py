@@ -15,6 +15,8 @@ COMMAND_TYPES = ("trajectory", "trajectory_chunk", "position")
 class RobotClientConfig(NodeConfig):
     service: str = param("/robotserve/infer", "the srv/Infer service of the inference server")
     progress_topic: str = param("/robotserve/progress", "where execution progress is published")
+    queue_topic: str = param("/robotserve/queue_wait", "where the server says how long a round sent now waits "
+                                                    "(std_msgs/Float64, s): no re-send before it; '' = not heard")
     robot_name: str = param("", "the robot's name in task ids (default: the node's namespace, or its name)")
     control_hz: float = param(30.0, "control rate: actions executed per second, > 0")
     image_topics: tuple[str, ...] = param(("camera/image_raw",), "camera topics, one image each per observation")
@@ -49,9 +51,13 @@ class RobotClientConfig(NodeConfig):
     # A reply lost on the way (an RMW drop, a server restart) must not freeze the robot: the
     # same (task, round) goes again; the server attaches it to the round it already holds or
     # answers it from its reply cache, and never generates a round twice.
-    resend_after_s: float = param(0.0, "re-send an unanswered round after this many s, >= 0 "
-                                       "(0: 20 x expected_latency_s, at least 2 s)")
-    retry_s: float = param(0.2, "pause before resending after an error, > 0")
+    # The first guess only: from the first answer on, the interval follows the reply times the
+    # robot measured (RFC 6298, core/robot_timing.ResendTimer), so a round queued on a busy
+    # server is not asked for again.
+    resend_after_s: float = param(0.0, "re-send an unanswered round after this many s until the first answer, "
+                                       "then after the measured reply time + 4 x its deviation, doubling per "
+                                       "re-send, >= 0 (0: 20 x expected_latency_s, at least 2 s)")
+    retry_s: float = param(0.2, "pause before resending after an error (doubled per OVERLOADED in a row), > 0")
     stats_file: str = param("", "write the client's account here on shutdown; '{robot}' -> the robot's name; '' = off")
     image_transport: str = param("raw", "how camera frames go in srv/Infer: raw (sensor_msgs/Image as received), "
                                  "jpeg or png (sensor_msgs/CompressedImage, encoded here; docs/transport.md)")

@@ -156,6 +156,22 @@ class QueueConfig(Config):
 
 
 @dataclass(frozen=True)
+class AdmissionConfig(Config):
+    """Which robots the server takes (core/admission.py): past its capacity a new robot's first
+    round is refused OVERLOADED with the reason, counted; admitted robots' rounds are never
+    refused for it. Off by default (both 0/false)."""
+
+    max_tasks: int = param(0, "most robots admitted at once, >= 0 (0: no fixed cap)")
+    by_capacity: bool = param(False, "admit a new robot only while the admitted ones ask fewer rounds/s than the "
+                                     "tiers serve at their batch limits (engine profiles) x headroom")
+    headroom: float = param(1.0, "with by_capacity: the share of that capacity robots may ask for, > 0")
+
+    def check(self) -> None:
+        check(self.max_tasks >= 0, "max_tasks", self.max_tasks, "is not >= 0")
+        check(self.headroom > 0, "headroom", self.headroom, "is not > 0")
+
+
+@dataclass(frozen=True)
 class TaskAuthConfig(Config):
     """Tasks bound to their first robot by a per-task MAC (core/task_auth.py)."""
 
@@ -188,6 +204,9 @@ _SIM_ENGINE = {"chunk_size": 50, "action_dim": 6, "steps": 10, "updates": True, 
 class InferenceServerConfig(Config):
     service: str = param("/robotserve/infer", "the srv/Infer service robots call")
     progress_topic: str = param("/robotserve/progress", "where robots report execution progress")
+    queue_topic: str = param("/robotserve/queue_wait", "where the server publishes how long a round sent now is "
+                                                    "expected to wait (std_msgs/Float64, s; robots re-send no sooner); '' = off")
+    queue_hz: float = param(4.0, "queue_topic publication rate, > 0")
     scheduler: SchedulerConfig = param(SchedulerConfig(), "the scheduler: name, and each one's knobs under its name")
     engine: EngineConfig = param(EngineConfig(profile="smolvla_tiny", params={"simulated": _SIM_ENGINE}),
                                  "the engine: name, engine profile, and each one's knobs under its name")
@@ -195,6 +214,9 @@ class InferenceServerConfig(Config):
     horizon: dict = param({"static": {"h": 25}, "confidence": {"t": 0.4, "h_min": 10}},
                           "horizon policy name -> its keyword parameters (core/horizon)")
     stale_obs_s: float = param(0.25, "an observation older than this at dispatch is refreshed from the robot, > 0")
+    max_obs_age_s: float = param(0.0, "a round whose observation is older than this when its batch begins (after "
+                                      "the refresh) is not generated: its robot is answered stale_observation (code "
+                                      "BAD_OBSERVATION) and sends it again; >= 0 (0: off)")
     refresh_timeout_s: float = param(0.05, "how long a refresh may take before the old observation is used, > 0")
     refresh_topic: str = param("", "robots' newest observations (srv/Infer requests) on this topic, sensor-data "
                                "QoS, the latest per task read at dispatch (nodes/refresh.py; empty: none)")
@@ -219,6 +241,8 @@ class InferenceServerConfig(Config):
     infer_queue: QueueConfig = param(QueueConfig(), "srv/Infer's queues: DDS depth, calls waiting at once (OVERLOADED past)")
     task_auth: TaskAuthConfig = param(TaskAuthConfig(), "tasks bound to their robot by HMAC: key_dir, max_skew_s")
     metrics: MetricsConfig = param(MetricsConfig(), "Prometheus metrics: port (-1 off, 0 a free one), address, per_robot")
+    admission: AdmissionConfig = param(AdmissionConfig(), "robots admitted up to capacity: max_tasks, by_capacity, "
+                                       "headroom (OVERLOADED past it)")
     remote_tiers: tuple[str, ...] = param((), "cloud tiers (GPU servers): names, each a section beside these "
                                           "(address, token_file, root_cert, slots, ...)")
     ray_tiers: tuple[str, ...] = param((), "Ray Serve pools of policy replicas: names, each a section beside "
@@ -272,10 +296,11 @@ class InferenceServerConfig(Config):
             check(name in self.sections, "ray_tiers", name, f"has no section '{name}' (replicas: 1 at least)")
         self.tiers()  # each tier's section checked now
         self.ray_tier_configs()
-        for name in ("stale_obs_s", "refresh_timeout_s", "task_timeout_s", "max_request_bytes", "diagnostics_hz",
+        for name in ("stale_obs_s", "refresh_timeout_s", "task_timeout_s", "max_request_bytes", "diagnostics_hz", "queue_hz",
                      "diagnostics_window_s", "memory_trace_after_s", "max_task_id_bytes", "max_instruction_bytes", "max_images"):
             check(getattr(self, name) > 0, name, getattr(self, name), "is not > 0")
         check(self.max_batch >= 0, "max_batch", self.max_batch, "is not >= 0 (0: the saturation batch)")
+        check(self.max_obs_age_s >= 0, "max_obs_age_s", self.max_obs_age_s, "is not >= 0 (0: off)")
         check(self.threads >= 4, "threads", self.threads, "is not >= 4")
         check_one_of("executor", self.executor, EXECUTORS)
         check(self.executor != "single" or not self.services, "executor", self.executor,

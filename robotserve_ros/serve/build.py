@@ -14,6 +14,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Optional
 
+from ..core.admission import Admission, tier_rounds_per_s
 from ..core.placement import hybrid_tiers
 from ..core.serving import ServingCore, Tier
 from .fleet import Fleet
@@ -71,10 +72,15 @@ def build_fleet(c, clock, *, tiers: Optional[TierSet] = None, scheduler=None, re
     ts = tiers or build_tiers(c, clock)
     try:
         core = ServingCore(scheduler, ts.tiers, clock, horizon_params=c.horizon, placement=ts.placement,
-                           refresher=refresher, stale_obs_s=c.stale_obs_s, rtc_shape=rtc_shape)
+                           refresher=refresher, stale_obs_s=c.stale_obs_s, rtc_shape=rtc_shape,
+                           max_obs_age_s=getattr(c, "max_obs_age_s", 0.0) or None)
     except (TypeError, ValueError) as e:  # a horizon knob the policy does not take: say which
         ts.close()
         raise ValueError("horizon", str(e)) from e
+    adm = getattr(c, "admission", None)  # (an InferenceServerConfig's; other front ends admit everyone)
+    if adm is not None and "admission" not in fleet_kw and (adm.max_tasks or adm.by_capacity):
+        fleet_kw["admission"] = Admission(adm.max_tasks, tier_rounds_per_s(ts.tiers) if adm.by_capacity else None,
+                                          adm.headroom, idle_s=c.task_timeout_s)
     fleet = Fleet(core, ts.engines, **fleet_kw)
     fleet.engine, fleet.pools = ts.engine, ts.pools
     return fleet

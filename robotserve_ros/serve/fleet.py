@@ -4,9 +4,11 @@ A protocol (srv/Infer, openpi, LeRobot gRPC, the GPU server, a test's JSON lines
 `Session` and submits plain InferenceRequests; each submit returns a
 concurrent.futures.Future of the round's ChunkReply (or the engine's full ChunkResult for
 an `untrimmed` session). The Fleet owns what every protocol used to keep for itself: the one
-table of waiting calls keyed by (task, round), reply routing, a re-sent (task, round) (the
-newer call gets the reply, the older `duplicate_request`; an answered one its cached reply),
-dropping and reaping tasks, `max_waiting`, task authentication and per-protocol counts. A
+table of waiting calls keyed by (task, round), reply routing, a re-sent (task, round) (run
+once: the newer call gets the reply, the older `duplicate_request` saying where the round is
+and when it is expected; an answered one its cached reply; counted `resent` / `replayed` per
+protocol), admission (core/admission.py: robots past capacity refused `overloaded` with the
+reason), dropping and reaping tasks, `max_waiting`, task authentication and per-protocol counts. A
 refusal is a RequestError whose `code` is one of the core's or REFUSALS below; each
 protocol maps the code to its own wire. As vLLM v1's EngineCoreClient: one way in, plain
 data across it, so the Fleet could live in another process behind the same interface.
@@ -22,6 +24,7 @@ from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 from typing import Callable, Mapping, Optional
 
+from ..core.admission import Admission, tier_rounds_per_s
 from ..core.errors import Overloaded, RequestError
 from ..core.liveness import LastHeard
 from ..core.runner import Runner
@@ -109,17 +112,18 @@ class Fleet:
     binder: a core.task_auth.TaskBinder (every message proves its robot by a MAC over its whole
     body, in sequence; the first request opens the task, in its robot's namespace). Without
     one, a task still belongs to the protocol and robot of the session that opened it;
-    task_timeout_s: a task not heard from for this long is dropped by reap()."""
+    task_timeout_s: a task not heard from for this long is dropped by reap();
+    admission: a core.admission.Admission (a new robot past capacity is refused)."""
 
     def __init__(self, core: ServingCore, engines: Mapping[str, object], *, max_waiting: Optional[int] = None,
                  binder=None, task_timeout_s: Optional[float] = None, now: Optional[Callable[[], float]] = None,
-                 lock=None, **runner_kw) -> None:
+                 lock=None, admission: Optional[Admission] = None, **runner_kw) -> None:
         self.lock = lock or threading.RLock()  # guards the core, the calls and the sessions; re-entrant
         self._core, self.engines = core, dict(engines)
         self.clock = core.clock
         self._runner = Runner(core, self.engines, self._on_replies, lock=self.lock, on_given_up=self._given_up,
                               **runner_kw)
-        self.max_waiting, self.binder = max_waiting, binder
+        self.max_waiting, self.binder, self.admission = max_waiting, binder, admission
         self.heard = LastHeard(task_timeout_s, now or core.clock.now) if task_timeout_s else None
         self._calls: dict = {}  # (task_id, round_id) -> _Call: the one table of waiting calls
         self._owner: dict = {}  # task id -> its Session
@@ -162,6 +166,8 @@ class Fleet:
                 self.counts[s.protocol]["submitted"] += 1
                 self._runner.submit(req, then=lambda p: self._register(s, key, fut, p, req))
             except RequestError as e:  # counted by the core
+                if self.admission is not None and req.task_id not in self._core.ledger.tasks:
+                    self.admission.forget(s.robot or req.task_id)  # a refused round 0 admits nobody
                 return self._refused(s, req, fut, e, opened)
         return fut
 
@@ -177,6 +183,12 @@ class Fleet:
             if opened:
                 self.binder.forget(req.task_id)
             raise Overloaded(f"{self.max_waiting} calls are waiting for their rounds; send it again later")
+        if self.admission is not None and self.admission.active and req.task_id not in self._core.ledger.tasks:
+            why = self.admission.refuse(s.robot or req.task_id, self.clock.now())
+            if why is not None:
+                if opened:
+                    self.binder.forget(req.task_id)
+                raise Overloaded(f"robot {s.robot or req.task_id!r} not admitted: {why}")
         return opened
 
     def _refused(self, s: Session, req: InferenceRequest, fut: Future, e: RequestError, opened: bool = False) -> Future:
@@ -199,11 +211,31 @@ class Fleet:
             self.robot_counts[(s.robot, "replayed")] += 1
             _settle(fut, pending.replay)
             return
-        if pending.request is not req:  # the core attached it to the round it holds (counted resent there)
+        if pending.request is not req:  # a re-send of a round still queued or generating: run once,
+            self.counts[s.protocol]["resent"] += 1  # the newest call gets the reply (an older may be abandoned)
             self.robot_counts[(s.robot, "resent")] += 1
-        # A re-sent round still queued or generating: the newest call gets the reply.
-        self._answer(key, error=Refused("duplicate_request", "this round was sent again: its reply goes to the newer call"))
+            self._answer(key, error=Refused("duplicate_request", f"round {key[1]} was sent again while "
+                                            f"{self._where(pending)}: its reply goes to the newer call"))
+        elif self.admission is not None:
+            self.admission.round(s.robot or task, pending.arrival)
         self._calls[key] = _Call(fut, s)
+
+    def expected_wait_s(self) -> float:
+        """How long a round sent now should wait for its chunk: the rounds queued ahead at the
+        rate the tiers serve at their batch limits (their engine profiles), plus one batch."""
+        with self.lock:
+            tiers, rate = self._core.tiers, tier_rounds_per_s(self._core.tiers)
+            batch_s = max(t.profile.latency_s(t.batch_limit) for t in tiers)
+            return len(self._core.pending) / rate + batch_s if rate > 0 else batch_s
+
+    def _where(self, p) -> str:
+        """Under the lock: where a re-sent round is, and when the queue should serve it."""
+        core = self._core
+        if core.pending.get(p.task_id) is not p:
+            return "generating"
+        ahead = sum(1 for q in core.pending.values() if q.seq < p.seq)  # in arrival order: the scheduler's may differ
+        rate = tier_rounds_per_s(core.tiers)
+        return f"queued behind {ahead} (expected in about {ahead / rate:.2f} s)" if rate > 0 else f"queued behind {ahead}"
 
     def _check_owner(self, task_id: str, robot: str, proof: Optional[Proof], bind: bool) -> bool:
         p = proof or Proof()
@@ -237,8 +269,8 @@ class Fleet:
             _settle(call.future, reply, error)
 
     def _on_replies(self, replies, d, results) -> None:
-        kinds = {self.protocol_of(p.task_id) for p in d.requests}
-        self.mix["+".join(sorted(kinds))] += 1
+        if d.requests:  # (none: every row's observation was too old, nothing ran)
+            self.mix["+".join(sorted({self.protocol_of(p.task_id) for p in d.requests}))] += 1
         full = {(p.task_id, p.request.round_id): r for p, r in zip(d.requests, results)}
         for r in replies:
             key = (r.task_id, r.round_id)
@@ -319,6 +351,8 @@ class Fleet:
             s = self._owner.pop(task_id, None)
             if s is not None:
                 s.tasks.discard(task_id)
+            if self.admission is not None and (s is None or not s.robot):  # (a robot keeps its place across tasks)
+                self.admission.forget(task_id)
             for key in [k for k in self._calls if k[0] == task_id]:
                 self._answer(key, error=Refused(code, message))
 
@@ -330,6 +364,8 @@ class Fleet:
             gone = self.heard.silent()
             t = self.heard.timeout_s
             for tid in gone:
+                if self.admission is not None and tid in self._owner:  # its robot is gone: its place too
+                    self.admission.forget(self._owner[tid].robot or tid)
                 self.drop(tid, "task_dropped", f"task '{tid}' was reaped after {t} s of silence")
         return gone
 
@@ -361,7 +397,9 @@ class Fleet:
                     "obs_age_max_s": s.obs_age_max, "refreshes": s.refreshes, "refresh_failures": s.refresh_failures,
                     "engine_failures": sum(self._runner.failures.values()), "busy_s": sum(self._runner.busy_s.values()),
                     "dispatched": s.dispatched, "busy_s_by_tier": dict(self._runner.busy_s),
-                    "failures_by_tier": dict(self._runner.failures), "rows_failed": self._runner.rows_failed}
+                    "failures_by_tier": dict(self._runner.failures), "rows_failed": self._runner.rows_failed,
+                    "admitted": self.admission.admitted() if self.admission is not None else None,
+                    "admission_refused": self.admission.refused if self.admission is not None else 0}
 
     def observe(self, observer) -> None:
         """A stage observer (core/runner.py STAGES)."""

@@ -38,6 +38,8 @@ def load_stats(fleet, started_at: float, robots: dict) -> dict:
             **pcts("dispatch", r.dispatch_s), **pcts("gap_to_dispatch", r.gap_dispatch_s),
             **pcts("gap_handoff", r.gap_handoff_s), **pcts("gap_refresh", r.gap_refresh_s),
             "waiters": len(fleet._calls), "reply_cache": len(core.last_reply),
+            "admitted": fleet.admission.admitted() if fleet.admission is not None else None,
+            "admission_refused": fleet.admission.refused if fleet.admission is not None else 0,
             "refreshed_ahead": r.prefreshes["ok"], "refresh_ahead_failures": r.prefreshes["failed"],
             "wait_ratio": robot_wait_ratios(core.ledger, robots, now),
         }
