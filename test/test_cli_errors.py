@@ -316,17 +316,20 @@ def test_a_wrong_horizon_knob_fails_when_the_core_is_built(make_core):
 @pytest.mark.parametrize("param,wrong,knobs", [
     ("scheduler.remaining.nosuch:=3", "nosuch", "buckets"),
     ("horizon.static.hh:=25", "hh", "its knobs: h"),
-], ids=["scheduler", "horizon"])
+    ("engine.name:=sampled engine.sampled.inner:=simulated engine.sampled.chunk_sise:=30", "chunk_sise",
+     "(inner, k, saturation_batch) nor the engine 'simulated' it wraps"),
+], ids=["scheduler", "horizon", "sampled-inner"])
 def test_the_inference_server_names_a_wrong_knob_at_start(param, wrong, knobs):
     pytest.importorskip("rclpy")
     from rosutil import start_node
 
-    proc = start_node(["robotserve_ros.nodes.inference_server", "--ros-args", "-p", param])
+    params = [x for p in param.split() for x in ("-p", p)]  # the wrong one last
+    proc = start_node(["robotserve_ros.nodes.inference_server", "--ros-args", *params])
     try:
         code = proc.wait(timeout=60)
     finally:
         proc.stop()
     lines = [ln for ln in proc.stderr().splitlines() if ln.strip()]
     assert code == 2 and len(lines) == 1, proc.output()
-    key = param.split(":=")[0]  # the dotted key, named whole
+    key = param.split()[-1].split(":=")[0]  # the dotted key, named whole
     assert f"'{key}'" in lines[0] and knobs in lines[0] and "Traceback" not in proc.output(), proc.output()
