@@ -114,8 +114,12 @@ def cmd_demo(a) -> int:
     from .live.demo import incomplete_runs, run_demo
     from .sim.workloads import builtin_workload
 
-    if a.config and not Path(a.config).is_file():
-        raise UsageError(f"--config {a.config!r}: no such file (a ROS params file, e.g. config/fleet.yaml)")
+    if a.config:
+        from .live.params_file import check_params_file
+
+        need = [k for k in ("inference_server", "/**/robot_client") if k not in check_params_file(a.config, "--config")]
+        if need:  # the demo sets each run's scheduler and workload in these two
+            raise UsageError(f"--config {a.config!r}: no {need[0]!r} section (the demo runs config/fleet.yaml's nodes)")
     if a.workload is None and (a.config or a.ablation):
         raise UsageError(f"{'--config' if a.config else '--ablation'} is for --workload runs only "
                          "(the Meta-World demo builds its own parameters)")

@@ -28,6 +28,20 @@ def positive(kind=float, zero_ok: bool = False):
     return parse
 
 
+def between(lo: float, hi: float):
+    """argparse type: a finite number in [lo, hi] (a cosine, a fraction)."""
+    def parse(v: str) -> float:
+        try:
+            x = float(v)
+        except ValueError:
+            x = math.nan
+        if not lo <= x <= hi:  # nan fails both
+            raise argparse.ArgumentTypeError(f"must be a number in [{lo:g}, {hi:g}], got {v!r}")
+        return x
+
+    return parse
+
+
 def seed(v: str) -> int:
     """argparse type of every --seed/--seeds: a whole number >= 0, what numpy's generators take."""
     return positive(int, zero_ok=True)(v)
@@ -110,4 +124,5 @@ def finish_help(action: argparse.Action) -> None:
         action.help = f"{h} (default: %(default)s)".lstrip()
 
 
-__all__ = ["COMMON_HELP", "Parser", "finish_help", "UsageError", "check_out", "comma_list", "positive", "scratch", "seed"]
+__all__ = ["COMMON_HELP", "Parser", "finish_help", "UsageError", "between", "check_out", "comma_list", "positive", "scratch",
+           "seed"]
