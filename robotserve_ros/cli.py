@@ -334,6 +334,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .study.commands import add_parser as add_study  # PushGust task and horizon study (robotserve_ros/study/)
 
     study = add_study(sub)
+    from .cli_doctor import add_parser as add_doctor  # is this venv the one `make` builds (make doctor)
+
+    add_doctor(sub)
     # a benchmark, so it lives in bench/ and is wired here (only the CLI imports bench/)
     study_fleet.add_arguments(study.add_parser("fleet", help="Kairos vs FIFO (and the Table 2 split) on the measured "
                                                               "workloads at peak load and with 100 robots"))
