@@ -399,3 +399,19 @@ STUDY_CASES = [
 @pytest.mark.parametrize("argv,wrong", STUDY_CASES, ids=[" ".join(a[:2]) + f" {w}" for a, w in STUDY_CASES])
 def test_study_demo_and_up_flags_refuse_a_wrong_value_before_running(argv, wrong, bad_files):
     check_refused([x.format(tmp=bad_files) for x in argv], wrong.format(tmp=bad_files), timeout=30.0)
+
+
+@pytest.mark.parametrize("argv,wrong", [
+    (["make-policy", "--kind", "act", "--out", "{tmp}/p", "--set", "nosuch=1"], "'nosuch'"),
+    (["make-policy", "--kind", "act", "--out", "{tmp}/p", "--set", "chunk_size=abc"], "chunk_size=abc"),
+    (["make-policy", "--kind", "act", "--out", "{tmp}/p", "--cameras", "0"], "--cameras"),
+    (["make-policy", "--kind", "diffusion", "--out", "{tmp}/p", "--scheduler", "nosuch"], "nosuch"),
+    (["llm-profile", "--out", "{tmp}/l.json", "--model", MISSING], MISSING),
+    (["llm-profile", "--out", "{tmp}/l.json", "--threads", "0"], "--threads"),
+], ids=["set-key", "set-json", "cameras", "scheduler", "llm-model", "llm-threads"])
+def test_make_policy_and_llm_profile_name_a_wrong_value(argv, wrong, tmp_path):
+    line = check_refused([x.format(tmp=tmp_path) for x in argv], wrong, timeout=60.0)
+    assert "__init__" not in line and "Expecting value" not in line
+    assert not (tmp_path / "p").exists()
+    if "nosuch=1" in argv:
+        assert "chunk_size" in line  # the fields there are
