@@ -32,6 +32,9 @@ def cmd_sim(a) -> int:
     from .core.errors import ConfigError
     from .sim.simulator import Simulator
 
+    if a.tasks is not None and a.rate is None:  # fleet mode runs the workload's tasks: say so, not ignore it
+        raise UsageError(f"--tasks {a.tasks}: only with --rate (online mode); with --robots every task of the "
+                         "workload runs")
     wl = _load_workload(a.workload)
     try:
         sim = Simulator(wl, a.scheduler, a.horizon, a.seed, _params(a.scheduler_param))
@@ -39,7 +42,7 @@ def cmd_sim(a) -> int:
         raise
     except (TypeError, ValueError) as e:  # a knob's value the scheduler refuses (buckets=0)
         raise UsageError(f"--scheduler-param for '{a.scheduler}': {e}") from None
-    res = sim.run_online(a.rate, a.tasks) if a.rate is not None else sim.run_fleet(a.robots)
+    res = sim.run_online(a.rate, a.tasks or 400) if a.rate is not None else sim.run_fleet(a.robots)
     summary = res.summary()
     text = json.dumps(summary, indent=1)
     if a.out:
@@ -197,7 +200,8 @@ def build_parser() -> argparse.ArgumentParser:
     load = s.add_mutually_exclusive_group(required=True)
     load.add_argument("--rate", type=positive(), help="online mode: Poisson task arrivals per second")
     load.add_argument("--robots", type=positive(int), help="fleet mode: robots running the tasks back to back")
-    s.add_argument("--tasks", type=positive(int), default=400, help="online mode: tasks to draw")
+    s.add_argument("--tasks", type=positive(int), help="online mode (--rate): tasks to draw (default: 400; with "
+                   "--robots every task of the workload runs)")
     s.add_argument("--seed", type=seed, default=0)
     s.add_argument("--out", help="write the result JSON here")
     s.set_defaults(func=cmd_sim)

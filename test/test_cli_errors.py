@@ -393,11 +393,12 @@ STUDY_CASES = [
     (["demo", "--workload", "pushgust-flow-matching", "--config", "{tmp}/knob.yaml"], "engine.simulated.chunk_sise"),
     (["up", "{tmp}/bad.yaml"], "bad.yaml"),
     (["up", "{tmp}/knob.yaml"], "engine.simulated.chunk_sise"),
+    (["sim", "--workload", "pushgust-flow-matching", "--robots", "2", "--tasks", "5"], "--tasks"),  # was ignored
 ]
 
 
 @pytest.mark.parametrize("argv,wrong", STUDY_CASES, ids=[" ".join(a[:2]) + f" {w}" for a, w in STUDY_CASES])
-def test_study_demo_and_up_flags_refuse_a_wrong_value_before_running(argv, wrong, bad_files):
+def test_study_demo_up_and_sim_flags_refuse_a_wrong_value_before_running(argv, wrong, bad_files):
     check_refused([x.format(tmp=bad_files) for x in argv], wrong.format(tmp=bad_files), timeout=30.0)
 
 
