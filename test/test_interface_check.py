@@ -41,7 +41,9 @@ class FakeGraph:
 def test_the_server_names_only_the_clients_of_another_type_or_hash():
     server = FakeGraph("inference_server", writers=[ep("robot_client", "/robot_0", INFER, NEW),
                                                     ep("robot_client", "/robot_1", INFER, OLD),
-                                                    ep("old", "/", "std_msgs::msg::dds_::String_", OLD)],
+                                                    ep("old", "/", "std_msgs::msg::dds_::String_", OLD),
+                                                    ep("robot_client", "/robot_2", INFER, "INVALID"),  # not known yet
+                                                    ep("_NODE_NAME_UNKNOWN_", "_NODE_NAMESPACE_UNKNOWN_", INFER, OLD)],
                        readers=[ep("inference_server", "/", INFER, NEW)])
     assert foreign_peers(server, "/robotserve/infer", "server") == [
         ("/old", "std_msgs::msg::dds_::String_", OLD), ("/robot_1/robot_client", INFER, OLD)]
@@ -76,7 +78,7 @@ def test_the_server_counts_a_client_of_another_interface_and_names_both(ros_ctx)
 
     from robotserve_ros.srv import Generate, Infer
 
-    ros_ctx.start_node(["robotserve_ros.nodes.inference_server", "--ros-args", "-p", "diagnostics_hz:=5.0"])
+    server = ros_ctx.start_node(["robotserve_ros.nodes.inference_server", "--ros-args", "-p", "diagnostics_hz:=5.0"])
     diags = ros_ctx.collect(DiagnosticArray, "/diagnostics", 10)
     import rclpy
 
@@ -86,13 +88,13 @@ def test_the_server_counts_a_client_of_another_interface_and_names_both(ros_ctx)
     old = rclpy.create_node("old_build_robot", context=other)
     old.create_client(Generate, "/robotserve/infer")  # the same name, another layout
     try:
-        check_named_once(ros_ctx, diags)
+        check_named_once(ros_ctx, diags, server)
     finally:
         old.destroy_node()
         other.try_shutdown()
 
 
-def check_named_once(ros_ctx, diags):
+def check_named_once(ros_ctx, diags, server):
 
     def values():
         return {kv.key: kv.value for kv in diags[-1].status[0].values} if diags else {}
@@ -101,6 +103,6 @@ def check_named_once(ros_ctx, diags):
     ros_ctx.spin(1.0)  # a few more periods: still counted once
     v = values()
     line = v["last_error/interface_mismatch"]
-    assert v["errors/interface_mismatch"] == "1", v
+    assert v["errors/interface_mismatch"] == "1", server.output()
     assert "robot /old_build_robot sends robotserve_ros/srv/Generate_Request RIHS01_" in line, line
     assert "this node serves robotserve_ros/srv/Infer_Request RIHS01_" in line, line

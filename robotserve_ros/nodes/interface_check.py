@@ -11,6 +11,8 @@ named, so the operator sees which side to rebuild (docs/nodes.md, upgrading a fl
 from __future__ import annotations
 
 CODE = "interface_mismatch"
+UNKNOWN = "INVALID"  # rclpy's TypeHash as a string when the endpoint's hash is not known
+UNKNOWN_NODE = "_NODE_NAME_UNKNOWN_"  # rmw's name of an endpoint whose node is not discovered yet
 
 
 def request_topic(service: str) -> str:
@@ -26,11 +28,15 @@ def foreign_peers(node, service: str, side: str) -> list:
     readers = node.get_subscriptions_info_by_topic(topic, no_mangle=True)  # the servers'
     mine, theirs = (readers, writers) if side == "server" else (writers, readers)
     me = (node.get_name(), node.get_namespace())
-    own = {(e.topic_type, str(e.topic_type_hash)) for e in mine if (e.node_name, e.node_namespace) == me}
+    own = {(e.topic_type, str(e.topic_type_hash)) for e in mine
+           if (e.node_name, e.node_namespace) == me and str(e.topic_type_hash) != UNKNOWN}
     if not own:
         return []  # our own endpoint is not on the graph yet: nothing to compare with
+    # A hash or node not (yet) known: discovery fills them in a moment later (and a peer of a ROS 2
+    # older than Iron sends no hash); such an endpoint is not judged, so nobody is named twice or wrongly
     return sorted({(f"{e.node_namespace.rstrip('/')}/{e.node_name}", e.topic_type, str(e.topic_type_hash))
-                   for e in theirs if (e.topic_type, str(e.topic_type_hash)) not in own})
+                   for e in theirs if (e.topic_type, str(e.topic_type_hash)) not in own
+                   and str(e.topic_type_hash) != UNKNOWN and e.node_name != UNKNOWN_NODE})
 
 
 def describe(peer: str, type_: str, hash_: str, own: str, side: str) -> str:
