@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from .cli_types import Parser as _Parser, UsageError, check_out, comma_list, positive, scratch, seed
+from .live.params_file import params_file
 from .params import parse_key_values
 
 
@@ -241,7 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
     fl.add_argument("--robots", type=positive(int), default=100)
     fl.add_argument("--duration", type=positive(), default=60.0, help="seconds, after every robot has started")
     fl.add_argument("--per-process", type=positive(int), help="robots per process (default 25; 150 with --light)")
-    fl.add_argument("--config", help="ROS params file (default config/fleet.yaml)")
+    fl.add_argument("--config", type=params_file, help="ROS params file (default config/fleet.yaml)")
     fl.add_argument("--runs", type=positive(int), default=1, help="run the fleet this many times in a row "
                     "(FILE: the last run; FILE_runs: the per-run counts)")
     fl.add_argument("--lost-after", type=float, default=10.0, help="an answer missing longer than this at the stop is lost")
@@ -260,7 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
     so = b.add_parser("soak", help="the server under a steady light fleet for minutes: RSS growth, lost chunks, ledger freed")
     so.add_argument("--minutes", type=positive(), default=20.0, help="how long the fleet runs")
     so.add_argument("--robots", type=positive(int), default=50)
-    so.add_argument("--config", help="ROS params file (default config/fleet.yaml)")
+    so.add_argument("--config", type=params_file, help="ROS params file (default config/fleet.yaml)")
     so.add_argument("--out", default=scratch("soak.json"), help="result JSON (the record: reports/live/soak.json)")
     so.add_argument("--memory-trace", action="store_true",
                     help="the server traces Python allocations (tracemalloc; slower) and the report names what grew")
@@ -270,7 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
     ch.add_argument("--scenarios", nargs="+", default=["server_kill", "client_kill", "server_freeze", "partition"],
                     help="faults to inject, one run each", choices=["server_kill", "client_kill", "server_freeze", "partition"])
     ch.add_argument("--robots", type=positive(int), default=10)
-    ch.add_argument("--config", help="ROS params file (default config/fleet.yaml)")
+    ch.add_argument("--config", type=params_file, help="ROS params file (default config/fleet.yaml)")
     ch.add_argument("--out", default=scratch("chaos.json"), help="result JSON (the record: reports/live/chaos.json)")
     ch.set_defaults(func=cmd_bench_chaos)
 

@@ -394,6 +394,12 @@ STUDY_CASES = [
     (["up", "{tmp}/bad.yaml"], "bad.yaml"),
     (["up", "{tmp}/knob.yaml"], "engine.simulated.chunk_sise"),
     (["sim", "--workload", "pushgust-flow-matching", "--robots", "2", "--tasks", "5"], "--tasks"),  # was ignored
+    (["bench", "soak", "--config", "{tmp}/bad.yaml", "--out", "{tmp}/s.json"], "bad.yaml"),
+    (["bench", "chaos", "--config", "{tmp}/knob.yaml", "--out", "{tmp}/c"], "engine.simulated.chunk_sise"),
+    (["bench", "peer", "--policy-dir", "models/pushgust_diffusion", "--device", "gpu0", "--out", "{tmp}/p.json"],
+     "--device"),
+    (["lerobot-server", "--port", "0", "--host", "nosuch.invalid"], "--host"),
+    (["openpi-server", "--port", "0", "--host", "nosuch.invalid", "--policy", "x"], "--host"),
 ]
 
 

@@ -10,7 +10,6 @@ from pathlib import Path
 import yaml
 
 from ..cli_types import UsageError
-from ..core.errors import ConfigError
 
 # node name -> (module, its config dataclass); imported when the file has that node's section
 NODE_CONFIGS = {
@@ -23,6 +22,7 @@ NODE_CONFIGS = {
 def check_params_file(path: str, flag: str) -> dict:
     """The file's sections; UsageError (one line naming `flag`, the file and what is wrong) else."""
     from ..config import from_tree
+    from ..core.errors import ConfigError
     from ..nodes.common import _ROS_OWN  # what a node leaves to ROS (use_sim_time, ...), as config_from does
 
     where = f"{flag} {str(path)!r}".strip()
@@ -52,4 +52,15 @@ def check_params_file(path: str, flag: str) -> dict:
     return tree
 
 
-__all__ = ["NODE_CONFIGS", "check_params_file"]
+def params_file(path: str) -> str:
+    """argparse type of a --config params file: checked as it is parsed (argparse names the flag)."""
+    import argparse
+
+    try:
+        check_params_file(path, "")
+    except UsageError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return path
+
+
+__all__ = ["NODE_CONFIGS", "check_params_file", "params_file"]
