@@ -129,7 +129,8 @@ def check_interfaces(node) -> None:
 
     if node.infer is None:  # not active: no service to compare
         return
-    seen, name = vars(node).setdefault("foreign_peers", set()), node.infer.service_name
+    # its name from the config, not the service's handle, which deactivate may destroy meanwhile
+    seen, name = vars(node).setdefault("foreign_peers", set()), node.resolve_service_name(node.config.service)
     for peer in foreign_peers(node, name, "server"):
         if peer not in seen:
             seen.add(peer)
