@@ -256,6 +256,8 @@ def build_parser() -> argparse.ArgumentParser:
     fl.add_argument("--flame", help="py-spy flame graph (svg) of the server over the window")
     fl.add_argument("--refresh-topic", action="store_true", help="with --light: robots publish their newest "
                     "observations on /robotserve/observations, the server reads them at dispatch (no refresh service)")
+    fl.add_argument("--metrics-check", action="store_true", help="scrape the server's Prometheus endpoint during the "
+                    "run; exit 1 unless its figures are the server's own (/diagnostics; docs/metrics.md)")
     fl.set_defaults(func=cmd_bench_fleet_live)
 
     so = b.add_parser("soak", help="the server under a steady light fleet for minutes: RSS growth, lost chunks, ledger freed")
@@ -265,6 +267,8 @@ def build_parser() -> argparse.ArgumentParser:
     so.add_argument("--out", default=scratch("soak.json"), help="result JSON (the record: reports/live/soak.json)")
     so.add_argument("--memory-trace", action="store_true",
                     help="the server traces Python allocations (tracemalloc; slower) and the report names what grew")
+    so.add_argument("--warmup-minutes", type=positive(zero_ok=True), help="minutes left out of the RSS slope "
+                    "(default 5, or a quarter of a shorter run)")
     so.set_defaults(func=cmd_bench_soak)
 
     ch = b.add_parser("chaos", help="faults in a live light fleet: server killed/restarted, robot process killed, server frozen")
@@ -322,8 +326,9 @@ def build_parser() -> argparse.ArgumentParser:
     transport.add_arguments(g)
     g.set_defaults(func=cmd_gpu_server)
 
-    d = sub.add_parser("demo", help="live fleet on this machine: Meta-World robots on the trained flow policy, FIFO + "
-                                    "static vs execution-aware serving (--workload NAME: a generated workload)")
+    d = sub.add_parser("demo", help="live fleet on this machine: Meta-World robots on the trained flow policy under the "
+                                    "closed-loop study's baseline, FIFO + dynamic horizon and best execution-aware rows "
+                                    "(--workload NAME: a generated workload)")
     d.add_argument("--robots", type=positive(int), default=10)
     d.add_argument("--tasks", type=positive(int), help="episodes per robot (Meta-World: 8) or tasks per robot (--workload: 2)")
     d.add_argument("--workload", help="replay a built-in generated workload instead (robotserve workload list), "

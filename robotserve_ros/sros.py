@@ -187,7 +187,7 @@ topics, services and actions it creates (docs/security.md, "Running the fleet wi
 {rows}
 
 Robots other than those generated: `robotserve security keystore DIR --robots robot_0,robot_1,...`.
-The task keys of `task_auth` (per-task MAC) are separate from this keystore and still needed:
+The task keys of `task_auth` (a MAC over each message) are separate from this keystore and still needed:
 SROS 2 stops outsiders and eavesdroppers; the MAC stops one enrolled robot acting for another.
 """
 

@@ -1,7 +1,8 @@
 """The house's rules that keep a change cheap (docs/architecture.md, issue 35): every client
 protocol reaches the core through serve.Fleet; nothing outside core/ and serve/ touches the
 Runner's lock or core or the core's ledger, stats or queue; no front end keeps its own table
-of waiting calls; files and functions stay small enough to read.
+of waiting calls; the robot-side rule has one home (core/robot_loop.py); files and functions
+stay small enough to read.
 
 Sizes: no package file over MAX_FILE lines and no function over MAX_FUNC lines in nodes/,
 transport/ and serve/. The only exception is OVER below, at its size today: it may shrink but
@@ -62,6 +63,15 @@ def test_nothing_outside_core_and_serve_touches_runner_internals_or_keeps_a_wait
             if _top(f) in ("nodes", "transport") and WAITING_TABLES.search(code) and "services" not in f.parts:
                 bad.append(f"{_rel(f)}:{i} (a table of waiting calls): {line.strip()}")
     assert not bad, "Runner internals / waiting calls belong to serve.Fleet:\n" + "\n".join(bad)
+
+
+def test_the_robot_side_rule_is_imported_by_the_robot_loop_alone():
+    """Every robot driver runs core/robot_loop.py (its RobotLoop per control tick, or its
+    ReplayRobot for replayed rounds), so no driver re-implements the trigger point, hold and
+    execution rule around core/robot_timing (issue 34)."""
+    bad = [f"{_rel(f)}:{line} imports {mod}" for f in _files() if _rel(f) != "core/robot_loop.py"
+           for mod, line in _imports(f) if mod.endswith(".robot_timing") or ".robot_timing." in mod]
+    assert not bad, "take the robot-side rule from core/robot_loop.py:\n" + "\n".join(bad)
 
 
 def _sizes() -> dict:

@@ -169,6 +169,9 @@ def test_soak_short_frees_every_task(tmp_path, monkeypatch):
     assert res["lost_chunks"] == 0 and res["duplicate_chunks"] == 0 and res["chunks_served"] > 0, res
     assert res["ledger_freed"], res["server_after_stop"]
     assert res["rss_baseline_kb"] > 0 and isinstance(res["rss_growth_fraction"], float)
+    assert res["minutes"] == 0.5 and res["robots"] == 6 and res["rss_slope_samples"] >= 4
+    slope, ci = res["rss_slope_mb_per_min_after_warmup"], res["rss_slope_ci95"]
+    assert isinstance(slope, float) and (ci is None or ci[0] <= slope <= ci[1]), (slope, ci)
     assert len(res["server_rss_kb_every"]) >= 3
 
 

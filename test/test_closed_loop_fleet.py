@@ -229,25 +229,89 @@ def test_closed_loop_fleet_static_horizon_trims_every_chunk(policy):
         assert e.steps <= 3 * e.rounds  # never more than H actions a round
 
 
+class _Guided(_Counting):
+    """The policy engine, keeping per guided row how far its first d actions are from the leftover, and how
+    far the same row generated without the guide would be (the same noise: seeded by task and round)."""
+
+    def __init__(self, engine) -> None:
+        super().__init__(engine)
+        self.guided, self.unguided_rows, self.err, self.free_err = 0, 0, [], []
+
+    def infer(self, batch):
+        out = super().infer(batch)
+        rows = [i for i, q in enumerate(batch) if q.rtc is not None and q.rtc.delay_steps]
+        self.unguided_rows += len(batch) - sum(q.rtc is not None for q in batch)
+        if rows:
+            from dataclasses import replace
+
+            free = self.engine.infer([replace(q, rtc=None) for q in batch])
+            for i in rows:
+                g, res = batch[i].rtc, out[i]
+                assert res.rtc_delay_steps == g.delay_steps <= len(g.leftover)
+                d = g.delay_steps
+                self.err.append(float(np.abs(res.actions[:d] - g.leftover[:d]).mean()))
+                self.free_err.append(float(np.abs(free[i].actions[:d] - g.leftover[:d]).mean()))
+            self.guided += len(rows)
+        return out
+
+
+def test_closed_loop_robots_with_rtc_get_chunks_whose_prefix_follows_their_leftover(policy):
+    from robotserve_ros.sim.closed_loop import ClosedLoopFleet, FleetConfig
+
+    kw = dict(robots=3, profile="cpu", scheduler="fifo", horizon="static", param=8, episodes=1, max_steps=40)
+    eng = _Guided(policy)
+    fleet = ClosedLoopFleet(FleetConfig(**kw, rtc=True), eng)
+    res = fleet.run()
+    assert res.config.horizon_label == "static H=8 + rtc"
+    # every round after the first carried the robot's leftover; the server set d at dispatch, the engine
+    # inpainted with it, and the robots spliced the chunks at d
+    assert eng.guided > 0 and res.rtc["robots"] == 3 and res.rtc["guided"] > 0
+    assert res.rtc["unguided"] <= sum(r.scored_k + r.unscored_k for r in fleet.robots)  # round 0s: nothing left yet
+    assert all(d >= 0 for d in res.rtc["delays"]) and sum(res.rtc["delays"].values()) == res.rtc["guided"]
+    # the frozen prefix follows the leftover (the paper form pulls a trained head gently: 0.055 vs 0.095 here)
+    assert np.mean(eng.err) < 0.75 * np.mean(eng.free_err)
+    # the same fleet without RTC: no guide reaches the engine, nothing is accounted
+    off = _Guided(policy)
+    plain = ClosedLoopFleet(FleetConfig(**kw), off).run()
+    assert off.guided == 0 and off.unguided_rows == off.rows and plain.rtc == {}
+    assert plain.config.horizon_label == "static H=8"
+
+
 def test_study_report_names_the_baseline_and_what_did_not_run(policy, tmp_path):
     from robotserve_ros.bench import fleet_closed as fc
 
     runs = fc.run_study([(2, "gpu_like")], episodes=2, seed=0, runs_path=tmp_path / "runs.jsonl",
-                        max_wall_s=math.inf, log=lambda *_: None)
-    assert len(runs) == len(fc.STATIC_H) + 8  # 8 static rows, then the execution-aware ones
-    again = fc.run_study([(2, "gpu_like")], episodes=2, seed=0, runs_path=tmp_path / "runs.jsonl", log=lambda *_: None)
+                        max_wall_s=math.inf, log=lambda *_: None, rtc=True)
+    # 8 static rows, then the execution-aware ones, then the RTC rows
+    n_rtc = len(fc.RTC_ROWS)
+    assert len(runs) == len(fc.STATIC_H) + 8 + n_rtc
+    again = fc.run_study([(2, "gpu_like")], episodes=2, seed=0, runs_path=tmp_path / "runs.jsonl", log=lambda *_: None,
+                         rtc=True)
     assert len(again) == len(runs)  # resumable: nothing runs twice
-    paths = fc.write_report(runs, tmp_path / "out", {"episodes_per_row": 2}, [(2, "gpu_like"), (5, "cpu")], 2, 0)
+    paths = fc.write_report(runs, tmp_path / "out", {"episodes_per_row": 2}, [(2, "gpu_like"), (5, "cpu")], 2, 0, True)
     import json
 
     rep = json.loads(paths[0].read_text())
+    rtc = [r for r in rep["rows"] if "rtc" in r]
+    assert len(rtc) == n_rtc and all(r["horizon"].endswith(" + rtc") for r in rtc)
+    assert {r["scheduler"] for r in rtc} == {s for s, _, _ in fc.RTC_ROWS}
+    for r in rtc:  # the delays the fleet's dispatcher set, and the row against its plain twin where it has one
+        assert r["rtc"]["guided"] > 0 and r["rtc"]["d_p50"] is not None
+        if ", trigger " in r["horizon"]:  # s = d: the whole chunk, the next round once ~d of it ran
+            assert r["horizon"].startswith("static H=16, trigger ") and "vs_plain" not in r["rtc"]
+            assert r["actions_per_round"] < 16 / 2
+            continue
+        assert r["rtc"]["vs_plain"] in {f"{x['scheduler']} + {x['horizon']}" for x in rep["rows"] if "rtc" not in x}
+        assert 0 <= r["rtc"]["mcnemar_p_vs_plain"] <= 1
+    assert "## Real-time chunking rows" in paths[1].read_text()
+    assert not any(r["baseline"] for r in rtc)  # the baseline is picked among plain static rows only
     assert rep["primary"]["result"] == "not run"  # the primary regime (100 robots) is not among these
     assert {"robots": 5, "profile": "cpu", "rows": "all"} in rep["not_run"]
     base = [r for r in rep["rows"] if r["baseline"]]
     assert len(base) == 1 and base[0]["scheduler"] == "fifo" and base[0]["horizon"].startswith("static H=")
     assert set(rep["episodes"][0]) == {"robots", "profile", "scheduler", "horizon", "seed", "task", "success",
                                        "time_to_success_s"}
-    assert len(rep["episodes"]) == 16 * 2
+    assert len(rep["episodes"]) == (16 + n_rtc) * 2
 
 
 @pytest.mark.parametrize("argv,names", [

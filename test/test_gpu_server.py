@@ -350,14 +350,16 @@ def test_gpu_server_refuses_a_wrong_flag_in_one_line(args, line, tmp_path):
     assert len(lines) == 1 and lines[0].startswith(f"robotserve gpu-server: {line}"), out.stderr
 
 
-def test_an_rtc_delay_longer_than_its_leftover_is_refused_before_it_joins_a_batch(served):
+@pytest.mark.parametrize("d,says", [(5, "longer than the leftover"), (-1, "delay_steps must be >= 0")])
+def test_an_rtc_delay_longer_than_its_leftover_is_refused_before_it_joins_a_batch(served, d, says):
     """Validated before batching: found only by the engine, it would fail every call batched with it."""
     from robotserve_ros.core.rtc import RtcGuide
 
     eng, srv, stub = served
-    bad = InferenceRequest("bad/t", 0, observation=obs(0), rtc=RtcGuide(np.zeros((2, 3), np.float32), 5))
+    bad = InferenceRequest("bad/t", 0, observation=obs(0), rtc=RtcGuide(np.zeros((2, 3), np.float32), d))
     refused_while_a_good_call_waits(eng, srv, stub, pb.InferBatchRequest(requests=[request_to_pb(pb, bad)]),
-                                    "requests[0].rtc_leftover", "longer than the leftover")
+                                    "requests[0].rtc_leftover", says)
+    assert srv.counts["bad_request"] == 1  # counted
     assert_clean(srv)
 
 

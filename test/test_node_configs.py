@@ -49,6 +49,8 @@ def error_of(cls, **kw) -> str:
      "parameter 'gpu.address': 'nohost' is not host:port"),
     (InferenceServerConfig, {"engine": {"name": "simulated", "latency_ms": [1.0]}},
      "parameter 'engine.latency_ms': [1.0] does not give one latency for each of the 0 batch_sizes"),
+    (InferenceServerConfig, {"metrics": {"port": 70000}},
+     "parameter 'metrics.port': 70000 is not -1 (off), 0 (a free port) or 1..65535"),
     (RobotClientConfig, {"command_type": "velocity"},
      "parameter 'command_type': 'velocity' is not one of trajectory, trajectory_chunk, position"),
     (RobotClientConfig, {"control_hz": 0}, "parameter 'control_hz': 0.0 is not > 0"),

@@ -274,6 +274,90 @@ def test_bench_fed_rule_and_rows():
     assert not size_row(3, fed, 1.0)[1]["fed"]  # a robot whose figures never came back is not fed
 
 
+def test_one_address_cannot_take_every_slot():
+    """Per-peer cap: idle connections from one address (127.0.0.2) stop at
+    max_connections_per_peer with a 503 naming it; a robot at another address is served
+    meanwhile, and the address gets its slot back when one of its connections closes."""
+    import socket
+
+    srv = sim_server(max_connections=8, max_connections_per_peer=2)
+    try:
+        def from_other_address():
+            sock = socket.create_connection(("127.0.0.1", srv.port), timeout=5, source_address=("127.0.0.2", 0))
+            return connect(f"ws://127.0.0.1:{srv.port}", sock=sock, compression=None)
+
+        held = [from_other_address() for _ in range(2)]
+        with pytest.raises(InvalidStatus) as e:
+            from_other_address()
+        assert e.value.response.status_code == 503 and b"max_connections_per_peer" in e.value.response.body
+        good = Client("127.0.0.1", srv.port)
+        assert good.infer(obs())["actions"].shape == (8, 6)
+        assert srv.endpoint.refused["too_many_connections_per_peer"] == 1
+        assert srv.endpoint.stats()["peers"] == 2
+        held[0].close()
+        for _ in range(100):
+            if srv.endpoint.per_peer["127.0.0.2"] < 2:
+                break
+            threading.Event().wait(0.02)
+        held.append(from_other_address())  # its slot came back
+        assert good.infer(obs())["actions"].shape == (8, 6)
+    finally:
+        srv.stop()
+
+
+def test_one_address_cannot_take_the_pending_budget_from_others():
+    """max_pending_bytes_per_peer: while one address's frames wait for a slow engine, its next
+    frame past its share is refused `busy` in one line; a robot at another address is served."""
+    import socket
+
+    srv = sim_server(max_pending_bytes_per_peer=100_000, max_string_bytes=60_000, rate_burst=10)
+    srv.engine.infer = slow(srv.engine.infer, 1.0)
+    try:
+        sock = socket.create_connection(("127.0.0.1", srv.port), timeout=5, source_address=("127.0.0.2", 0))
+        other = [connect(f"ws://127.0.0.1:{srv.port}", sock=sock, compression=None)]
+        sock = socket.create_connection(("127.0.0.1", srv.port), timeout=5, source_address=("127.0.0.2", 0))
+        other.append(connect(f"ws://127.0.0.1:{srv.port}", sock=sock, compression=None))
+        for ws in other:
+            ws.recv()
+        other[0].send(_frame(prompt="p" * 55_000))  # held while the engine is slow
+        for _ in range(100):
+            if srv.endpoint.pending_bytes:
+                break
+            threading.Event().wait(0.01)
+        other[1].send(_frame(prompt="q" * 55_000))
+        said = other[1].recv()
+        assert isinstance(said, str) and "max_pending_bytes_per_peer (100000)" in said
+        assert Client("127.0.0.1", srv.port).infer(obs(prompt="g" * 55_000))["actions"].shape == (8, 6)
+        assert isinstance(other[0].recv(), bytes)  # its held frame was answered too
+        assert srv.endpoint.refused["busy"] == 1
+    finally:
+        srv.stop()
+
+
+def slow(infer, seconds: float):
+    def run(batch):
+        threading.Event().wait(seconds)
+        return infer(batch)
+    return run
+
+
+def test_frames_held_past_the_pending_budget_are_refused_and_let_go():
+    """max_pending_bytes (all connections together): a frame that would pass it is refused at
+    once with one line naming it, nothing of it kept; a robot within it is served."""
+    srv = sim_server(max_pending_bytes=4096)
+    try:
+        with connect(f"ws://127.0.0.1:{srv.port}", compression=None) as ws:
+            ws.recv()
+            ws.send(_frame(pad=b"x" * 8192))
+            said = ws.recv()
+        assert isinstance(said, str) and "max_pending_bytes (4096)" in said
+        assert srv.endpoint.refused["busy"] == 1 and srv.endpoint.pending_bytes == 0
+        assert Client("127.0.0.1", srv.port).infer(obs())["actions"].shape == (8, 6)
+        assert srv.endpoint.pending_bytes == 0
+    finally:
+        srv.stop()
+
+
 def test_failed_handshakes_give_their_slot_back(server):
     for _ in range(6):  # more than max_connections plain HTTP requests that never upgrade
         h = http.client.HTTPConnection("127.0.0.1", server.port, timeout=5)

@@ -241,3 +241,25 @@ def test_the_tier_profile_can_be_measured_through_the_pool(cluster):
         assert all(50.0 < ms < 2000.0 for ms in engine.profile.latencies_ms), engine.profile.latencies_ms
     finally:
         engine.close()
+
+
+def test_the_rtc_guide_travels_to_a_replica_and_its_d_comes_back(cluster):
+    """A Ray tier hands the requests to its replicas as objects: each row's RTC guide (leftover and the d
+    the edge's dispatcher set) reaches the replica's engine, and the d it used comes back; a row without a
+    guide stays unguided in the same batch (engines/simulated.py: the first d rows are the leftover's)."""
+    import numpy as np
+
+    from robotserve_ros.core.rtc import RtcGuide
+    from robotserve_ros.core.types import InferenceRequest
+
+    dim = SIM_PARAMS.get("action_dim", 2)
+    engine = RayPoolEngine(FIXED, replicas=1, app="rtc", **pool_kw())
+    try:
+        assert wait_running(engine.pool, 1, 30)
+        left = np.arange(5 * dim, dtype=np.float32).reshape(5, dim) + 100
+        guided, plain = engine.infer([InferenceRequest("r/g", 1, rtc=RtcGuide(left, 3)), InferenceRequest("r/p", 1)])
+    finally:
+        engine.close()
+    assert guided.rtc_delay_steps == 3 and plain.rtc_delay_steps is None
+    np.testing.assert_array_equal(guided.actions[:3], left[:3])
+    assert not np.array_equal(plain.actions[:3], left[:3])

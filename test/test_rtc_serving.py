@@ -194,3 +194,26 @@ def test_self_consistency_replicas_keep_their_requests_guide():
     assert r.rtc_delay_steps == 3 and r.samples.shape[0] == 2
     for s in r.samples:  # every replica froze the same leftover rows
         np.testing.assert_array_equal(s[:3], req.rtc.leftover[:3])
+
+
+def test_a_refreshed_observation_takes_the_leftover_and_d_from_its_own_timestep_on():
+    # Sent at timestep 10 with 10 actions left; refreshed at dispatch from timestep 13: the new chunk's
+    # row 0 is timestep 13, so the 3 actions run meanwhile leave the leftover and d (RTC §4).
+    from robotserve_ros.core.observation import Observation
+
+    clock = VirtualClock()
+    fresh = Observation(joints=np.zeros(2, np.float32), timestep=13, stamp=0.75)
+    core = ServingCore(make_scheduler("fifo"), [Tier("edge", EngineProfile({1: 1000.0}), max_batch=1)], clock,
+                       rtc_shape=(DIM, CHUNK), refresher=lambda reqs: [(fresh, 0.75) for _ in reqs], stale_obs_s=0.1)
+    open_tasks(core, clock, "a")
+    req = rtc_request("a")
+    req.observation, req.obs_stamp = Observation(joints=np.zeros(2, np.float32), timestep=10, stamp=0.0), 0.0
+    core.submit(req)
+    clock.advance_to(0.75)  # queued 0.75 s at 4 Hz, then 1 s of generation: d = ceil(7) = 7 from the send
+    (d,) = core.dispatch()
+    assert d.requests[0].request.rtc.delay_steps == 7
+    core.refresh_stale(d)
+    g = d.requests[0].request.rtc
+    assert d.requests[0].request.observation.timestep == 13
+    assert g.delay_steps == 4 and len(g.leftover) == 7
+    np.testing.assert_array_equal(g.leftover, rtc_request("a").rtc.leftover[3:])

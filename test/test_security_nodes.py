@@ -3,7 +3,8 @@ on a real inference server with a good robot served in the same test during and 
 oversized srv/Infer fields; 100 concurrent srv/Generate calls and a cancel storm on
 action/PlanTask (each call answered, served or OVERLOADED, none left waiting); srv/Infer past
 its waiting calls (OVERLOADED); another node ending a robot's task or re-sending its task and
-round (refused by the per-task MAC, counted); a new refresh service name each round (its
+round, flipping or replaying its signed progress, squatting its next task id (refused by
+the MAC over the whole message and its sequence, counted); a new refresh service name each round (its
 client reaped); /diagnostics keyed by robot, never by task id."""
 from __future__ import annotations
 
@@ -140,24 +141,24 @@ def test_generate_flood_and_plan_cancel_storm_leave_no_call_unanswered(ros_ctx, 
 
 
 def signed(req, key: bytes, robot: str, now: float):
-    from robotserve_ros.core.task_auth import task_mac
-    from robotserve_ros.nodes.common import to_ns, to_time
+    from robotserve_ros.nodes.common import sign, to_time
 
     req.robot_id, req.auth_stamp = robot, to_time(now)
-    req.auth_mac = task_mac(key, req.task_id, req.round_id, to_ns(req.auth_stamp))
+    sign(req, key, "infer")
     return req
 
 
 def test_tasks_belong_to_their_robot_and_diagnostics_name_robots_not_tasks(ros_ctx, tmp_path):
     """A robot client signing with its key (task_auth): another node on the domain that reads
-    its task id from the progress topic cannot end its task (task_done, unsigned or signed
-    with the attacker's own key) nor take its chunk (re-sending its task and round); each try
-    is refused and counted, the robot keeps being served, and no task id is on /diagnostics."""
+    its progress cannot end its task (task_done unsigned, signed with the attacker's own key,
+    or flipped in the robot's own signed message; an old message of the robot replayed), take
+    its chunk (re-sending its task and round) nor squat its next task id; each try is refused
+    and counted, the robot keeps being served, and no task id is on /diagnostics."""
     from rclpy.qos import QoSProfile, ReliabilityPolicy
 
-    from robotserve_ros.core.task_auth import key_file_name, new_key, task_mac
+    from robotserve_ros.core.task_auth import key_file_name, new_key
     from robotserve_ros.msg import ExecutionProgress
-    from robotserve_ros.nodes.common import to_ns, to_time
+    from robotserve_ros.nodes.common import sign, to_time
 
     keys = tmp_path / "keys"
     keys.mkdir()
@@ -170,10 +171,10 @@ def test_tasks_belong_to_their_robot_and_diagnostics_name_robots_not_tasks(ros_c
     reliable = QoSProfile(depth=1000, reliability=ReliabilityPolicy.RELIABLE)
     progress = ros_ctx.collect(ExecutionProgress, "/robotserve/progress", reliable)
     client, last = start_fleet_of_one(ros_ctx, params)
-    assert ros_ctx.wait_for(lambda: int(last().get("served", "0")) >= 3 and progress, 40), (last(), client.output())
-    victim = progress[-1]
+    assert ros_ctx.wait_for(lambda: int(last().get("served", "0")) >= 3 and len(progress) >= 2, 40), (last(), client.output())
+    victim, older = progress[-1], progress[-2]
     tid, rnd = victim.task_id, victim.round_id
-    assert victim.robot_id == "/robot_0" and len(victim.auth_mac) == 32
+    assert victim.robot_id == "/robot_0" and len(victim.auth_mac) == 32 and tid == "robot_0/task0"
 
     # Ending its task: unsigned, signed with the attacker's key under its own name, and under the robot's name.
     pub = ros_ctx.publisher(ExecutionProgress, "/robotserve/progress", reliable)
@@ -183,21 +184,31 @@ def test_tasks_belong_to_their_robot_and_diagnostics_name_robots_not_tasks(ros_c
         m = ExecutionProgress(task_id=tid, round_id=rnd, task_done=True, robot_id=robot)
         m.header.stamp = to_time(now)
         if key is not None:
-            m.auth_mac = task_mac(key, tid, rnd, to_ns(m.header.stamp))
+            sign(m, key, "progress")
         pub.publish(m)
+    # The robot's own signed message with task_done flipped, and an older one of its own replayed.
+    flipped = ExecutionProgress()
+    for f in victim.get_fields_and_field_types():
+        setattr(flipped, f, getattr(victim, f))
+    flipped.task_done = True
+    pub.publish(flipped)
+    pub.publish(older)
     # Taking its chunk: its task and round re-sent, unsigned and signed by the attacker.
     c = Caller(ros_ctx)
     for req in (make_request(tid, rnd + 1), signed(make_request(tid, rnd + 1), attacker_key, "/attacker", c.now()),
                 signed(make_request(tid, rnd + 1), attacker_key, "/robot_0", c.now())):
         res = c.call(req)
         assert res.status.reason == "not_task_owner" and not res.chunk.actions, res.status
+    # Squatting the robot's next task id with the attacker's own valid key.
+    res = c.call(signed(make_request("robot_0/task1", 0), attacker_key, "/attacker", c.now()))
+    assert res.status.reason == "not_task_owner" and "opens tasks named 'attacker/...'" in res.status.message, res.status
     # A task of its own, signed with its own key, is served; an unsigned one is not.
-    assert c.call(signed(make_request("mine", 0), attacker_key, "/attacker", c.now())).status.reason == "ok"
+    assert c.call(signed(make_request("attacker/mine", 0), attacker_key, "/attacker", c.now())).status.reason == "ok"
     assert c.call(make_request("anon", 0)).status.reason == "not_task_owner"
 
     served = int(last()["served"])
     refused = lambda: int(last().get("progress_refused/not_task_owner", "0"))  # noqa: E731
-    assert ros_ctx.wait_for(lambda: refused() == 3 and last().get("errors/not_task_owner") == "4", 10), last()
+    assert ros_ctx.wait_for(lambda: refused() == 5 and last().get("errors/not_task_owner") == "5", 10), last()
     # the robot's task was not ended: still served, nothing finished or reaped
     assert ros_ctx.wait_for(lambda: int(last()["served"]) >= served + 3, 20), last()
     st = last()
@@ -280,3 +291,34 @@ def test_a_missing_key_or_key_dir_stops_the_node_with_one_line(tmp_path):
         lines = [ln for ln in proc.stderr().splitlines() if ln.strip()]
         assert code == 2, proc.output()
         assert len(lines) == 1 and lines[0].startswith("robotserve_ros: " + cases[module][1]), proc.output()
+
+
+def test_what_a_task_mac_covers_is_the_same_bytes_at_both_ends():
+    """CDR leaves padding uninitialised, so the MAC covers canonical bytes (nodes/canonical.py):
+    a robot's message and the server's deserialized copy give the same bytes (a float32 field
+    set from a Python double included), and any changed field gives others."""
+    from rclpy.serialization import deserialize_message, serialize_message
+
+    from robotserve_ros.msg import ExecutionProgress
+    from robotserve_ros.nodes.common import signed_body
+    from robotserve_ros.srv import Infer
+
+    r = make_request("a/t", 1, exec_info=(1.1, 3))
+    r.exec_info.control_hz, r.rtc_leftover, r.robot_id, r.auth_mac = 0.1, [0.1, 0.2], "/a", b"x" * 32
+    m = ExecutionProgress(task_id="a/t", idle_s=0.3, control_hz=33.3, timestep=2**63 + 5, auth_mac=b"y" * 32)
+    for msg, typ in ((r, Infer.Request), (m, ExecutionProgress)):
+        for _ in range(3):  # padding differs from one serialization to the next
+            assert signed_body(deserialize_message(serialize_message(msg), typ)) == signed_body(msg)
+    body = signed_body(m)
+    m.task_done = True
+    assert signed_body(m) != body and bytes(m.auth_mac) == b"y" * 32  # the MAC field itself is left as it was
+
+
+def test_a_signers_stamps_grow_even_when_its_clock_does_not():
+    """A signed message's stamp is its sequence number: a coarse clock (sim time) reading the
+    same instant twice must not make the robot's second message look like a replay."""
+    from robotserve_ros.nodes.common import Stamps, to_ns
+
+    s = Stamps()
+    got = [to_ns(s(t)) for t in (5.0, 5.0, 5.0, 4.0, 6.0)]
+    assert got == [5_000_000_000, 5_000_000_001, 5_000_000_002, 5_000_000_003, 6_000_000_000]

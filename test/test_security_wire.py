@@ -442,7 +442,8 @@ def test_lerobot_sessions_capped_with_lru_eviction():
             r.start()
         st = srv.servicer.stats()
         assert len(st["clients"]) == 3 and st["evictions"] == {"sessions_evicted": 2}
-        assert "no session" in _refused(lambda: robots[0].send(timed_obs(1)), grpc.StatusCode.FAILED_PRECONDITION)
+        robots[0].send(timed_obs(1))  # evicted: its next call re-establishes its session (and evicts another)
+        assert robots[0].actions() and srv.servicer.stats()["sessions_resumed"] == 1
         for i, r in enumerate(robots[2:]):  # each holds about 2.9 KB (its camera) per observation it keeps
             r.send(timed_obs(5 + i))
             assert r.actions()
@@ -460,6 +461,40 @@ def test_lerobot_sessions_capped_with_lru_eviction():
         finally:
             srv2.stop(0)
         for r in robots:
+            r.close()
+        served(srv.port)
+    finally:
+        srv.stop(0)
+
+
+def test_an_evicted_session_is_re_established_for_the_unchanged_client():
+    """Issue 37 item 5: LeRobot's RobotClient calls Ready and SendPolicyInstructions once, so
+    a session evicted under pressure used to lock it out for good (no_session on every call).
+    Its next call now re-establishes it (a fresh task on the same policy), counted; the others
+    are served throughout; an id the server never issued is still no_session."""
+    srv = LeRobotCompatServer(lerobot_cfg(max_sessions=2, client_timeout_s=60.0))
+    try:
+        a, b, c = Client(srv.port), Client(srv.port), Client(srv.port)
+        a.start()
+        a.send(timed_obs(1))
+        assert a.actions()
+        b.start()
+        c.start()  # past max_sessions: a, the least recently used, is evicted
+        st = srv.servicer.stats()
+        assert st["evictions"] == {"sessions_evicted": 1} and len(st["clients"]) == 2
+        c.send(timed_obs(1))
+        assert c.actions()
+        a.send(timed_obs(2))  # unchanged client, no Ready: served again
+        assert a.actions()
+        assert srv.servicer.stats()["sessions_resumed"] == 1
+        for step, r in enumerate((b, c, a, b), 3):  # whoever was evicted meanwhile comes back the same way
+            r.send(timed_obs(step))
+            assert r.actions()
+        assert srv.servicer.stats()["sessions_resumed"] >= 3
+        bogus = [("robotserve-session", "not-an-issued-id")]
+        assert "no session" in _refused(lambda: a.stub.GetActions(pb.Empty(), metadata=bogus),
+                                        grpc.StatusCode.FAILED_PRECONDITION)
+        for r in (a, b, c):
             r.close()
         served(srv.port)
     finally:

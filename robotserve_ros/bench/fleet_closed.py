@@ -28,6 +28,14 @@ SCHEDULERS = ("fifo", "kairos", "remaining")
 DYNAMIC = ("agreement", "schedule")
 REGIMES = ((100, "gpu_like"), (10, "gpu_like"), (40, "gpu_like"), (100, "cpu"), (10, "cpu"), (40, "cpu"))
 
+# With --rtc (issue 39 item 4): these rows again with every robot on real-time chunking (RTC soft guidance,
+# the d the loaded fleet's dispatcher sets), each against its plain twin: (scheduler, horizon, static H; None:
+# the baseline's). "s=d" is the arms study's winning cell (reports/rtc): the whole chunk (H=16) delivered and
+# the next round sent once the fleet's expected delay d0 of it ran (trigger 16 - d0), so a round every ~d
+# actions; it has no plain twin (without RTC that is the naive arm), only the baseline.
+RTC_ROWS = (("fifo", "static", None), ("fifo", "static", "s=d"), ("remaining", "agreement", None))
+CHUNK = 16  # models/metaworld_flow's chunk
+
 # The primary test, fixed before any run (issue 34 item 5). Every other cell is exploratory.
 PRIMARY = {
     "robots": 100, "profile": "gpu_like", "scheduler": "remaining", "horizon": "agreement",
@@ -48,9 +56,9 @@ def static_label(h: int) -> str:
     return f"static H={int(h)}"
 
 
-def configs_for(robots: int, profile: str, episodes: int, seed: int, baseline_h=None) -> list:
+def configs_for(robots: int, profile: str, episodes: int, seed: int, baseline_h=None, rtc: bool = False) -> list:
     """The regime's static rows, then (once the baseline's H is known) its execution-aware rows,
-    the primary ones first."""
+    the primary ones first, then (rtc) RTC_ROWS with RTC on."""
     from ..sim.closed_loop import FleetConfig
 
     per = max(1, math.ceil(episodes / robots))
@@ -63,6 +71,14 @@ def configs_for(robots: int, profile: str, episodes: int, seed: int, baseline_h=
             c = mk(s, h, p)
             if c not in out and not (s == "fifo" and h == "static"):
                 out.append(c)
+    if rtc:
+        from ..sim.closed_loop import engine_profile, fleet_trigger
+
+        d0 = fleet_trigger(engine_profile(profile), robots, FleetConfig.control_hz)
+        for s, h, p in RTC_ROWS:
+            param = (CHUNK if p == "s=d" else baseline_h) if h == "static" else 0
+            out.append(FleetConfig(robots, profile, s, h, param, episodes=per, seed=seed, rtc=True,
+                                   trigger=max(0, CHUNK - d0) if p == "s=d" else None))
     return out
 
 
@@ -75,10 +91,11 @@ def read_runs(path: Path) -> list:
 
 def _key(cfg: dict) -> tuple:
     return (cfg["robots"], cfg["profile"], cfg["scheduler"], cfg["horizon"], float(cfg["param"]), cfg["episodes"],
-            cfg["seed"], cfg["max_steps"])
+            cfg["seed"], cfg["max_steps"], bool(cfg.get("rtc")), cfg.get("trigger"))
 
 
-def run_study(regimes, episodes: int, seed: int, runs_path: Path, max_wall_s: float = math.inf, log=print) -> list:
+def run_study(regimes, episodes: int, seed: int, runs_path: Path, max_wall_s: float = math.inf, log=print,
+              rtc: bool = False) -> list:
     """Run every configuration not yet in the runs file, regime by regime; stop starting new ones
     after max_wall_s. Returns the runs file's records."""
     from dataclasses import asdict
@@ -96,9 +113,9 @@ def run_study(regimes, episodes: int, seed: int, runs_path: Path, max_wall_s: fl
                 reg = regime_runs(read_runs(runs_path), robots, profile)
                 if not all(static_label(h) in reg["fifo"] for h in STATIC_H):
                     break
-                bh = int(ps.pick_baseline({k: outcomes(v) for k, v in reg["fifo"].items()
-                                           if k.startswith("static")})["baseline"].split("=")[1])
-            for cfg in configs_for(robots, profile, episodes, seed, bh):
+                bh = int(ps.pick_baseline({k: outcomes(v) for k, v in static_rows(reg["fifo"]).items()})
+                         ["baseline"].split("=")[1])
+            for cfg in configs_for(robots, profile, episodes, seed, bh, rtc):
                 if _key(asdict(cfg)) in done:
                     continue
                 if time.monotonic() - t0 > max_wall_s:
@@ -119,7 +136,20 @@ def run_study(regimes, episodes: int, seed: int, runs_path: Path, max_wall_s: fl
 
 # --- the report --------------------------------------------------------------------------------
 def horizon_label(cfg: dict) -> str:
-    return static_label(cfg["param"]) if cfg["horizon"] == "static" else cfg["horizon"]
+    base = static_label(cfg["param"]) if cfg["horizon"] == "static" else cfg["horizon"]
+    t = cfg.get("trigger")
+    return base + (f", trigger {t}" if t is not None else "") + (" + rtc" if cfg.get("rtc") else "")
+
+
+def rtc_rows_named() -> str:
+    return ", ".join(label(s, h if h != "static" else "static H=" + ("the baseline's" if p is None else
+                                                                     f"{CHUNK} sent every ~d actions"))
+                     for s, h, p in RTC_ROWS)
+
+
+def static_rows(fifo: dict) -> dict:
+    """A regime's FIFO + static H rows without RTC: the baseline is picked among these."""
+    return {k: v for k, v in fifo.items() if k.startswith("static") and not k.endswith(" + rtc")}
 
 
 def outcomes(run: dict) -> dict:
@@ -168,7 +198,21 @@ def row_of(run: dict, base: dict | None, cap_s: float, is_base: bool) -> dict:
         "chunks_per_s": run["dispatched"] / run["makespan_s"] if run["makespan_s"] > 0 else None,
         "makespan_s": run["makespan_s"], "wall_s": round(run["wall_s"], 1),
     })
+    if c.get("rtc"):
+        row["rtc"] = rtc_summary(run.get("rtc") or {})
     return row
+
+
+def rtc_summary(acct: dict) -> dict:
+    """The delays a loaded fleet's dispatcher set (core/rtc_account.merge_rtc of the robots): chunks
+    guided / unguided (round 0 has no leftover), d's median and mean, and the share that came after
+    the leftover ran out (the robot held)."""
+    delays = {int(k): v for k, v in acct.get("delays", {}).items()}
+    n = sum(delays.values())
+    ds = np.repeat(list(delays), list(delays.values())) if n else np.zeros(0)
+    return {"guided": acct.get("guided", 0), "unguided": acct.get("unguided", 0), "delays": delays,
+            "d_p50": float(np.median(ds)) if n else None, "d_mean": float(ds.mean()) if n else None,
+            "held_share": acct.get("held", 0) / n if n else None}
 
 
 def _wilson(k: int, n: int) -> list:
@@ -177,11 +221,11 @@ def _wilson(k: int, n: int) -> list:
     return wilson_ci(k, n)
 
 
-def build_report(runs: list, regimes=REGIMES, episodes: int = 200, seed: int = 0) -> dict:
+def build_report(runs: list, regimes=REGIMES, episodes: int = 200, seed: int = 0, rtc: bool = False) -> dict:
     rows, eps_out, regime_out, not_run = [], [], [], []
     for robots, profile in regimes:
         reg = regime_runs(runs, robots, profile)
-        fifo_static = {k: v for k, v in reg["fifo"].items() if k.startswith("static")}
+        fifo_static = static_rows(reg["fifo"])
         missing = [static_label(h) for h in STATIC_H if static_label(h) not in fifo_static]
         runs_here = [r for s in reg.values() for r in s.values()]
         if not runs_here:
@@ -198,7 +242,7 @@ def build_report(runs: list, regimes=REGIMES, episodes: int = 200, seed: int = 0
                          "eligible": pick["eligible"], "static_p_vs_best": pick["p_vs_best"],
                          "co_solved_by_eligible": pick["co_solved_by_eligible"]})
             bh = int(pick["baseline"].split("=")[1])
-            want = [(c.scheduler, c.horizon_label) for c in configs_for(robots, profile, episodes, seed, bh)]
+            want = [(c.scheduler, c.horizon_label) for c in configs_for(robots, profile, episodes, seed, bh, rtc)]
         else:
             info["baseline"] = None
             want = []  # the execution-aware rows need the baseline's H
@@ -210,6 +254,14 @@ def build_report(runs: list, regimes=REGIMES, episodes: int = 200, seed: int = 0
         for s in SCHEDULERS:
             for h, r in reg.get(s, {}).items():
                 rows.append(row_of(r, base, cap, r is base))
+                twin = reg[s].get(h[:-len(" + rtc")]) if h.endswith(" + rtc") else None
+                if twin is not None:  # RTC on vs the same row without it, paired
+                    o, to = outcomes(r), outcomes(twin)
+                    red = ps.reduction(o, to)
+                    rows[-1]["rtc"].update({"vs_plain": label(s, horizon_label(twin["config"])),
+                                            "time_reduction_vs_plain": red["reduction"], "ci95": red["ci95"],
+                                            "co_solved": red["co_solved"], "mcnemar_p_vs_plain": ps.mcnemar_p(o, to),
+                                            "success_plain": sum(x for x, _ in to.values()) / len(to)})
                 for e in r["episodes"]:
                     eps_out.append({"robots": robots, "profile": profile, "scheduler": s, "horizon": h,
                                     "seed": e["seed"], "task": e["task"], "success": e["success"],
@@ -285,8 +337,9 @@ def _co_mean_base(row: dict, base: dict):
     return None if red is None or m is None or red == 1 else m / (1 - red)
 
 
-def write_report(runs: list, out: Path, meta: dict, regimes=REGIMES, episodes: int = 200, seed: int = 0) -> list:
-    rep = build_report(runs, regimes, episodes, seed)
+def write_report(runs: list, out: Path, meta: dict, regimes=REGIMES, episodes: int = 200, seed: int = 0,
+                 rtc: bool = False) -> list:
+    rep = build_report(runs, regimes, episodes, seed, rtc)
     rep["meta"] = meta
     out.mkdir(parents=True, exist_ok=True)
     j = out / "fleet.json"
@@ -323,7 +376,7 @@ def cmd_fleet_closed(a) -> int:
     if bad is not None:
         raise UsageError(f"--runs {str(runs_path)!r}: not a runs file of this study (a line without config, wall_s)")
     if not a.report_only:
-        run_study(regimes, a.episodes, a.seed, runs_path, a.max_wall_s)
+        run_study(regimes, a.episodes, a.seed, runs_path, a.max_wall_s, rtc=a.rtc)
     runs = read_runs(runs_path)
     # The configurations' own wall time (all sessions of a resumed study; loading envs and the policy not counted).
     wall = sum(r["wall_s"] for r in runs)
@@ -333,7 +386,10 @@ def cmd_fleet_closed(a) -> int:
                                                              "gpu_like": "28 ms x (1 + 0.08 (b - 1)), b = 1..32"},
             "horizon_knobs": {"agreement": "tau 0.6", "schedule": "t 0"}, "runs_file": str(runs_path),
             "configurations_run": len(runs)}
-    paths = write_report(runs, Path(a.out), meta, regimes, a.episodes, a.seed)
+    if a.rtc:
+        meta["rtc"] = ("RTC rows: " + rtc_rows_named() + " with every robot "
+                       "on real-time chunking: the paper's soft guidance (engines/flow_engine.py rtc_form paper), d set at dispatch")
+    paths = write_report(runs, Path(a.out), meta, regimes, a.episodes, a.seed, a.rtc)
     print("wrote " + ", ".join(str(p) for p in paths))
     return 0
 
@@ -377,6 +433,9 @@ def add_arguments(p) -> None:
     p.add_argument("--max-wall-s", type=positive(float), default=math.inf,
                    help="start no new configuration after this many seconds (re-run to resume)")
     p.add_argument("--report-only", action="store_true", help="rebuild the report from --runs, run nothing")
+    p.add_argument("--rtc", action="store_true", help="also run each regime's RTC rows (" + rtc_rows_named()
+                   + ") with every robot on real-time chunking "
+                   "(docs/rtc_serving.md), each beside its plain twin")
     p.add_argument("--live-demo", metavar="DIR", help="instead: run a live demo record's rows (DIR/live_demo.json) in "
                    "the virtual fleet at its robots, seeds and the CPU profile, and add them to the record")
     p.add_argument("--no-primary-first", dest="primary_first", action="store_false",

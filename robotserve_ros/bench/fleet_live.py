@@ -51,6 +51,7 @@ from ..live.processes import (ModuleSpec, ProcessGroup, foreign_nodes, pct, pick
 from ..machine import busy_fraction, cpu_times, machine_info, proc_cpu_s
 # (_Listener, settle, compare_executors, server_profile: imported from here too)
 from .fleet_live_procs import _Listener, _flame, proc_status, settle, thread_cpu_s  # noqa: F401
+from .metrics_check import MetricsCheck, verdict
 from .fleet_live_report import (HEADLINE, _num, _server_summary, aggregate, backlog_window,  # noqa: F401
                                 compare_executors, server_profile, summary_lines)
 
@@ -97,7 +98,7 @@ def run_fleet_live(out: Path, robots: int = 100, duration: float = 60.0, per_pro
                    domain_id: Optional[int] = None, log_dir: Optional[Path] = None, trace_server: bool = False,
                    verbose: bool = True, light: bool = False, drain_s: float = 2.2,
                    settle_timeout_s: float = 30.0, image_transport: str = "", executor: str = "",
-                   flame: Optional[str] = None, refresh_topic: str = "") -> dict:
+                   flame: Optional[str] = None, refresh_topic: str = "", metrics_check: bool = False) -> dict:
     """light: the robots are light_fleet's (live/light_fleet.py: per_process of them in one
     process, no simulated robots, pre-encoded observations) and the server is what is measured.
     drain_s: how long the server is watched after the clients stopped (its ledger and reply
@@ -105,7 +106,9 @@ def run_fleet_live(out: Path, robots: int = 100, duration: float = 60.0, per_pro
     settle_timeout_s: after the window the robots start no new round (SIGUSR1) and their open
     rounds are seen through -- re-sent until answered -- until the server holds no request
     (or this long): a round still unanswered after that was lost, not in flight.
-    image_transport: raw/jpeg/png for every robot ('' = the config's)."""
+    image_transport: raw/jpeg/png for every robot ('' = the config's).
+    metrics_check: scrape the server's Prometheus endpoint in the window and check it against
+    /diagnostics once quiet (bench/metrics_check.py): `metrics_check` in the result."""
     if robots < 1 or per_process < 1 or duration <= 0:
         raise ValueError("robots >= 1, per_process >= 1 and duration > 0 are needed")
     out = Path(out)
@@ -154,6 +157,7 @@ def run_fleet_live(out: Path, robots: int = 100, duration: float = 60.0, per_pro
     failed: list = []
     t_ready = t_stop = settle_s = None
     foreign: set = set()
+    mcheck = MetricsCheck() if metrics_check else None
 
     def ours(n: str) -> bool:
         if light and n.split("/")[-1].startswith("light_fleet_robot_") and n.count("/") == 1:
@@ -195,6 +199,8 @@ def run_fleet_live(out: Path, robots: int = 100, duration: float = 60.0, per_pro
         next_sample = t_ready + 1.0
         while (now := time.monotonic()) < end:
             listener.spin(min(0.1, end - now))
+            if mcheck is not None:
+                mcheck.during(listener.last)
             if time.monotonic() >= next_sample:
                 sample()
                 next_sample += 1.0
@@ -218,6 +224,7 @@ def run_fleet_live(out: Path, robots: int = 100, duration: float = 60.0, per_pro
         while time.monotonic() < drain_end:
             listener.spin(min(1.0, drain_end - time.monotonic()))
             sample(rss_only=True)
+        mcheck = mcheck.final(listener) if mcheck is not None else None
     finally:
         codes.update(base_group.stop())
         client_group.stop()
@@ -345,6 +352,7 @@ def run_fleet_live(out: Path, robots: int = 100, duration: float = 60.0, per_pro
         "lost_requests_where": where,
         "lost_requests_sample": [list(k) for k in lost_keys[:20]],
         "server_trace": trace,
+        "metrics_check": mcheck if isinstance(mcheck, dict) else None,
         "ros_domain_id": domain,
         "foreign_nodes_on_domain": sorted(foreign),
         "processes_failed_during_run": failed,
@@ -382,9 +390,11 @@ def cli(a) -> int:
         res = run_fleet_live(Path(a.out), robots=a.robots, duration=a.duration, per_process=per_process,
                              config=a.config, lost_after_s=a.lost_after, trace_server=a.trace_server, light=a.light,
                              image_transport=a.image_transport, flame=a.flame,
-                             refresh_topic=REFRESH_TOPIC if a.refresh_topic else "")
+                             refresh_topic=REFRESH_TOPIC if a.refresh_topic else "", metrics_check=a.metrics_check)
         print("\n".join(summary_lines(res)))
         bad = res["lost_chunks"] or res["duplicate_chunks"] or res["mismatched_chunks"] or res["processes_failed_during_run"]
+        if a.metrics_check:  # the scraped figures against the Runner's own
+            bad = not verdict(res["metrics_check"]) or bad
         bad_runs += bool(bad)
         runs.append({k: res.get(k) for k in (
             "lost_chunks", "duplicate_chunks", "mismatched_chunks", "chunks_served", "requests", "resent_requests",

@@ -9,7 +9,7 @@ from collections import Counter
 import numpy as np
 
 from ..live.processes import pct
-from ..nodes.rtc_client import merge_rtc
+from ..core.rtc_account import merge_rtc
 
 
 def _num(v):

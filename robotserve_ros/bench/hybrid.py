@@ -92,10 +92,8 @@ def draw_tasks(rate: float, duration: float, seed: int):
 class LiveFleet:
     def __init__(self, core, lock, tasks, l1_s: float, image: int, seed: int) -> None:
         from ..core.observation import Observation
-        from ..core.robot_timing import trigger_actions
 
         self.core, self.lock, self.tasks = core, lock, tasks
-        self.trigger = trigger_actions
         self.l1 = l1_s
         img = np.random.default_rng(seed).integers(0, 255, (image, image, 3), dtype=np.uint8)
         self.obs = Observation(images=[img], joints=np.zeros(6, np.float32))
@@ -121,17 +119,18 @@ class LiveFleet:
             self.tiers[r.tier] += 1
             self.push(now, "chunk", r)
 
-    def _submit(self, tid: str, k: int, info) -> None:
+    def _submit(self, tid: str, info) -> None:
         from ..core.types import HorizonChoice, InferenceRequest
 
         rb = self.robots[tid]
-        req = InferenceRequest(tid, k, info, HorizonChoice("static", float(rb["rounds"][k])), observation=self.obs)
+        req = InferenceRequest(tid, rb.round, info, HorizonChoice("static", float(rb.horizon())), observation=self.obs)
         self.runner.submit(req)
-        self.requested.add((tid, k))
+        self.requested.add((tid, rb.round))
 
     def run(self, timeout_s: float) -> None:
-        from ..core.types import ExecInfo
-        from ..core.robot_timing import exec_start, request_after
+        """Robots on core/robot_loop.py's ReplayRobot: each round's chunk, next request and end in
+        closed form, as events on the wall clock."""
+        from ..core.robot_loop import ReplayRobot
 
         t0 = time.monotonic() + 0.2
         for at, tid, rounds, hz in self.tasks:
@@ -148,28 +147,20 @@ class LiveFleet:
             now = time.monotonic()
             if kind == "arrive":
                 tid, rounds, hz = data
-                self.robots[tid] = {"rounds": rounds, "hz": hz, "arrival": now, "k": 0, "prev_end": None}
-                self._submit(tid, 0, None)
+                # The trigger point is the EDGE's batch-1 latency whatever the placement (module docstring).
+                self.robots[tid] = ReplayRobot.for_latency(tid, rounds, hz, self.l1, now)
+                self._submit(tid, None)
             elif kind == "chunk":
-                rb = self.robots[data.task_id]
-                n, hz = rb["rounds"][rb["k"]], rb["hz"]
-                start = exec_start(now, rb["prev_end"])
-                rb["prev_end"] = start + n / hz
-                rb["k"] += 1
-                if rb["k"] < len(rb["rounds"]):
-                    trig = self.trigger(self.l1, hz)
-                    self.push(start + request_after(n, trig, hz), "request",
-                              (data.task_id, rb["k"], ExecInfo(start, min(n, trig), hz)))
-                else:
-                    self.push(rb["prev_end"], "done", (data.task_id, start, hz))
+                what, at, info = self.robots[data.task_id].answered(now)
+                self.push(at, what, (data.task_id, info))
             elif kind == "request":
                 self._submit(*data)
             else:
-                tid, start, hz = data
+                tid, info = data
                 with self.lock:
-                    self.core.finish_task(tid, ExecInfo(start, 0, hz))
+                    self.core.finish_task(tid, info)
                     self.core.cancel(tid)
-                self.latency[tid] = now - self.robots[tid]["arrival"]
+                self.latency[tid] = now - self.robots[tid].arrival
 
 
 def run_mode(mode: str, rate: float, a, edge_profile, remote, kill=None) -> dict:
@@ -209,7 +200,7 @@ def run_mode(mode: str, rate: float, a, edge_profile, remote, kill=None) -> dict
         runner.close()
         if killer is not None:
             killer.join(timeout=1.0)
-    from ..core.robot_timing import alone_latency
+    from ..core.robot_loop import alone_latency
 
     lat = np.array(list(fleet.latency.values())) if fleet.latency else np.array([np.nan])
     # Contention-free latency of the same tasks (every round served at once at edge batch 1):

@@ -69,7 +69,8 @@ def _params(tmp: Path, openpi_port: int, lerobot_port: int, policies: Path) -> t
     cfg = yaml.safe_load(Path(default_config()).read_text())
     srv = cfg["inference_server"]["ros__parameters"]
     srv.update({"services": ["openpi", "lerobot"], "task_timeout_s": 10.0, "diagnostics_hz": 5.0})
-    srv["openpi"] = {**srv.get("openpi", {}), "port": openpi_port, "host": "127.0.0.1"}
+    srv["openpi"] = {**srv.get("openpi", {}), "port": openpi_port, "host": "127.0.0.1",
+                     "max_connections_per_peer": 64}  # every robot on loopback: one address
     srv["lerobot"] = {**srv.get("lerobot", {}), "port": lerobot_port, "host": "127.0.0.1",
                       "policy_dirs": [str(policies)]}
     cfg["/**/robot_client"]["ros__parameters"].update({"tasks": 100000,

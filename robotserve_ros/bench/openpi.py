@@ -251,7 +251,8 @@ def cli(a) -> int:
         pdir = make_policy_dir("smolvla", Path(tmp) / "smolvla", image_hw=(64, 64), steps=a.steps, chunk_size=50,
                                n_action_steps=50)
         srv = OpenPiServer(OpenPiConfig(policy=str(pdir), engine_params={"profile_file": "smolvla_tiny"},
-                                        endpoint=EndpointConfig(port=0, max_connections=256, max_rate_hz=1000.0)))
+                                        endpoint=EndpointConfig(port=0, max_connections=256, max_rate_hz=1000.0,
+                                                                max_connections_per_peer=256)))  # all on loopback
         try:
             meta = srv.endpoint.metadata
             rng = np.random.default_rng(0)

@@ -27,6 +27,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Optional
 
@@ -34,6 +35,7 @@ import numpy as np
 
 from ..cli_types import UsageError, positive
 from ..core.clock import WallClock
+from ..core.robot_loop import ReplayRobot
 from ..core.profile import EngineProfile
 from ..core.runner import Runner
 from ..core.schedulers import make_scheduler
@@ -47,8 +49,25 @@ FIXED = EngineProfile({1: BATCH_MS, 8: BATCH_MS})
 SIM_PARAMS = {"realtime": True, "chunk_size": 8, "action_dim": 2, "steps": 2}
 
 
+class _Instant(Sequence):
+    """A task of n rounds with nothing to execute (n = sys.maxsize: it runs until stopped)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, k):
+        return 0
+
+
+ROBOT_HZ = 30.0
+
+
 class ClosedLoopFleet:
-    """Robots in-process, each submitting its next round when the last one's chunk arrives.
+    """Robots in-process, each submitting its next round when the last one's chunk arrives
+    (core/robot_loop.py's ReplayRobot of rounds with nothing to execute: closed loop).
 
     Every reply is counted per (robot, round): `duplicated` counts rounds answered more than
     once, `lost()` the rounds submitted and never answered (after the fleet stopped)."""
@@ -59,6 +78,8 @@ class ClosedLoopFleet:
         self.index = {n: i for i, n in enumerate(self.names)}
         self.kinds = kinds or [None] * robots
         self.rounds_of = rounds_of  # per robot: rounds its task has (None: it runs until stopped)
+        self.robots = [ReplayRobot(n, _Instant(sys.maxsize if rounds_of is None else rounds_of[i]), ROBOT_HZ, 0,
+                                   core.clock.now()) for i, n in enumerate(self.names)]
         self.answers: Counter = Counter()
         self.sent: dict = {}  # (robot, round) -> submit time
         self.latency_s: list = []
@@ -67,13 +88,11 @@ class ClosedLoopFleet:
         self.running = False
         self.runner = Runner(core, engines, self._on_replies, lock=threading.RLock(), **runner_kw)
 
-    def _submit(self, i: int, rnd: int) -> None:
-        name = self.names[i]
-        self.sent[(name, rnd)] = time.monotonic()
-        left = None if self.rounds_of is None else self.rounds_of[i] - rnd
-        # Closed loop: the robot asks as its chunk arrives, nothing of it left to execute.
-        info = ExecInfo(self.runner.core.clock.now(), 0, 30.0) if rnd else None
-        self.runner.submit(InferenceRequest(name, rnd, info, remaining_rounds=left, task_type=self.kinds[i]))
+    def _submit(self, i: int, info: Optional[ExecInfo] = None) -> None:
+        rb = self.robots[i]
+        self.sent[(rb.task_id, rb.round)] = time.monotonic()
+        left = None if self.rounds_of is None else rb.remaining()
+        self.runner.submit(InferenceRequest(rb.task_id, rb.round, info, remaining_rounds=left, task_type=self.kinds[i]))
 
     def _on_replies(self, replies, dispatch, results) -> None:
         now = time.monotonic()
@@ -87,16 +106,18 @@ class ClosedLoopFleet:
             i = self.index[r.task_id]
             if not self.running:
                 continue
-            if self.rounds_of is not None and r.round_id + 1 >= self.rounds_of[i]:
+            # Closed loop: the robot asks as its chunk arrives, nothing of it left to execute.
+            what, _at, info = self.robots[i].answered(self.runner.core.clock.now())
+            if what == "done":
                 self.finished[r.task_id] = now
                 continue
-            self._submit(i, r.round_id + 1)
+            self._submit(i, info)
 
     def start(self) -> "ClosedLoopFleet":
         self.running = True
         self.runner.start()
         for i in range(len(self.names)):
-            self._submit(i, 0)
+            self._submit(i)
         return self
 
     def stop(self, drain_s: float = 5.0) -> None:

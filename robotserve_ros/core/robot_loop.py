@@ -17,13 +17,21 @@ With nothing to execute the robot holds position and the tick counts as idle.
 On an answer: `answered(now)` when the chunk was used, `refused(now)` when it was an error or a
 chunk the robot cannot use (asked again after retry_s), `restart(now)` when the server forgot
 the task (the motion goes on under a new task id from round 0).
+
+A driver with no control ticks (an event loop on a virtual or wall clock replaying recorded
+rounds: the trace simulator, bench hybrid, bench ray) runs ReplayRobot instead: the same
+trigger point and execution rule, each round's times computed in closed form per event.
+core/robot_timing is imported here alone; drivers take its names from this module.
 """
 from __future__ import annotations
 
-from typing import Optional, Protocol
+from typing import Callable, Optional, Protocol, Sequence, Union
 
-from .robot_timing import OpenRound, trigger_actions
+from .robot_timing import alone_latency, exec_start, OpenRound, request_after, trigger_actions
 from .types import ExecInfo
+
+__all__ = ["RobotHooks", "RobotLoop", "ReplayRobot", "loop_fields", "rtc_leftover", "trigger_actions",
+           "alone_latency"]
 
 
 class RobotHooks(Protocol):
@@ -67,14 +75,14 @@ class RobotLoop:
     # --- tasks -------------------------------------------------------------------------------
     def start_task(self, now: float, keep_motion: bool = False) -> None:
         """A task starts (task id <name>/task<k>, round 0). keep_motion: the same motion goes on
-        under a new id (the server forgot the task): its start, timestep and idle are kept."""
+        under a new id (the server forgot the task): its start, idle, steps and chunks are kept."""
         self.task_id = f"{self.name}/task{self.task_k}"
         self.round = 0
         self.outstanding = self.done = False
         self.open_round = OpenRound()
         self.retry_at = 0.0
-        self.chunks = 0
         if not keep_motion:
+            self.chunks = 0
             self.task_start: Optional[float] = None
             self.exec_start = now
             self.idle = 0.0
@@ -88,14 +96,16 @@ class RobotLoop:
         """The server answered unknown_task / task_dropped: go on under a new id from round 0."""
         self.task_k += 1
         self.continued += 1
-        self.retry_at = now + self.retry_s
         self.start_task(now, keep_motion=True)
+        self.retry_at = now + self.retry_s  # (after start_task, which clears it)
 
     # --- the control tick --------------------------------------------------------------------
-    def tick(self, now: float, hooks: RobotHooks, ready: bool = True, draining: bool = False) -> tuple:
+    def tick(self, now: float, hooks: RobotHooks, ready: Union[bool, Callable[[], bool]] = True,
+             draining: bool = False) -> tuple:
         """One control tick: (whether an action ran, event) with event None, "finished", "send"
-        or "overdue" (module docstring). ready: the server can be reached; draining: no new
-        rounds, a due re-send still goes."""
+        or "overdue" (module docstring). ready: the server can be reached (a callable is asked
+        only when a send is otherwise due: robot_client logs a missing server then); draining:
+        no new rounds, a due re-send still goes."""
         if self.done:
             return False, None
         commanded = hooks.execute()
@@ -115,8 +125,9 @@ class RobotLoop:
             if act != "resend":
                 return commanded, None
             self.outstanding = False  # the earlier call stays open: the first answer wins
-        if (self.open_round.resending or not draining) and ready and now >= self.retry_at \
-                and (self.open_round.resending or (hooks.left() <= self.trigger and hooks.needs_more())):
+        if (self.open_round.resending or not draining) and now >= self.retry_at \
+                and (self.open_round.resending or (hooks.left() <= self.trigger and hooks.needs_more())) \
+                and (ready() if callable(ready) else ready):
             return commanded, "send"
         return commanded, None
 
@@ -159,3 +170,66 @@ def rtc_leftover(queued) -> "object":
 
     q = list(queued)
     return RtcGuide(np.asarray(q, np.float32) if q else np.zeros((0, 0), np.float32))
+
+
+def loop_fields(cls: type, names: Sequence[str], attr: str = "loop", renamed: Optional[dict] = None) -> type:
+    """Show a RobotLoop's fields as a driver's own (read and written through `attr`), so code
+    written against the driver's attributes needs no change; `renamed`: driver name -> loop name."""
+    def field(name: str) -> property:
+        return property(lambda self: getattr(getattr(self, attr), name),
+                        lambda self, v: setattr(getattr(self, attr), name, v))
+
+    for name in names:
+        setattr(cls, name, field(name))
+    for own, name in (renamed or {}).items():
+        setattr(cls, own, field(name))
+    return cls
+
+
+class ReplayRobot:
+    """A robot replaying a recorded task (its rounds' lengths in actions) for a driver with no
+    control ticks: the rule RobotLoop ticks through, in closed form per event (seed 000 §2.1,
+    §5.1; core/robot_timing). A round's chunk starts executing when it has arrived and the last
+    one ran out (the robot holds in between: idle); the next round goes out when `trigger`
+    actions are left, at once if the round is shorter; after the last round the task ends when
+    its last action has run. (A ticked robot counts an action done as its tick starts, so it
+    asks up to one control period sooner than this closed form.)"""
+
+    __slots__ = ("task_id", "rounds", "hz", "trigger", "arrival", "round", "prev_end", "idle", "exec_start")
+
+    def __init__(self, task_id: str, rounds: Sequence[int], control_hz: float, trigger: int, arrival: float) -> None:
+        if not control_hz > 0 or trigger < 0 or not len(rounds):
+            raise ValueError(f"control_hz must be > 0, trigger >= 0 and rounds not empty, got {control_hz}, "
+                             f"{trigger}, {len(rounds)} rounds")
+        self.task_id, self.rounds, self.hz, self.trigger, self.arrival = task_id, rounds, float(control_hz), int(trigger), arrival
+        self.round = 0  # the round being requested (or, after the last, the count)
+        self.prev_end: Optional[float] = None  # when the last chunk's actions run out
+        self.idle = 0.0
+        self.exec_start = arrival
+
+    @classmethod
+    def for_latency(cls, task_id: str, rounds: Sequence[int], control_hz: float, expected_latency_s: float,
+                    arrival: float) -> "ReplayRobot":
+        """Trigger point from the round trip the robot expects, as RobotLoop.for_latency."""
+        return cls(task_id, rounds, control_hz, trigger_actions(expected_latency_s, control_hz), arrival)
+
+    def horizon(self) -> int:
+        """Actions the open round asks for: the recorded round's."""
+        return int(self.rounds[self.round])
+
+    def remaining(self) -> int:
+        """Rounds left, the open one included (what the trace knows exactly)."""
+        return len(self.rounds) - self.round
+
+    def answered(self, now: float) -> tuple:
+        """The open round's chunk arrived at `now`: ("request", when the next round goes out,
+        its ExecInfo), or after the last round ("done", when the task ends, the last ExecInfo
+        with nothing left)."""
+        n = self.rounds[self.round]
+        start = exec_start(now, self.prev_end)
+        self.idle += start - (self.arrival if self.prev_end is None else self.prev_end)
+        self.prev_end, self.exec_start = start + n / self.hz, start
+        self.round += 1
+        if self.round < len(self.rounds):
+            return "request", start + request_after(n, self.trigger, self.hz), ExecInfo(start, min(n, self.trigger), self.hz)
+        return "done", self.prev_end, ExecInfo(start, 0, self.hz)

@@ -11,6 +11,7 @@ whose latency the engine profile gives (seed 000 §3.2.2).
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Sequence
 
 from .types import PendingRequest
@@ -35,3 +36,17 @@ def set_rtc_delays(batch: Sequence[PendingRequest], latency_s: float, now: float
             continue
         d = predict_delay_steps(p.arrival, now, latency_s, req.exec_info.control_hz, len(req.rtc.leftover))
         req.rtc = req.rtc.with_delay(d)
+
+
+def follow_refresh(req, old_timestep: int) -> None:
+    """A request whose observation the server refreshed at dispatch (seed 000 Algorithm 1 lines
+    20-21): the new chunk's row 0 is the fresh observation's timestep, so the leftover's rows the
+    robot executed since sending go (RTC §4: the leftover's row 0 is the new chunk's row 0), and
+    so does as much of d, which was counted from the send (set_rtc_delays)."""
+    g = req.rtc
+    if g is None or g.delay_steps is None:
+        return
+    ran = max(0, int(getattr(req.observation, "timestep", old_timestep)) - int(old_timestep))
+    if ran:
+        left = g.leftover[ran:]
+        req.rtc = replace(g, leftover=left, delay_steps=max(0, min(g.delay_steps - ran, len(left))))

@@ -29,7 +29,7 @@ from .errors import (
 from .horizon import HORIZON_POLICIES, HorizonPolicy, respect_rtc_delay
 from .observation import check_stamp
 from .ledger import TaskLedger
-from .rtc_delay import set_rtc_delays
+from .rtc_delay import follow_refresh, set_rtc_delays
 from .schedulers import Scheduler, SchedulingContext
 from .serving_types import (  # noqa: F401  (imported from here)
     Dispatch,
@@ -230,7 +230,9 @@ class ServingCore:
                 if f is None:
                     s.refresh_failures += 1
                 else:
+                    old = getattr(p.request.observation, "timestep", 0)
                     p.request.observation, p.request.obs_stamp = f
+                    follow_refresh(p.request, old)  # RTC: the leftover and d from the fresh timestep on
                     s.refreshes += 1
         for p in stamped:
             age = now - p.request.obs_stamp

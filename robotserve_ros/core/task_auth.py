@@ -1,14 +1,19 @@
-"""Tasks belong to their first caller: a per-task MAC keyed per robot (issue 29).
+"""Tasks belong to the robot that opened them: a MAC over the whole message, keyed per robot.
 
 A robot and the server share a key (one file per robot, `<key_dir>/<robot id>.key`, the
 robot id being its namespace without the leading slash, '/' as '.'). Every srv/Infer request
-and every progress message of a task carries HMAC-SHA256(key, task_id, round_id, stamp); the
-first verified request binds the task to its robot, and anything later for that task must
-verify under that same robot's key. What this stops: a node on the domain that does not hold
-the key (blind spoofing: ending another robot's task, re-sending its task and round to take
-its chunk). What it does not stop: DDS lets every participant read requests and progress, so
-an eavesdropper can replay a message it saw within `max_skew_s`; only SROS 2 (encryption and
-access control per enclave) stops that. Pure Python: hmac, hashlib."""
+and every progress message carries HMAC-SHA256(key, kind, body), the body being the whole
+message as sent with its MAC field empty (the protocol serializes it: CDR for ROS), so no
+field the server acts on (task_done, the round, the observation, the exec info) can be
+changed without the key. The message's auth stamp is its sequence number: per task and kind,
+a stamp older than the newest accepted one is a replay and refused, the same stamp with a
+different body is refused, and a byte-identical re-send is accepted (robots re-send a round
+by design; the fleet answers it once). A task id is bound to the robot that opens it and must
+lie in that robot's namespace (`<robot>/...`), so no enrolled robot can claim another's next
+task. What this stops: forging, altering or replaying another robot's progress or requests,
+squatting its tasks. What it does not: DDS lets every participant read everything, so an
+eavesdropper still sees observations and chunks; only SROS 2 (encryption and access control
+per enclave) stops that. Pure Python: hmac, hashlib."""
 from __future__ import annotations
 
 import hashlib
@@ -21,10 +26,12 @@ from typing import Optional
 from .errors import RequestError
 
 MIN_KEY_BYTES = 16
+_DOMAIN = b"robotserve/task-auth/2\0"  # a MAC of this scheme is never one of another
+KINDS = ("infer", "refresh", "progress")  # what a MAC is for: a request never passes as progress
 
 
 class NotTaskOwner(RequestError):
-    """The task belongs to another robot, or the request's MAC does not verify."""
+    """The task belongs to another robot, or the message's MAC or sequence does not verify."""
 
 
 def key_file_name(robot_id: str) -> str:
@@ -32,11 +39,16 @@ def key_file_name(robot_id: str) -> str:
     return robot_id.strip("/").replace("/", ".") + ".key"
 
 
-def task_mac(key: bytes, task_id: str, round_id: int, stamp_ns: int) -> bytes:
-    """HMAC-SHA256 over task, round and stamp, length-prefixed so no two tuples share bytes."""
-    t = task_id.encode("utf-8")
-    return hmac.new(key, struct.pack("!I", len(t)) + t + struct.pack("!Iq", int(round_id), int(stamp_ns)),
-                    hashlib.sha256).digest()
+def body_mac(key: bytes, kind: str, body: bytes) -> bytes:
+    """HMAC-SHA256 over the message kind (length-prefixed) and the message body."""
+    k = kind.encode("utf-8")
+    return hmac.new(key, _DOMAIN + struct.pack("!I", len(k)) + k + bytes(body), hashlib.sha256).digest()
+
+
+def in_namespace(task_id: str, robot_id: str) -> bool:
+    """A task id a robot may open: `<robot id without its leading slash>/...`."""
+    prefix = robot_id.strip("/") + "/"
+    return len(prefix) > 1 and task_id.startswith(prefix) and len(task_id) > len(prefix)
 
 
 def read_key(path: str) -> bytes:
@@ -53,7 +65,8 @@ def new_key() -> bytes:
 
 class TaskBinder:
     """The server's side: robot keys read from `key_dir` (once per robot, cached), task ->
-    robot it belongs to. `check` raises NotTaskOwner (counted by the caller) or returns."""
+    robot it belongs to, and per task and kind the newest accepted (sequence, body digest).
+    `check` raises NotTaskOwner (counted by the caller) or returns."""
 
     def __init__(self, key_dir: str, max_skew_s: float, max_tasks: int = 100_000) -> None:
         if not os.path.isdir(key_dir):
@@ -61,6 +74,7 @@ class TaskBinder:
         self.key_dir, self.max_skew_s, self.max_tasks = key_dir, max_skew_s, max_tasks
         self.keys: dict = {}  # robot id -> key (None: no key file)
         self.owner: dict = {}  # task id -> robot id
+        self.seen: dict = {}  # (task id, kind) -> (sequence, sha256 of the body) newest accepted
 
     def _key(self, robot_id: str) -> Optional[bytes]:
         if robot_id not in self.keys:
@@ -72,9 +86,10 @@ class TaskBinder:
                 self.keys.pop(next(iter(self.keys)))
         return self.keys[robot_id]
 
-    def check(self, task_id: str, round_id: int, robot_id: str, stamp_ns: int, mac: bytes, now: float,
-              bind: bool) -> str:
-        """Verify one message; `bind`: a request that may make the task its robot's. Returns the robot id."""
+    def check(self, task_id: str, robot_id: str, kind: str, seq: int, body: bytes, mac: bytes, now: float,
+              bind: bool) -> bool:
+        """Verify one message (`seq`: its auth stamp in ns); `bind`: a request that may open the
+        task for its robot. Returns True when this call bound the task (undo with forget)."""
         owner = self.owner.get(task_id)
         if owner is not None and owner != robot_id:
             raise NotTaskOwner(f"task {task_id!r} belongs to another robot")
@@ -83,13 +98,33 @@ class TaskBinder:
         key = self._key(robot_id)
         if key is None:
             raise NotTaskOwner("no key for this robot_id")
-        if abs(stamp_ns * 1e-9 - now) > self.max_skew_s:
-            raise NotTaskOwner(f"auth_stamp is more than {self.max_skew_s} s from the server's clock")
-        if not hmac.compare_digest(task_mac(key, task_id, round_id, stamp_ns), bytes(mac)):
-            raise NotTaskOwner("auth_mac does not verify")
-        if owner is None and bind:
+        if abs(seq * 1e-9 - now) > self.max_skew_s:
+            raise NotTaskOwner(f"auth stamp is more than {self.max_skew_s} s from the server's clock")
+        if not hmac.compare_digest(body_mac(key, kind, body), bytes(mac)):
+            raise NotTaskOwner("auth_mac does not verify over this message")
+        if owner is None:
+            if not bind:
+                raise NotTaskOwner(f"task {task_id!r} is not open")
+            if not in_namespace(task_id, robot_id):
+                raise NotTaskOwner(f"robot {robot_id!r} opens tasks named '{robot_id.strip('/')}/...', "
+                                   f"not {task_id!r}")
+        self._sequence(task_id, kind, seq, hashlib.sha256(bytes(body)).digest())
+        if owner is None:
             self.owner[task_id] = robot_id
-        return robot_id
+            return True
+        return False
+
+    def _sequence(self, task_id: str, kind: str, seq: int, digest: bytes) -> None:
+        """Replays refused: older than the newest accepted, or its sequence with another body."""
+        last = self.seen.get((task_id, kind))
+        if last is not None:
+            if seq < last[0]:
+                raise NotTaskOwner(f"replayed {kind}: its auth stamp is older than the newest accepted for this task")
+            if seq == last[0] and digest != last[1]:
+                raise NotTaskOwner(f"a different {kind} under a used auth stamp")
+        self.seen[(task_id, kind)] = (seq, digest)
 
     def forget(self, task_id: str) -> None:
         self.owner.pop(task_id, None)
+        for kind in KINDS:
+            self.seen.pop((task_id, kind), None)

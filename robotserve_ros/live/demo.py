@@ -4,9 +4,11 @@ Two demos share this module:
 - the default closes the loop on a trained policy (issue 28 item 4): N simulated robots run
   Meta-World episodes of mixed tasks with real MuJoCo physics (nodes/metaworld_robot.py), the
   trained flow policy (models/metaworld_flow) serves them live from the inference server, and
-  FIFO + the static horizon is compared with the best execution-aware configuration of the
-  horizon study, side by side on the same robots and the same episode seeds: success (Wilson
-  CI), average / P95 episode time, robot idle time, rounds served (run_metaworld_demo);
+  three rows of the closed-loop study of record at 10 robots (issue 34 item 6: its baseline,
+  FIFO + the dynamic horizon, its best execution-aware configuration) run on the same robots
+  and episode seeds, interleaved in blocks: success (Wilson CI), average / P95 episode time,
+  robot idle time, rounds served, the same rows in the virtual fleet, the study's 100-robot
+  table (run_metaworld_demo);
 - `--workload NAME` replays a generated workload (the demo before issue 28; run_workload_demo).
 
 Generated workloads: each run starts the inference server and N simulated robots (sim_robot +
@@ -164,23 +166,56 @@ class DemoConfig:
         return re.sub(r"[^A-Za-z0-9]+", "_", self.label).strip("_").lower()
 
 
-# From the horizon study of record on this policy (reports/horizon/README.md, Meta-World flow):
-# the best static H by seed 000 §5.3's rule is H = 1 (0.971), and static H = 4 is inside its CI
-# (0.961); the execution-aware point is plan agreement tau = 0.6 (0.971 at mean H 4.29) with
-# Kairos' wait-ratio order (seed 000 §3.2) as the study's fleet simulation ran it.
-CONFIGS = (
-    DemoConfig("FIFO + static H=1", "fifo", "static", 1),
-    DemoConfig("Kairos + agreement tau=0.6", "kairos", "agreement", 0.6),
-)
+# The rows come from the closed-loop study of record (`robotserve study fleet-closed`), at the
+# demo's 10 robots on the CPU profile (the engine the demo runs).
+STUDY = Path(__file__).resolve().parents[2] / "reports" / "closed_loop" / "fleet.json"
+SCHEDULER_NAMES = {"fifo": "FIFO", "kairos": "Kairos", "remaining": "remaining"}
+KNOB_NAMES = {"agreement": "tau", "schedule": "t"}  # sim/closed_loop.HORIZON_KNOBS' knobs
+
+
+def _dynamic(scheduler: str, horizon: str) -> DemoConfig:
+    from ..sim.closed_loop import HORIZON_KNOBS
+
+    knob = HORIZON_KNOBS[horizon]
+    return DemoConfig(f"{SCHEDULER_NAMES[scheduler]} + {horizon} {KNOB_NAMES[horizon]}={knob:g}", scheduler, horizon, knob)
+
+
+def demo_configs(study: Path = STUDY, robots: int = 10, profile: str = "cpu") -> tuple:
+    """make demo's rows (issue 34 item 6), from the study's regime of `robots` on `profile`: its
+    baseline (the fastest FIFO + static H whose success is not below the best static's), FIFO +
+    the dynamic horizon (plan agreement), and its best execution-aware configuration: an
+    execution-aware order (Kairos §3.2, remaining) with a dynamic horizon, the lowest restricted
+    mean (failures at the cap), ties to the primary test's scheduler."""
+    try:
+        rep = json.loads(Path(study).read_text())
+    except (OSError, ValueError) as e:
+        raise RuntimeError(f"demo: the closed-loop study of record {study} is not readable ({e})") from None
+    reg = next((g for g in rep["regimes"] if (g["robots"], g["profile"]) == (robots, profile)), None)
+    if reg is None or not reg.get("baseline"):
+        raise RuntimeError(f"demo: {study} has no baseline for {robots} robots on the {profile} profile")
+    h = int(reg["baseline"].rsplit("=", 1)[1])  # "fifo + static H=<k>"
+    aware = [r for r in rep["rows"] if (r["robots"], r["profile"]) == (robots, profile)
+             and r["scheduler"] != "fifo" and r["horizon"] in KNOB_NAMES]
+    if not aware:
+        raise RuntimeError(f"demo: {study} has no execution-aware row for {robots} robots on the {profile} profile")
+    best = min(aware, key=lambda r: (r["restricted_mean_s"], r["scheduler"] != rep["primary"]["scheduler"]))
+    return (DemoConfig(f"FIFO + static H={h}", "fifo", "static", h), _dynamic("fifo", "agreement"),
+            _dynamic(best["scheduler"], best["horizon"]))
+
+
 EPISODES = 8  # per robot and configuration
+BLOCKS = 2  # the episodes run in this many blocks, every configuration in turn in each (interleaved)
 POLICY = Path(__file__).resolve().parents[2] / "models" / "metaworld_flow"
 # The flow head's engine profile of record (the same 0.4M-parameter network on PushGust's state).
 PROFILE = "pushgust_flow"
 
 
-def metaworld_params(cfg: DemoConfig, robots: int, episodes: int, seed: int, episodes_file: str, out: Path) -> str:
-    """The params file of one configuration: the server's section and the robots'."""
+def metaworld_params(cfg: DemoConfig, robots: int, episodes: int, seed: int, episodes_file: str, out: Path,
+                     first_episode: int = 0) -> str:
+    """The params file of one configuration: the server's section and the robots' (their
+    episodes first_episode .. first_episode + episodes - 1)."""
     from ..profiles import profile_of_record
+    from ..sim.closed_loop import LIVE_FIRST_SEED
     from ..study.metaworld_task import CONTROL_HZ
 
     prof = profile_of_record(PROFILE)
@@ -201,6 +236,7 @@ def metaworld_params(cfg: DemoConfig, robots: int, episodes: int, seed: int, epi
         # the batch the whole fleet makes: the round trip the trigger point hides (core/robot_timing.py)
         "expected_latency_s": prof.latency_s(min(robots, prof.saturation_batch)),
         "tasks": episodes,
+        "episode_seed": LIVE_FIRST_SEED + first_episode,  # episode k of robot i: its seed + 101 i + k
         "mix_seed": seed,
         "episodes_file": episodes_file,
         **cfg.robot,
@@ -214,51 +250,40 @@ def metaworld_params(cfg: DemoConfig, robots: int, episodes: int, seed: int, epi
 
 
 def run_metaworld_demo(out_dir: Path, robots: int = 10, episodes: int = EPISODES, seed: int = 0,
-                       timeout: float = 240.0, configs=CONFIGS) -> dict:
-    """Every configuration in turn on the same robots and episode seeds; the report in out_dir."""
+                       timeout: float = 240.0, configs=None, blocks: int = BLOCKS) -> dict:
+    """Every configuration on the same robots and episode seeds, interleaved: the episodes run in
+    `blocks` blocks and every configuration runs each block in turn, so a machine whose load drifts
+    weighs on every row alike. The report in out_dir."""
     import os
 
-    from ..launch_description import server
-    from ..machine import busy_fraction, cpu_times, machine_info
-    from ..study.metaworld_task import CONTROL_HZ, metaworld_missing, TASKS
-    from .processes import ModuleSpec
+    import numpy as np
+
+    from ..machine import machine_info
+    from ..study.metaworld_task import metaworld_missing, TASKS
 
     why_not = metaworld_missing()
     if why_not:
         raise RuntimeError(f"demo: {why_not}")
     if not (POLICY / "model.safetensors").is_file():
         raise RuntimeError(f"demo: the trained policy {POLICY} is not there")
+    configs = configs or demo_configs()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     results = {"demo": "metaworld", "robots": robots, "episodes_per_robot": episodes, "seed": seed,
                "policy": "models/metaworld_flow", "engine_profile": PROFILE, "tasks": list(TASKS),
-               "machine": machine_info(), "loadavg_start": list(os.getloadavg()), "runs": {}}
+               "machine": machine_info(), "loadavg_start": list(os.getloadavg()), "runs": {},
+               "study_of_record": str(STUDY.relative_to(STUDY.parents[2]))}
+    sizes = [len(b) for b in np.array_split(np.arange(episodes), min(blocks, episodes))]
     with tempfile.TemporaryDirectory(prefix="robotserve_demo_") as tmp:
-        for cfg in configs:
-            eps_file = Path(tmp) / cfg.slug() / "{robot}.jsonl"
-            eps_file.parent.mkdir()
-            params = metaworld_params(cfg, robots, episodes, seed, str(eps_file), Path(tmp) / f"{cfg.slug()}.yaml")
-            env = ros_env(domain_id=pick_free_domain(), log_dir=str(Path(tmp) / "ros_log"))
-            print(f"[demo] {cfg.label}: server (flow policy, {cfg.scheduler}) + {robots} Meta-World robots ...", flush=True)
-            t0, cpu0 = time.monotonic(), cpu_times()
-            specs = server(params) + [
-                ModuleSpec(f"metaworld_robots_{i}", "robotserve_ros.nodes.metaworld_robot",
-                           ["--robots", str(min(PER_PROCESS, robots - i)), "--first-index", str(i), "--params", params])
-                for i in range(0, robots, PER_PROCESS)]
-            group = ProcessGroup(specs, env, out_dir / "logs" / cfg.slug()).start()
-            try:
-                got = _collect(env, robots, episodes, timeout, group)
-            finally:
-                group.stop()
-            eps = [json.loads(line) for f in sorted(eps_file.parent.glob("*.jsonl")) for line in f.read_text().splitlines()]
-            run = {"control_hz": CONTROL_HZ, "scheduler": cfg.scheduler, "horizon": cfg.horizon, "param": cfg.param, "robot_params": cfg.robot,
-                   "server_params": cfg.server, "wall_s": round(time.monotonic() - t0, 1), "server": got["server"],
-                   # every process of the machine, ours and the other users': how contended the run was
-                   "machine_busy": round(busy_fraction(cpu0, cpu_times()), 3),
-                   "episodes": sorted(eps, key=lambda e: (e["robot"], e["task_id"]))}
-            run["summary"] = summarize_episodes(run)
-            results["runs"][cfg.label] = run
-            print(f"[demo] {cfg.label}: {len(eps)}/{robots * episodes} episodes in {run['wall_s']} s", flush=True)
+        for b, n in enumerate(sizes):
+            for cfg in configs:
+                part = _run_block(cfg, robots, n, sum(sizes[:b]), seed, Path(tmp) / f"{cfg.slug()}_{b}", out_dir, timeout)
+                print(f"[demo] {cfg.label}, block {b + 1}/{len(sizes)}: {len(part['episodes'])}/{robots * n} episodes "
+                      f"in {part['wall_s']} s", flush=True)
+                _merge(results["runs"].setdefault(cfg.label, {}), part)
+    for run in results["runs"].values():
+        run["episodes"].sort(key=lambda e: (e["robot"], e["seed"]))
+        run["summary"] = summarize_episodes(run)
     results["loadavg_end"] = list(os.getloadavg())
     results["why"] = why_closed_loop(results["runs"])
     results["target"] = closed_loop_target(results["runs"])
@@ -268,3 +293,53 @@ def run_metaworld_demo(out_dir: Path, robots: int = 10, episodes: int = EPISODES
     (out_dir / "live_demo.json").write_text(json.dumps(results, indent=1) + "\n")
     write_metaworld_report(results, out_dir)
     return results
+
+
+def _run_block(cfg: DemoConfig, robots: int, episodes: int, first: int, seed: int, tmp: Path, out_dir: Path,
+               timeout: float) -> dict:
+    """One configuration on episodes first .. first + episodes - 1 of every robot: a server and
+    the robots' processes on a private domain, until every episode ended."""
+    from ..launch_description import server
+    from ..machine import busy_fraction, cpu_times
+    from ..study.metaworld_task import CONTROL_HZ
+    from .processes import ModuleSpec
+
+    eps_file = tmp / "{robot}.jsonl"
+    tmp.mkdir()
+    params = metaworld_params(cfg, robots, episodes, seed, str(eps_file), tmp / "params.yaml", first_episode=first)
+    env = ros_env(domain_id=pick_free_domain(), log_dir=str(tmp / "ros_log"))
+    print(f"[demo] {cfg.label}: server (flow policy, {cfg.scheduler}) + {robots} Meta-World robots ...", flush=True)
+    t0, cpu0 = time.monotonic(), cpu_times()
+    specs = server(params) + [
+        ModuleSpec(f"metaworld_robots_{i}", "robotserve_ros.nodes.metaworld_robot",
+                   ["--robots", str(min(PER_PROCESS, robots - i)), "--first-index", str(i), "--params", params])
+        for i in range(0, robots, PER_PROCESS)]
+    group = ProcessGroup(specs, env, out_dir / "logs" / tmp.name).start()
+    try:
+        got = _collect(env, robots, episodes, timeout, group)
+    finally:
+        group.stop()
+    wall = time.monotonic() - t0
+    return {"control_hz": CONTROL_HZ, "scheduler": cfg.scheduler, "horizon": cfg.horizon, "param": cfg.param,
+            "robot_params": cfg.robot, "server_params": cfg.server, "wall_s": round(wall, 1), "server": got["server"],
+            # every process of the machine, ours and the other users': how contended the run was
+            "machine_busy": round(busy_fraction(cpu0, cpu_times()), 3),
+            "episodes": [json.loads(line) for f in sorted(tmp.glob("*.jsonl")) for line in f.read_text().splitlines()]}
+
+
+def _merge(run: dict, part: dict) -> None:
+    """A block into its configuration's run: episodes joined, the server's rounds served summed,
+    its engine utilisation and the machine's busy share weighted by wall time; each block kept."""
+    blocks = run.setdefault("blocks", [])
+    blocks.append({k: part[k] for k in ("wall_s", "machine_busy", "server")})
+    eps = run.get("episodes", []) + part["episodes"]
+    run.update({k: v for k, v in part.items() if k not in ("episodes", "server", "wall_s", "machine_busy")})
+    wall = sum(b["wall_s"] for b in blocks) or 1.0
+
+    def weighted(get) -> float:
+        return round(sum(get(b) * b["wall_s"] for b in blocks) / wall, 3)
+
+    run.update(episodes=eps, wall_s=round(sum(b["wall_s"] for b in blocks), 1),
+               machine_busy=weighted(lambda b: b["machine_busy"]),
+               server={**part["server"], "served": str(sum(int(float(b["server"].get("served", 0) or 0)) for b in blocks)),
+                       "engine_utilization": str(weighted(lambda b: float(b["server"].get("engine_utilization", "nan"))))})

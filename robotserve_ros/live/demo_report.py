@@ -160,12 +160,55 @@ def why_closed_loop(runs: dict) -> str:
     f, b = runs[fifo]["summary"], runs[best]["summary"]
     red = (f["avg_latency_s"] - b["avg_latency_s"]) / f["avg_latency_s"] * 100
     winner, loser, ws, ls = (best, fifo, b, f) if red > 0 else (fifo, best, f, b)
+    split = attribution(runs)
     return (f"{winner} won ({abs(red):.1f}% {'lower' if red > 0 else 'higher'} average episode time for {best} than "
             f"{fifo}): its robots executed "
             f"{ws['actions_per_round']:.1f} actions per round vs {ls['actions_per_round']:.1f} "
             f"({ws['rounds_per_episode']:.1f} vs {ls['rounds_per_episode']:.1f} rounds per episode), so they waited "
             f"{ws['mean_idle_s']:.2f} s vs {ls['mean_idle_s']:.2f} s per episode for chunks, at success "
-            f"{ws['success']:.2f} vs {ls['success']:.2f}.")
+            f"{ws['success']:.2f} vs {ls['success']:.2f}." + (" " + split if split else ""))
+
+
+def attribution(runs: dict) -> str:
+    """Horizon and order apart, from the demo's own rows (issue 34 item 6): FIFO + the dynamic
+    horizon against the FIFO + static baseline is the horizon's part; the execution-aware row
+    against FIFO + the dynamic horizon is the order's. Both as shares of the baseline's time."""
+    def find(ok):
+        return next((k for k, r in runs.items() if ok(r.get("scheduler"), r.get("horizon")) and r["summary"]["episodes"]), None)
+
+    base = find(lambda s, h: s == "fifo" and h == "static")
+    dyn = find(lambda s, h: s == "fifo" and h not in (None, "static"))
+    aware = find(lambda s, h: s not in (None, "fifo"))
+    if None in (base, dyn, aware):
+        return ""
+    b, d, a = (runs[k]["summary"] for k in (base, dyn, aware))
+    t = b["avg_latency_s"]
+
+    def change(x: float) -> str:
+        return f"{abs(x):.2f} s {'less' if x >= 0 else 'more'} per episode ({abs(100 * x / t):.1f} % of the baseline's)"
+
+    other = "" if runs[aware]["horizon"] == runs[dyn]["horizon"] else f" (and {runs[aware]['horizon']} for the horizon)"
+    return (f"Horizon: {dyn} vs {base}: {change(t - d['avg_latency_s'])}, "
+            f"{d['actions_per_round']:.1f} vs {b['actions_per_round']:.1f} actions per round; order{other}: "
+            f"{aware} vs {dyn}: {change(d['avg_latency_s'] - a['avg_latency_s'])}, "
+            f"engine utilisation {a['engine_utilization']:.2f} vs {d['engine_utilization']:.2f}.")
+
+
+def study_lines(study: str, robots: int = 100) -> list:
+    """The closed-loop study of record (`study`: its path in the repository) at `robots` robots
+    (its primary test and its primary profile's table), as Markdown lines: the demo prints them
+    after its own rows."""
+    import json
+
+    from ..bench.fleet_closed_report import primary_lines, regime_lines
+
+    rep = json.loads((Path(__file__).resolve().parents[2] / study).read_text())
+    lines = ["", f"The closed-loop study of record ({study}; `robotserve study fleet-closed`, the virtual fleet "
+                 f"on the trained policy, 200 paired episodes per row), primary test:", ""] + primary_lines(rep)
+    for g in rep["regimes"]:
+        if (g["robots"], g["profile"]) == (robots, rep["primary"]["profile"]):
+            lines += ["", f"{robots} robots, {g['profile']} profile:", ""] + regime_lines(rep, g)
+    return lines
 
 
 TARGET_REDUCTION = 0.20  # the closed-loop demo's claimed effect: average episode time 20 % below FIFO's
@@ -256,7 +299,10 @@ def write_metaworld_report(results: dict, out_dir: Path, plot: bool = True) -> N
         from ..sim.closed_loop import sim_vs_live_lines
 
         lines += sim_vs_live_lines(results)
-    lines += ["", "Why: " + results["why"], "", "![episode times](live_demo.png)", ""]
+    lines += ["", "Why: " + results["why"]]
+    if results.get("study_of_record"):
+        lines += study_lines(results["study_of_record"])
+    lines += ["", "![episode times](live_demo.png)", ""]
     (out_dir / "live_demo.md").write_text("\n".join(lines))
     print("\n".join(line for line in lines[lines.index("| configuration | episodes | success (95 % CI) | avg episode s "
                                                         "| P95 s | mean idle s | rounds served | rounds/episode "

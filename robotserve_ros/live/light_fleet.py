@@ -34,8 +34,7 @@ from typing import Optional
 
 import numpy as np
 
-from ..core.robot_loop import RobotLoop
-from ..core.robot_timing import trigger_actions
+from ..core.robot_loop import loop_fields, RobotLoop, trigger_actions
 
 
 def _robot_config(params: Optional[str], config_class=None, section_name: str = "/**/robot_client"):
@@ -101,13 +100,8 @@ class LightRobot:
         return max(0, self.queue_end - self.timestep)
 
 
-def _loop_field(name: str) -> property:
-    return property(lambda self: getattr(self.loop, name), lambda self, v: setattr(self.loop, name, v))
-
-
-for _name in ("task_k", "task_id", "round", "outstanding", "open_round", "retry_at", "task_start", "exec_start",
-              "idle", "chunks", "done", "finished_tasks", "continued"):
-    setattr(LightRobot, _name, _loop_field(_name))
+loop_fields(LightRobot, ("task_k", "task_id", "round", "outstanding", "open_round", "retry_at", "task_start",
+                        "exec_start", "idle", "chunks", "done", "finished_tasks", "continued"))
 
 
 class _FleetHooks:
@@ -278,25 +272,16 @@ class LightFleetNode:
         if key != (r.task_id, r.round) or r.done:  # (done: every task finished; a late answer must not restart one)
             r.acct.left_task_answers += 1
             return
-        r.outstanding = False
         self._drop_calls(r)
         now = self.clock.now()
-        if resp is None:
-            r.retry_at = now + self.c.retry_s
-            return
-        if resp.status.code != 0:
-            r.retry_at = now + self.c.retry_s
-            if resp.status.reason in ("unknown_task", "task_dropped"):
+        if resp is None or resp.status.code != 0 or not self.use_chunk(r, resp.chunk):
+            r.loop.refused(now)  # asked again after retry_s
+            if resp is not None and resp.status.reason in ("unknown_task", "task_dropped"):
                 # The server forgot the task (restarted, or reaped it): the motion goes on
                 # under a new task id from round 0; the queue left is kept.
                 self.by_task.pop(r.task_id, None)
-                r.task_k += 1
-                r.continued += 1
-                r.start_task(now, keep_motion=True)
+                r.loop.restart(now)
                 self.by_task[r.task_id] = r
-            return
-        if not self.use_chunk(r, resp.chunk):
-            r.retry_at = now + self.c.retry_s
             return
         r.acct.on_chunk_used(key, reply_ms, r.left())
         r.loop.answered(now)

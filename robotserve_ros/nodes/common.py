@@ -18,6 +18,8 @@ from rcl_interfaces.msg import ParameterDescriptor
 
 from ..config import (Config, ConfigError, bad, check, check_one_of, defaults_of, flatten, from_tree,  # noqa: F401
                       param, unflatten)
+from ..core.task_auth import body_mac
+from .canonical import canonical
 
 C = TypeVar("C", bound=Config)
 
@@ -128,6 +130,32 @@ def to_sec(t: Time) -> float:
 def to_ns(t: Time) -> int:
     """A stamp in integer ns: what a task MAC covers (core/task_auth.py), exact both ends."""
     return int(t.sec) * 1_000_000_000 + int(t.nanosec)
+
+
+def signed_body(msg) -> bytes:
+    """What a task MAC covers (core/task_auth.py): the whole message, canonical, its auth_mac empty."""
+    mac, msg.auth_mac = msg.auth_mac, []
+    try:
+        return canonical(msg)
+    finally:
+        msg.auth_mac = mac
+
+
+class Stamps:
+    """Strictly increasing stamps for one signer: a signed message's stamp is its sequence
+    number (core/task_auth.py), and a coarse clock (sim time) can read the same twice."""
+
+    def __init__(self) -> None:
+        self.last = 0
+
+    def __call__(self, now: float) -> Time:
+        self.last = ns = max(int(round(now * 1e9)), self.last + 1)
+        return Time(sec=ns // 1_000_000_000, nanosec=ns % 1_000_000_000)
+
+
+def sign(msg, key: bytes, kind: str) -> None:
+    """Set msg.auth_mac to the MAC of everything else in it (its auth stamp set before)."""
+    msg.auth_mac = body_mac(key, kind, signed_body(msg))
 
 
 def to_time(s: float) -> Time:

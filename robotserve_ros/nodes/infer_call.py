@@ -4,8 +4,14 @@ from __future__ import annotations
 
 from ..core.errors import RequestError
 from ..serve import Proof
-from .common import to_ns
+from .common import signed_body, to_ns
 from .convert import check_robot_id, check_service_name, fill_chunk, fill_status, request_from_msg
+
+
+def proof_of(msg, stamp, kind: str) -> Proof:
+    """A signed message's proof for the fleet's task auth: the body is serialized only when signed."""
+    mac = bytes(msg.auth_mac)
+    return Proof(to_ns(stamp), mac, signed_body(msg) if mac else b"", kind)
 
 
 class InferCall:
@@ -21,7 +27,7 @@ class InferCall:
         self.req = request_from_msg(request, spec)
         self.robot = check_robot_id(request.robot_id, spec.max_task_id_bytes)
         check_service_name(request.refresh_service)
-        self.proof = Proof(to_ns(request.auth_stamp), bytes(request.auth_mac))
+        self.proof = proof_of(request, request.auth_stamp, "infer")
         if request.language_prompt:  # language from this round's prefill (seed 001): the vla_language service
             if language is None:
                 raise RequestError("this server decodes no language: start it with the vla_language service")

@@ -29,16 +29,17 @@ from ..core.errors import RequestError
 from ..core.task_auth import NotTaskOwner, TaskBinder
 from ..core.types import ExecInfo
 from ..msg import ExecutionProgress
-from ..serve import Proof, StageTrace, build_fleet, build_tiers
+from ..serve import StageTrace, build_fleet, build_tiers
 from ..srv import Infer
-from .common import exit_process, NodeClock, ParamError, run_nodes, service_qos, to_ns, to_sec
+from .common import exit_process, NodeClock, ParamError, run_nodes, service_qos, to_sec
 from .managed import ManagedNode
 from .deferred import DeferredReplies
 from .convert import check_robot_id, check_service_name, fill_status
-from .infer_call import InferCall
+from .infer_call import InferCall, proof_of
 from .refresh import ObservationRefresher
 from .server_config import InferenceServerConfig
-from .server_diagnostics import MemoryTrace, RecentErrors, check_interfaces, diagnostic_array, server_stats, trim_heap
+from .server_diagnostics import (MemoryTrace, RecentErrors, check_interfaces, diagnostic_array, server_stats,
+                                 start_metrics, trim_heap)
 from .services import SERVICES
 
 __all__ = ["InferenceServerConfig", "InferenceServerNode", "check_robot_id", "check_service_name", "main"]
@@ -94,6 +95,7 @@ class InferenceServerNode(ManagedNode):
             except (TypeError, ValueError, OSError) as e:
                 self.cleanup()
                 raise ParamError(f"parameter '{name}': no {name} service with these: {e}") from e
+        self.metrics = start_metrics(self, c)  # before activate: its histograms see every round
         self.get_logger().info(f"configured for {c.service}: scheduler {c.scheduler.name}, engine {c.engine.name}, "
                                f"engine profile saturation batch {self.engine.profile.saturation_batch}")
 
@@ -185,7 +187,7 @@ class InferenceServerNode(ManagedNode):
 
     def _check_owner(self, m) -> None:
         """A refresh-topic message (an srv/Infer request) is its task's robot's (task auth)."""
-        self.fleet.check_owner(m.task_id, int(m.round_id), m.robot_id, Proof(to_ns(m.auth_stamp), bytes(m.auth_mac)))
+        self.fleet.check_owner(m.task_id, m.robot_id, proof_of(m, m.auth_stamp, "refresh"))
 
     def _on_progress(self, m) -> None:
         with self.lock:
@@ -193,9 +195,8 @@ class InferenceServerNode(ManagedNode):
                 self.progress_refused["unknown_task"] += 1
                 return
             try:  # another node ending or keeping alive a task not its own
-                self.fleet.check_owner(m.task_id, int(m.round_id), m.robot_id,
-                                       Proof(to_ns(m.header.stamp), bytes(m.auth_mac)))
-            except NotTaskOwner:
+                self.fleet.check_owner(m.task_id, m.robot_id, proof_of(m, m.header.stamp, "progress"))
+            except NotTaskOwner:  # a topic has no reply: counted (progress_refused on /diagnostics)
                 self.progress_refused["not_task_owner"] += 1
                 return
             self.fleet.touch(m.task_id)
@@ -229,8 +230,8 @@ class InferenceServerNode(ManagedNode):
 
     def cleanup(self) -> None:
         """Free the fleet, its engine(s) and the side services (lifecycle cleanup)."""
-        if self.memory is not None:
-            self.memory.close()
+        for tool in filter(None, (self.memory, getattr(self, "metrics", None))):  # memory trace, metrics endpoint
+            tool.close()
         for svc in getattr(self, "side_services", {}).values():
             svc.close()
         self.fleet.close()

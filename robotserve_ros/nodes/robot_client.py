@@ -51,15 +51,15 @@ from std_msgs.msg import Float64MultiArray
 from trajectory_msgs.msg import JointTrajectory
 
 from ..core.action_queue import ActionQueue
-from ..core.robot_timing import OpenRound, trigger_actions
+from ..core.robot_loop import loop_fields, RobotLoop, trigger_actions
 from ..action import RunTask
 from ..sim.simulator import task_type_of
 from ..msg import ExecutionProgress
 from ..srv import FetchObservation, Infer
-from .common import (exit_process, NodeClock, lean_node_kwargs, ParamError, run_nodes, service_qos, to_ns,
+from .common import (exit_process, NodeClock, lean_node_kwargs, ParamError, run_nodes, service_qos, sign, Stamps,
                      to_time)
 from .managed import ManagedNode
-from ..core.task_auth import read_key, task_mac
+from ..core.task_auth import read_key
 from .client_account import ClientAccount
 from .convert import chunk_to_array, is_namespace
 from .interface_check import waiting_for
@@ -68,7 +68,7 @@ from .robot_client_config import COMMAND_TYPES, RobotClientConfig  # noqa: F401 
 from .robot_commands import JointCommands
 from .robot_goals import RunTaskGoals
 from .robot_sensors import RobotSensors
-from .rtc_client import RtcAccount
+from ..core.rtc_account import RtcAccount
 
 
 class RobotClientNode(RobotSensors, JointCommands, RunTaskGoals, ManagedNode):
@@ -77,7 +77,7 @@ class RobotClientNode(RobotSensors, JointCommands, RunTaskGoals, ManagedNode):
     def __init__(self, name: str = "robot_client", namespace: str = "", **kw) -> None:
         super().__init__(name, namespace=namespace, **kw)
         self.acct = None
-        self.task_k = 0  # kept across cleanup + configure: a task id is never sent twice
+        self.robot_loop = None  # core/robot_loop.py: timing, re-send and task bookkeeping (configure)
         self.autostart()
 
     def configure(self, c: RobotClientConfig) -> None:
@@ -87,7 +87,7 @@ class RobotClientNode(RobotSensors, JointCommands, RunTaskGoals, ManagedNode):
         # robot_name that is no ROS namespace is sent anonymous, or refused with a key.
         self.robot_id = "/" + self.robot if is_namespace("/" + self.robot) else ""
         try:
-            self.task_key = read_key(c.task_key_file) if c.task_key_file else None
+            self.task_key, self.stamps = (read_key(c.task_key_file) if c.task_key_file else None), Stamps()
         except (OSError, ValueError) as e:
             raise ParamError("task_key_file", str(e)) from None
         if self.task_key is not None and not self.robot_id:
@@ -96,6 +96,11 @@ class RobotClientNode(RobotSensors, JointCommands, RunTaskGoals, ManagedNode):
         self.draining = False  # SIGUSR1: start no new round, see the open ones through (bench drain)
         self.trigger = c.trigger_actions if c.trigger_actions >= 0 else trigger_actions(c.expected_latency_s, self.hz)
         self.resend_after = c.resend_after_s or max(2.0, 20 * c.expected_latency_s)
+        k = self.robot_loop.task_k if self.robot_loop is not None else 0  # a task id is never sent twice
+        self.robot_loop = RobotLoop(self.robot, self.hz, self.trigger, resend_after_s=self.resend_after,
+                                    request_timeout_s=c.request_timeout_s, retry_s=c.retry_s)
+        self.robot_loop.task_k, self.robot_loop.done = k, True  # no task until one starts
+        self.hooks = _ClientHooks(self)
         self.mix = None
         if c.workload:
             from ..sim.workloads import builtin_workload
@@ -120,8 +125,6 @@ class RobotClientNode(RobotSensors, JointCommands, RunTaskGoals, ManagedNode):
         self.fetch = self.create_service(FetchObservation, "~/fetch_observation", self._on_fetch)
         self.fetch_name = self.resolve_service_name("~/fetch_observation")  # the server needs it expanded
         self.cli = self.create_client(Infer, c.service, qos_profile=service_qos())
-        self.finished_tasks = 0
-        self.tasks_continued = 0
         self.fut, self.futs = None, []  # the latest call, and every call open for the current round
         self.goal, self.goal_end = None, None  # the running RunTask goal, and the future its execute awaits
         self.goals = 0
@@ -129,7 +132,7 @@ class RobotClientNode(RobotSensors, JointCommands, RunTaskGoals, ManagedNode):
         self.connected = False
         self.waiting_since = None
         self.last_latency_s = 0.0
-        self.task_id, self.done, self.task_start, self.chunk_names = f"{self.robot}/task0", True, None, None
+        self.chunk_names = None
         # Only where goals are taken: each action server is 3 services and 2 topics more for
         # the executor of a process hosting many robots (see LEAN_ABOVE).
         self.actions = ActionServer(self, RunTask, "~/run_task", self._run_task, goal_callback=self._on_goal,
@@ -173,7 +176,6 @@ class RobotClientNode(RobotSensors, JointCommands, RunTaskGoals, ManagedNode):
     # --- task lifecycle -------------------------------------------------------------
     def _start_task(self, goal=None) -> None:
         c = self.config
-        self.task_id = f"{self.robot}/task{self.task_k}"
         self.horizon = (c.horizon_policy, c.horizon_param >= 0, float(max(0.0, c.horizon_param)))
         self.budget = c.task_actions
         self.chunk_names, self.cmd_index = None, None
@@ -191,26 +193,8 @@ class RobotClientNode(RobotSensors, JointCommands, RunTaskGoals, ManagedNode):
             self.budget = int(goal.max_actions) or c.task_actions
         else:
             self.instruction = c.instruction
-        self.round = 0
-        self.outstanding = False
-        self.open_round = OpenRound()
-        self.retry_at = 0.0
         self.queue.reset()
-        self.task_start = None
-        self.exec_start = self.clock.now()
-        self.idle = 0.0
-        self.chunks = 0
-        self.done = False
-
-    def _continue_task(self) -> None:
-        """The server no longer knows the task (it restarted, or reaped it): the motion goes on
-        under a new task id from round 0, the queued actions kept; counted."""
-        self.task_k += 1
-        self.task_id = f"{self.robot}/task{self.task_k}"
-        self.round = 0
-        self.outstanding = False
-        self.open_round = OpenRound()
-        self.tasks_continued += 1
+        self.robot_loop.start_task(self.clock.now())
 
     def _task_actions(self) -> int:
         # A replayed task is its motion: done when the trace's actions are executed, however
@@ -224,63 +208,42 @@ class RobotClientNode(RobotSensors, JointCommands, RunTaskGoals, ManagedNode):
         return self.queue.timestep + len(self.queue) < self._task_actions()
 
     # --- control loop -------------------------------------------------------------------
+    def _execute(self) -> bool:
+        """One control tick's action, commanded (False: none queued, the robot holds position)."""
+        a = self.queue.pop()
+        if a is not None:
+            self._command(a)
+        return a is not None
+
     def _tick(self) -> None:
+        """The robot loop's tick (core/robot_loop.py: trigger point, hold, re-send, overdue); a
+        send waits for the server and the sensors; draining starts no new round, a due re-send
+        still goes."""
         if self.goal is not None:
             self._check_goal()
         if self.done:
             return
-        a = self.queue.pop()
-        self.acct.tick(a is not None, self.task_start is not None)
-        if a is None:
-            if self.task_start is not None:
-                self.idle += 1.0 / self.hz  # holding position: the chunk is late
-        else:
-            self._command(a)
-        if self._task_complete():
-            self._finish()
-            return
-        self._check_timeout()
-        # Draining starts no new round, but a re-send that could not go out yet (service not
-        # ready, a retry pause) is still the open round's and goes when it can.
-        if not self.outstanding and (self.open_round.resending or not self.draining) and len(self.queue) <= self.trigger \
-                and self._needs_more():
-            self._send()
-
-    def _send(self) -> None:
         now = self.clock.now()
-        if now < self.retry_at or not self._service_ready(now) or not self._sensors_ready():
-            return
+        commanded, event = self.robot_loop.tick(now, self.hooks, lambda: self._service_ready(now) and self._sensors_ready(),
+                                                self.draining)
+        self.acct.tick(commanded, self.task_start is not None)
+        if event == "finished":
+            self._finish()
+        elif event == "overdue":
+            self.acct.errors["timeout"] += 1
+            self._log_once("timeout", f"{self.task_id} round {self.round}: no answer in {self.config.request_timeout_s} s; "
+                                      "still re-sending (logged once; counted in the account)")
+        elif event == "send":
+            self._send(now)
+
+    def _send(self, now: float) -> None:
         r = self._infer_request(now)
-        if self.task_start is None:
-            self.task_start = now
-        self.outstanding = True
-        self.open_round.sent(now)
+        self.robot_loop.sent(now)
         task, rnd = self.task_id, self.round
         self.acct.on_send((task, rnd))
         self.fut = self.cli.call_async(r)
         self.futs.append(self.fut)
         self.fut.add_done_callback(lambda f: self._on_reply(task, f, rnd))
-
-    def _check_timeout(self) -> None:
-        """An answer that never comes must not freeze the robot: after the resend interval
-        (doubling per re-send) the same round goes again, so a lost reply is recovered; after
-        request_timeout_s the round is reported overdue (counted as a timeout) and still re-sent
-        -- never given up (core/robot_timing.py says why)."""
-        if not self.outstanding:
-            return
-        act = self.open_round.check(self.clock.now(), self.resend_after, self.config.request_timeout_s)
-        if act == "resend":
-            # The earlier call stays open: on a loaded robot its reply may only be late in our
-            # own executor, and dropping it here would drop every reply slower than
-            # resend_after (a livelock at 100 robots on 2 cores). Whichever answer comes first
-            # is used; the server never generates the round twice.
-            self.outstanding = False
-            self._send()
-            return
-        if act == "overdue":
-            self.acct.errors["timeout"] += 1
-            self._log_once("timeout", f"{self.task_id} round {self.round}: no answer in {self.config.request_timeout_s} s; "
-                                      "still re-sending (logged once; counted in the account)")
 
     def _drop_calls(self) -> None:
         """The calls still open for the current round are no longer wanted."""
@@ -300,17 +263,19 @@ class RobotClientNode(RobotSensors, JointCommands, RunTaskGoals, ManagedNode):
         if task != self.task_id or rnd != self.round:
             self.acct.left_task_answers += 1
             return  # an answer for a task we left, or a round we gave up on
-        self.outstanding = False
         self._drop_calls()
+        now = self.clock.now()
         if resp is None:
-            self.retry_at = self.clock.now() + self.config.retry_s
+            self.robot_loop.refused(now)  # asked again after retry_s
             return
         if resp.status.code != 0:
             self._log_once(resp.status.reason, f"{self.task_id} round {self.round}: {resp.status.reason}: "
                                                f"{resp.status.message} (each kind logged once; counted in the account)")
-            self.retry_at = self.clock.now() + self.config.retry_s
+            self.robot_loop.refused(now)
             if resp.status.reason in ("unknown_task", "task_dropped"):
-                self._continue_task()  # the server forgot us (restarted, or reaped the task)
+                # The server forgot us (restarted, or reaped the task): the motion goes on under
+                # a new task id from round 0, the queued actions kept; counted.
+                self.robot_loop.restart(now)
             return
         why = self._map_joints(list(resp.chunk.joint_names)) if resp.chunk.joint_names else ""
         if why:  # never executed on the wrong joints: the task ends and the robot holds
@@ -327,13 +292,10 @@ class RobotClientNode(RobotSensors, JointCommands, RunTaskGoals, ManagedNode):
         if self.config.command_type == "trajectory_chunk":
             self._send_trajectory()
         self.acct.on_chunk_used((task, rnd), reply_ms, len(self.queue))
-        self.exec_start = self.clock.now()  # this round's execution phase starts with its chunk
-        self.chunks += 1
-        self.round += 1
+        self.robot_loop.answered(now)  # this round's execution phase starts with its chunk
 
     def _finish(self) -> None:
-        self.done = True
-        self.finished_tasks += 1
+        """The task is over (the robot loop marked it done and counted it)."""
         self._publish_progress(task_done=True)
         if self.goal is not None:
             hook = self.goal.request.success_condition
@@ -353,7 +315,7 @@ class RobotClientNode(RobotSensors, JointCommands, RunTaskGoals, ManagedNode):
                 self._goal_feedback()
             return
         m = ExecutionProgress()
-        m.header.stamp = to_time(self.clock.now())
+        m.header.stamp = self.stamps(self.clock.now())  # signed: a sequence, so never the same twice
         m.task_id = self.task_id
         m.task_start = to_time(self.task_start)
         m.round_id = max(0, self.round - 1)
@@ -366,7 +328,7 @@ class RobotClientNode(RobotSensors, JointCommands, RunTaskGoals, ManagedNode):
         m.task_done = task_done
         m.robot_id = self.robot_id
         if self.task_key is not None:
-            m.auth_mac = task_mac(self.task_key, m.task_id, m.round_id, to_ns(m.header.stamp))
+            sign(m, self.task_key, "progress")
         self.progress.publish(m)
         if self.goal is not None and not task_done:
             self._goal_feedback()
@@ -413,6 +375,33 @@ class RobotClientNode(RobotSensors, JointCommands, RunTaskGoals, ManagedNode):
                             "tasks_continued": self.tasks_continued,
                             **({"rtc": self.rtc.snapshot()} if self.rtc is not None else {})})
         super().close()
+
+
+class _ClientHooks:
+    """The robot client's RobotHooks (core/robot_loop.py): its action queue and task."""
+
+    __slots__ = ("node",)
+
+    def __init__(self, node: RobotClientNode) -> None:
+        self.node = node
+
+    def execute(self) -> bool:
+        return self.node._execute()
+
+    def left(self) -> int:
+        return len(self.node.queue)
+
+    def task_over(self) -> bool:
+        return self.node._task_complete()
+
+    def needs_more(self) -> bool:
+        return self.node._needs_more()
+
+
+# The robot loop's state, read and written as the node's own (the mixins and progress use it).
+loop_fields(RobotClientNode, ("task_k", "task_id", "round", "outstanding", "open_round", "retry_at", "task_start",
+                              "exec_start", "idle", "chunks", "done", "finished_tasks"), attr="robot_loop",
+            renamed={"tasks_continued": "continued"})
 
 
 # A process hosting many robots spends most of its executor's time rebuilding the wait set

@@ -7,9 +7,8 @@ from __future__ import annotations
 import numpy as np
 from sensor_msgs.msg import Image, JointState
 
-from ..core.task_auth import task_mac
 from ..srv import Infer
-from .common import to_ns, to_time
+from .common import sign, to_time
 from .rtc_client import fill_leftover
 
 
@@ -81,6 +80,6 @@ class RobotSensors:
             fill_leftover(r, self.queue.queued())
         r.robot_id = self.robot_id
         if self.task_key is not None:
-            r.auth_stamp = to_time(now)
-            r.auth_mac = task_mac(self.task_key, r.task_id, r.round_id, to_ns(r.auth_stamp))
+            r.auth_stamp = self.stamps(now)
+            sign(r, self.task_key, "infer")
         return r

@@ -170,6 +170,19 @@ class TaskAuthConfig(Config):
         check(self.max_skew_s > 0, "max_skew_s", self.max_skew_s, "is not > 0")
 
 
+@dataclass(frozen=True)
+class MetricsConfig(Config):
+    """Prometheus metrics (serve/metrics.py, docs/metrics.md) on http://address:port/metrics."""
+
+    port: int = param(0, "-1: off; 0: a free port (shown in /diagnostics as metrics_port); else this port, 1..65535")
+    address: str = param("127.0.0.1", "the address it listens on (loopback: scraped from this host, or through a proxy)")
+    per_robot: bool = param(True, "per-robot series too (round latency histogram, rounds served; a series per robot)")
+
+    def check(self) -> None:
+        check(-1 <= self.port <= 65535, "port", self.port, "is not -1 (off), 0 (a free port) or 1..65535")
+        check(bool(self.address), "address", self.address, "is empty")
+
+
 _SIM_ENGINE = {"chunk_size": 50, "action_dim": 6, "steps": 10, "updates": True, "realtime": True}
 
 
@@ -207,6 +220,7 @@ class InferenceServerConfig(Config):
                           "thread, without services: theirs wait in a thread); bench fleet-live --executors compares them")
     infer_queue: QueueConfig = param(QueueConfig(), "srv/Infer's queues: DDS depth, calls waiting at once (OVERLOADED past)")
     task_auth: TaskAuthConfig = param(TaskAuthConfig(), "tasks bound to their robot by HMAC: key_dir, max_skew_s")
+    metrics: MetricsConfig = param(MetricsConfig(), "Prometheus metrics: port (-1 off, 0 a free one), address, per_robot")
     remote_tiers: tuple[str, ...] = param((), "cloud tiers (GPU servers): names, each a section beside these "
                                           "(address, token_file, root_cert, slots, ...)")
     ray_tiers: tuple[str, ...] = param((), "Ray Serve pools of policy replicas: names, each a section beside "

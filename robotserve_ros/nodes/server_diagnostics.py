@@ -11,6 +11,7 @@ from pathlib import Path
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 
 from ..serve.stats import load_stats, pcts
+from .common import ParamError
 
 
 def server_stats(node) -> dict:
@@ -26,9 +27,34 @@ def server_stats(node) -> dict:
             "robots": len(set(node.robots.values())),
             "progress_refused": dict(node.progress_refused),
             "protocols": node.fleet.protocol_stats(),
+            "metrics_port": node.metrics.port if getattr(node, "metrics", None) is not None else -1,
         })
     out["services"] = {n: svc.stats() for n, svc in node.side_services.items()}
     return out
+
+
+def start_metrics(node, c):
+    """The node's Prometheus endpoint (serve/metrics.py) per its `metrics` section; None when off.
+    Beside the fleet's figures: tasks the node finished and reaped, progress it refused."""
+    if c.metrics.port < 0:
+        return None
+    from ..serve.metrics import PROGRESS_REFUSED, TASKS_ENDED, MetricsServer
+
+    def node_counts() -> dict:
+        with node.fleet.lock:
+            return {TASKS_ENDED: ("Tasks ended: finished by their robot, or reaped after task_timeout_s "
+                                               "of silence", {("finished",): node.finished["tasks"],
+                                                              ("reaped",): node.finished["reaped"]}, ("how",)),
+                    PROGRESS_REFUSED: ("Progress messages not applied, by reason",
+                                                    {(k,): v for k, v in node.progress_refused.items()}, ("reason",))}
+
+    try:
+        m = MetricsServer(node.fleet, c.metrics.port, c.metrics.address, c.metrics.per_robot, node_counts)
+    except ValueError as e:  # the port taken: nothing of the node is left running
+        node.cleanup()
+        raise ParamError(*e.args) from None
+    node.get_logger().info(f"Prometheus metrics on {m.url}")
+    return m
 
 
 class RecentErrors:

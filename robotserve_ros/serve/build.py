@@ -82,22 +82,31 @@ def build_fleet(c, clock, *, tiers: Optional[TierSet] = None, scheduler=None, re
 
 def fleet_over(engine, scheduler, clock, *, tier: str = "edge", max_batch: Optional[int] = None,
                slots: Optional[int] = None, refresher=None, stale_obs_s: Optional[float] = None,
-               serve_with=None, **fleet_kw) -> Fleet:
+               serve_with=None, rtc_shape=None, **fleet_kw) -> Fleet:
     """A one-tier fleet: `engine` (or `serve_with`, a wrapper the runner calls instead) on
-    one tier of `slots` slots (default: the engine's own, else 1). Not started."""
+    one tier of `slots` slots (default: the engine's own, else 1). rtc_shape: (action_dim,
+    chunk_len) an RTC leftover is checked against at submit (engine_rtc_shape). Not started."""
     n = slots if slots is not None else getattr(engine, "slots", 1)  # a test double may not be an Engine
     fleet = fleet_of(scheduler, [Tier(tier, engine.profile, slots=n, max_batch=max_batch)], {tier: serve_with or engine},
-                     clock, refresher=refresher, stale_obs_s=stale_obs_s, **fleet_kw)
+                     clock, refresher=refresher, stale_obs_s=stale_obs_s, rtc_shape=rtc_shape, **fleet_kw)
     fleet.engine = engine
     return fleet
 
 
+def engine_rtc_shape(engine) -> Optional[tuple]:
+    """(action_dim, chunk_len) of an engine that inpaints (supports_rtc), for ServingCore's check of
+    a request's RTC leftover when it arrives; None otherwise."""
+    dim, chunk = getattr(engine, "action_dim", None), getattr(engine, "chunk_len", None)
+    ok = getattr(engine, "supports_rtc", False) and isinstance(dim, int) and isinstance(chunk, int)
+    return (dim, chunk) if ok else None
+
+
 def fleet_of(scheduler, tiers: list, engines: dict, clock, *, placement=None, refresher=None,
-             stale_obs_s: Optional[float] = None, horizon_params=None, **fleet_kw) -> Fleet:
+             stale_obs_s: Optional[float] = None, horizon_params=None, rtc_shape=None, **fleet_kw) -> Fleet:
     """A fleet over given tiers and their engines (the simulator's: a virtual clock, its
     engine model per tier, placement over them). Not started; a simulator drives its steps."""
     core = ServingCore(scheduler, tiers, clock, placement=placement, refresher=refresher, stale_obs_s=stale_obs_s,
-                       **({} if horizon_params is None else {"horizon_params": horizon_params}))
+                       rtc_shape=rtc_shape, **({} if horizon_params is None else {"horizon_params": horizon_params}))
     fleet = Fleet(core, engines, **fleet_kw)
     fleet.engine, fleet.pools = next(iter(engines.values())), []
     return fleet

@@ -43,10 +43,13 @@ class Refused(RequestError):
 
 @dataclass(frozen=True)
 class Proof:
-    """A request's task-authentication proof (core/task_auth.py): its stamp and MAC."""
+    """A message's task-authentication proof (core/task_auth.py): its stamp (the sequence
+    number), its MAC, and the bytes the MAC covers (the whole message, MAC field empty)."""
 
     stamp_ns: int = 0
     mac: bytes = b""
+    body: bytes = b""
+    kind: str = "infer"
 
 
 def _settle(fut: Future, result=None, error: Optional[Exception] = None) -> None:
@@ -81,7 +84,7 @@ class Session:
 
     def refuse(self, err: RequestError) -> None:
         """A request refused by the protocol's codec before it reached the fleet: counted."""
-        self.fleet.count_error(err, self.protocol)
+        self.fleet.count_error(err, self.protocol, self.robot)
 
     def withdraw(self, task_id: str, round_id: int) -> None:
         """The caller stopped waiting (its own timeout): the round stays queued, its reply unrouted."""
@@ -103,7 +106,9 @@ class Fleet:
     """A ServingCore and its Runner (built by serve/build.py), and the sessions on them.
 
     max_waiting: at most this many calls wait for their rounds (OVERLOADED past it);
-    binder: a core.task_auth.TaskBinder (every request proves its robot; round 0 binds);
+    binder: a core.task_auth.TaskBinder (every message proves its robot by a MAC over its whole
+    body, in sequence; the first request opens the task, in its robot's namespace). Without
+    one, a task still belongs to the protocol and robot of the session that opened it;
     task_timeout_s: a task not heard from for this long is dropped by reap()."""
 
     def __init__(self, core: ServingCore, engines: Mapping[str, object], *, max_waiting: Optional[int] = None,
@@ -119,6 +124,8 @@ class Fleet:
         self._calls: dict = {}  # (task_id, round_id) -> _Call: the one table of waiting calls
         self._owner: dict = {}  # task id -> its Session
         self.counts: dict = defaultdict(Counter)  # protocol -> submitted / served / refused:<code>
+        # (robot, refused:<code> / resent / replayed / given_up) -> its sessions' requests (the metrics' per robot)
+        self.robot_counts: Counter = Counter()
         self.mix: Counter = Counter()  # batches by the protocols of the robots in them
         self.batch_listeners: list = []  # (replies, dispatch, results) after every batch, under the lock
 
@@ -147,31 +154,40 @@ class Fleet:
         key = (req.task_id, req.round_id)
         with self.lock:
             try:
-                self._admit(s, req, proof, key)
+                opened = self._admit(s, req, proof, key)
             except RequestError as e:  # refused before the core saw it: counted there too
                 self._count(e)
                 return self._refused(s, req, fut, e)
             try:
                 self.counts[s.protocol]["submitted"] += 1
-                self._runner.submit(req, then=lambda p: self._register(s, key, fut, p))
+                self._runner.submit(req, then=lambda p: self._register(s, key, fut, p, req))
             except RequestError as e:  # counted by the core
-                return self._refused(s, req, fut, e)
+                return self._refused(s, req, fut, e, opened)
         return fut
 
-    def _admit(self, s: Session, req: InferenceRequest, proof: Optional[Proof], key: tuple) -> None:
-        if self.binder is not None:
-            self._check_owner(req.task_id, req.round_id, s.robot, proof, bind=req.round_id == 0)
+    def _admit(self, s: Session, req: InferenceRequest, proof: Optional[Proof], key: tuple) -> bool:
+        """A task is its opener's: the same protocol and robot (every protocol), and with a
+        binder the robot proven by a MAC over the message, in sequence (core/task_auth.py).
+        True: this request opened its task in the binder."""
+        owner = self._owner.get(req.task_id)
+        if owner is not None and (owner.protocol, owner.robot) != (s.protocol, s.robot):
+            raise Refused("not_task_owner", f"task {req.task_id!r} was opened by another robot")
+        opened = self.binder is not None and self._check_owner(req.task_id, s.robot, proof, bind=True)
         if self.max_waiting is not None and len(self._calls) >= self.max_waiting and key not in self._calls:
+            if opened:
+                self.binder.forget(req.task_id)
             raise Overloaded(f"{self.max_waiting} calls are waiting for their rounds; send it again later")
+        return opened
 
-    def _refused(self, s: Session, req: InferenceRequest, fut: Future, e: RequestError) -> Future:
+    def _refused(self, s: Session, req: InferenceRequest, fut: Future, e: RequestError, opened: bool = False) -> Future:
         self.counts[s.protocol]["refused:" + e.code] += 1
-        if self.binder is not None and req.task_id not in self._core.ledger.tasks:
-            self.binder.forget(req.task_id)  # a refused round 0 binds nothing
+        self.robot_counts[(s.robot, "refused:" + e.code)] += 1
+        if opened and req.task_id not in self._core.ledger.tasks:
+            self.binder.forget(req.task_id)  # a refused first request opens nothing
         fut.set_exception(e)
         return fut
 
-    def _register(self, s: Session, key: tuple, fut: Future, pending) -> None:
+    def _register(self, s: Session, key: tuple, fut: Future, pending, req: InferenceRequest) -> None:
         """Under the lock, before any batch can take the round."""
         task = key[0]
         self._owner[task] = s
@@ -180,26 +196,31 @@ class Fleet:
             self.heard.heard(task)
         if pending.replay is not None:  # a re-sent round already answered: its cached reply
             self.counts[s.protocol]["replayed"] += 1
+            self.robot_counts[(s.robot, "replayed")] += 1
             _settle(fut, pending.replay)
             return
+        if pending.request is not req:  # the core attached it to the round it holds (counted resent there)
+            self.robot_counts[(s.robot, "resent")] += 1
         # A re-sent round still queued or generating: the newest call gets the reply.
         self._answer(key, error=Refused("duplicate_request", "this round was sent again: its reply goes to the newer call"))
         self._calls[key] = _Call(fut, s)
 
-    def _check_owner(self, task_id: str, round_id: int, robot: str, proof: Optional[Proof], bind: bool) -> None:
+    def _check_owner(self, task_id: str, robot: str, proof: Optional[Proof], bind: bool) -> bool:
         p = proof or Proof()
-        self.binder.check(task_id, round_id, robot, p.stamp_ns, p.mac, self.clock.now(), bind=bind)
+        return self.binder.check(task_id, robot, p.kind, p.stamp_ns, p.body, p.mac, self.clock.now(), bind=bind)
 
-    def check_owner(self, task_id: str, round_id: int, robot: str, proof: Optional[Proof]) -> None:
-        """A message about a task (progress, a fresh observation) is its robot's: NotTaskOwner if not."""
+    def check_owner(self, task_id: str, robot: str, proof: Optional[Proof]) -> None:
+        """A message about an open task (progress, a fresh observation) is its robot's, and
+        not a replay: NotTaskOwner (a `not_task_owner` refusal) if not."""
         if self.binder is not None:
             with self.lock:
-                self._check_owner(task_id, round_id, robot, proof, bind=False)
+                self._check_owner(task_id, robot, proof, bind=False)
 
-    def count_error(self, err: RequestError, protocol: str = "?") -> None:
+    def count_error(self, err: RequestError, protocol: str = "?", robot: str = "") -> None:
         with self.lock:
             self._count(err)
             self.counts[protocol]["refused:" + err.code] += 1
+            self.robot_counts[(robot, "refused:" + err.code)] += 1
 
     def _count(self, err: RequestError) -> None:
         """Under the lock: a refusal by kind, and its reason as the newest of its kind (what
@@ -231,6 +252,7 @@ class Fleet:
         in max_attempts batches end their calls with the error."""
         for p in pendings:
             rid = p.request.round_id
+            self.robot_counts[(self.robot_of(p.task_id), "given_up")] += 1
             if isinstance(exc, RequestError):
                 error = Refused(exc.code, f"round {rid}: {exc.message}")
             else:
@@ -241,6 +263,11 @@ class Fleet:
     def protocol_of(self, task_id: str) -> str:
         s = self._owner.get(task_id)
         return s.protocol if s is not None else "?"
+
+    def robot_of(self, task_id: str) -> str:
+        """The robot of the session that submitted the task ('' anonymous or unknown)."""
+        s = self._owner.get(task_id)
+        return s.robot if s is not None else ""
 
     # --- tasks ---------------------------------------------------------------------------------
     def knows(self, task_id: str) -> bool:

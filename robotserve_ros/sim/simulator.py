@@ -25,7 +25,7 @@ from ..core.schedulers import make_scheduler
 from ..core.types import ExecInfo, HorizonChoice, InferenceRequest
 from ..engines.simulated import SimulatedEngine
 from ..serve import Refused, Tier, fleet_of
-from ..core.robot_timing import alone_latency, exec_start, request_after, trigger_actions
+from ..core.robot_loop import alone_latency, ReplayRobot, trigger_actions
 from .loop import VirtualLoop
 from .workload import HORIZON_MODES, TaskSpec, Workload
 
@@ -140,17 +140,14 @@ class SimResult:
         }
 
 
-class _Robot:
-    """One task in progress, seen from the robot."""
+class _Robot(ReplayRobot):
+    """One task in progress, seen from the robot: core/robot_loop.py's ReplayRobot of its trace."""
 
-    __slots__ = ("tid", "spec", "robot", "rounds", "arrival", "k", "prev_end", "idle", "kind")
+    __slots__ = ("spec", "robot", "kind")
 
-    def __init__(self, tid: str, spec: TaskSpec, robot: int, rounds, arrival: float) -> None:
-        self.tid, self.spec, self.robot, self.rounds, self.arrival = tid, spec, robot, rounds, arrival
-        self.kind = task_type_of(spec.id)
-        self.k = 0  # round being requested or executed
-        self.prev_end: Optional[float] = None
-        self.idle = 0.0
+    def __init__(self, tid: str, spec: TaskSpec, robot: int, rounds, arrival: float, expected_latency_s: float) -> None:
+        super().__init__(tid, rounds, spec.control_hz, trigger_actions(expected_latency_s, spec.control_hz), arrival)
+        self.spec, self.robot, self.kind = spec, robot, task_type_of(spec.id)
 
 
 class Simulator:
@@ -269,15 +266,17 @@ class _Run:
     # --- robot side ----------------------------------------------------------------
     def _arrive(self, tid: str, spec: TaskSpec, robot: int) -> None:
         now = self.clock.now()
-        rb = self.robots[tid] = _Robot(tid, spec, robot, spec.rounds[self.sim.horizon], now)
+        # Robots ask trigger_slack x earlier than just in time (Simulator's knob).
+        rb = self.robots[tid] = _Robot(tid, spec, robot, spec.rounds[self.sim.horizon], now,
+                                       self.sim.l1 * self.sim.trigger_slack)
         self._send(rb, None)
 
     def _send(self, rb: _Robot, info: Optional[ExecInfo]) -> None:
-        # Trace replay: the robot asks for the recorded horizon of this round.
-        h = HorizonChoice("static", float(rb.rounds[rb.k]))
-        left = len(rb.rounds) - rb.k  # the trace knows it exactly: only `srpt` reads it
+        # Trace replay: the robot asks for the recorded horizon of this round; the rounds left
+        # are known exactly (only `srpt` reads them).
+        h = HorizonChoice("static", float(rb.horizon()))
         # The task's type is what a server sees (its instruction); `remaining` learns from it.
-        self._submit(InferenceRequest(rb.tid, rb.k, info, h, remaining_rounds=left, task_type=rb.kind))
+        self._submit(InferenceRequest(rb.task_id, rb.round, info, h, remaining_rounds=rb.remaining(), task_type=rb.kind))
 
     def _submit(self, req: InferenceRequest) -> None:
         """Through the fleet: its reply (or its give-up after failed batches) comes back here."""
@@ -297,25 +296,14 @@ class _Run:
         self._send(self.robots[tid], info)
 
     def _chunk(self, rb: _Robot, horizon: int) -> None:
-        now = self.clock.now()
-        n, hz = rb.rounds[rb.k], rb.spec.control_hz
-        assert horizon == n, f"action manager returned H={horizon}, trace says {n}"
-        start = exec_start(now, rb.prev_end)
-        rb.idle += start - (rb.arrival if rb.prev_end is None else rb.prev_end)
-        end = start + n / hz
-        rb.prev_end = end
-        rb.k += 1
-        if rb.k < len(rb.rounds):
-            trig = trigger_actions(self.sim.l1 * self.sim.trigger_slack, hz)
-            t_req = start + request_after(n, trig, hz)
-            self.loop.at(t_req, self._request, rb.tid, ExecInfo(start, min(n, trig), hz))
-        else:
-            self.loop.at(end, self._task_done, rb.tid, start)
+        assert horizon == rb.horizon(), f"action manager returned H={horizon}, trace says {rb.horizon()}"
+        what, at, info = rb.answered(self.clock.now())
+        self.loop.at(at, self._request if what == "request" else self._task_done, rb.task_id, info)
 
-    def _task_done(self, tid: str, start: float) -> None:
+    def _task_done(self, tid: str, info: ExecInfo) -> None:
         now = self.clock.now()
         rb = self.robots.pop(tid)
-        rec = self.fleet.finish(tid, ExecInfo(start, 0, rb.spec.control_hz))
+        rec = self.fleet.finish(tid, info)
         wr = wait_ratio(rec, now)
         self.result.outcomes.append(
             TaskOutcome(tid, rb.spec.id, rb.robot, Span(rb.arrival, now), len(rb.rounds), rb.idle, wr,

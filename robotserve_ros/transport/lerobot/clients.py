@@ -3,10 +3,26 @@ from __future__ import annotations
 
 from typing import Optional
 
+import grpc
 import numpy as np
 
 from .groups import PolicyGroup
-from .payloads import Layout
+from .payloads import Layout, Refused
+
+RTC_HEADER = "robotserve-rtc"  # a session's real-time chunking, on its policy setup call: on / off (absent: the server's rtc)
+_SAYS = {"on": True, "true": True, "1": True, "off": False, "false": False, "0": False}
+
+
+def rtc_option(context, default: bool) -> bool:
+    """The session's RTC from its SendPolicyInstructions metadata (LeRobot's client sends none:
+    the server's `rtc`); a value other than on/off is refused naming the header."""
+    said = [v for k, v in context.invocation_metadata() or () if k == RTC_HEADER]
+    if not said:
+        return default
+    if len(said) > 1 or not isinstance(said[0], str) or said[0].lower() not in _SAYS:
+        raise Refused("bad_rtc", grpc.StatusCode.INVALID_ARGUMENT,
+                      f"metadata {RTC_HEADER} must be one of on, off (true/false, 1/0), got {said[:2]!r}"[:200])
+    return _SAYS[said[0].lower()]
 
 
 class Client:
@@ -18,6 +34,7 @@ class Client:
         self.lru = 0.0  # monotonic time of its last call: least recently used sessions are evicted first
         self.held_bytes = 0  # observation bytes it holds (newest, held): max_session_bytes
         self.group: Optional[PolicyGroup] = None
+        self.spec = None  # the policy instructions it runs (an evicted session is re-established from them)
         self.session = None  # its group's fleet session (serve/), once it named a policy
         self.layout: Optional[Layout] = None
         self.actions_per_chunk = 1
@@ -30,7 +47,8 @@ class Client:
         self.ready = None  # (ChunkReply, timestep, timestamp) not yet fetched
         self.delivered_until = -1
         self.exec_start: Optional[float] = None
-        self.served = None  # core.rtc_rebuild.ServedChunk: the last chunk handed over (cfg.rtc)
+        self.served = None  # core.rtc_rebuild.ServedChunk: the last chunk handed over (rtc on)
+        self.rtc = False  # this session's real-time chunking (rtc_option)
         self.hz = float(fps)
         self.rate_anchor = None  # (timestep, client timestamp) where the current busy stretch began
         self.last_seen = now

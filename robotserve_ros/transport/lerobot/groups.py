@@ -12,6 +12,7 @@ from typing import Optional
 import grpc
 
 from ...serve import Fleet, fleet_over
+from ...serve.build import engine_rtc_shape
 from .config import CompatConfig
 from ..policy_source import NOT_ALLOWED, PolicySourceError, resolve_policy
 from ..tensors import shown
@@ -153,7 +154,8 @@ class PolicyGroups:
                           f"cannot load {key[0]} policy from {shown(path)}: {shown(str(e), 300)}") from None
         log.info("loaded %s policy from %s in %.1f s", shown(key[0]), shown(path, 200), time.monotonic() - t)
         fleet = fleet_over(engine, cfg.scheduler_config.build(), self.clock, tier=TIER, max_batch=cfg.max_batch, slots=1,
-                           refresher=self.refresher, stale_obs_s=cfg.stale_obs_s, lock=self.lock)
+                           refresher=self.refresher, stale_obs_s=cfg.stale_obs_s, lock=self.lock,
+                           rtc_shape=engine_rtc_shape(engine))
         return PolicyGroup(key, engine, fleet.start())
 
     def _layout(self, g: PolicyGroup, names: list, cams: list, rename: dict) -> Layout:

@@ -21,15 +21,11 @@ from ..call_guard import CallGuard
 from ..tensors import log_failure, shown
 from .config import CompatConfig
 from .groups import PolicyGroups
-from .clients import Client
+from .clients import Client, rtc_option
 from .payloads import Payloads, Refused, lerobot_modules
+from .sessions import SESSION_HEADER, Sessions  # noqa: F401  (SESSION_HEADER: importable from here)
 
 log = logging.getLogger("robotserve.lerobot")
-SESSION_HEADER = "robotserve-session"  # a session id the server issued (Ready's initial metadata); "new" on Ready: another session
-
-
-def _obs_bytes(obs: Observation) -> int:
-    return sum(int(i.nbytes) for i in obs.images) + int(obs.joints.nbytes)
 
 
 def _rpc(fn):
@@ -51,7 +47,7 @@ def _rpc(fn):
     return call
 
 
-class LeRobotCompatServicer:
+class LeRobotCompatServicer(Sessions):
     """transport.AsyncInference over the fleet scheduler.
 
     Each client is a session of its policy group's Fleet (serve/). One re-entrant lock, each fleet's,
@@ -65,9 +61,7 @@ class LeRobotCompatServicer:
         self.payloads = Payloads(self.pb, self.helpers, cfg, self.clock)
         self.lock = fleet.lock if fleet is not None else threading.RLock()
         self.changed = threading.Condition(self.lock)  # a chunk is ready, or a client went
-        self.clients: dict[str, Client] = {}  # by session id (issued here, unguessable)
-        self.by_peer: dict[str, str] = {}  # connection -> its session (clients that name none: LeRobot's)
-        self.evictions: dict[str, int] = {}
+        self._init_sessions()
         self.guard = CallGuard(cfg.guard_limits())
         groups = fleet.groups if fleet is not None else PolicyGroups
         self.policies = groups(cfg, self.clock, self.lock, tuple(constants.SUPPORTED_POLICIES), self._refresh)
@@ -111,14 +105,11 @@ class LeRobotCompatServicer:
             if key is None:  # no Ready before: the connection's session starts here
                 key = self._connection_session(context.peer()).key
             c = self._client(key, context)
-        group, layout, apc = self.policies.resolve(spec)
+        (group, layout, apc), rtc = self.policies.resolve(spec), rtc_option(context, self.cfg.rtc)
         with self.lock:
             if self.clients.get(c.key) is not c or c.group is not None or c.next_round:  # a new policy: a fresh task
                 c = self._start_client(c.key, c.peer)
-            c.group, c.layout, c.actions_per_chunk = group, layout, apc
-            c.session = group.fleet.session("lerobot", c.peer)
-            c.last_seen = self.clock.now()
-            group.last_used = time.monotonic()
+            self._use_policy(c, spec, group, layout, apc, rtc)
         log.info("client %s: task %s on %s %s, %d actions per chunk", shown(c.peer, 80), shown(c.task_id, 120),
                  shown(group.key[0]), shown(group.key[1], 200), apc)
         return self.pb.Empty()
@@ -127,6 +118,7 @@ class LeRobotCompatServicer:
     def SendObservations(self, request_iterator, context):  # noqa: N802
         key = self._key(context)
         tobs = self.payloads.loads(self._upload(request_iterator, context), self.helpers.TimedObservation, "observation")
+        key = key if key is not None else self._resumed_key(context)
         with self.lock:
             c = self._client(key, context)
             c.last_seen = self.clock.now()
@@ -178,8 +170,10 @@ class LeRobotCompatServicer:
     @_rpc
     def GetActions(self, request, context):  # noqa: N802
         end = time.monotonic() + self.cfg.get_actions_timeout_s
+        key = self._key(context)
+        key = key if key is not None else self._resumed_key(context)
         with self.lock:
-            c = self._client(self._key(context), context)
+            c = self._client(key, context)
         with self.changed:
             while c.ready is None:
                 c.last_seen = self.clock.now()
@@ -192,7 +186,7 @@ class LeRobotCompatServicer:
             h = len(reply.actions)
             c.delivered_until = max(c.delivered_until, t0 + h - 1)
             c.exec_start = self.clock.now()  # the client queues the chunk now: execution runs from here
-            if self.cfg.rtc:  # the reply log the next round's leftover is rebuilt from
+            if c.rtc:  # the reply log the next round's leftover is rebuilt from
                 c.served = ServedChunk(np.asarray(reply.actions, np.float32), t0, c.exec_start)
             c.counts["chunks"] += 1
             c.counts["actions"] += h
@@ -280,90 +274,6 @@ class LeRobotCompatServicer:
         """Under the lock: the client whose task this is, if any."""
         return next((c for c in self.clients.values() if c.task_id == task_id), None)
 
-    # --- clients --------------------------------------------------------------------------
-    @staticmethod
-    def _session_header(context):
-        for k, v in context.invocation_metadata() or ():
-            if k == SESSION_HEADER and v:
-                return v
-        return None
-
-    def _key(self, context):
-        """The call's session: the id it names (one this server issued: never taken on the
-        client's word), else its connection's session. None: no session."""
-        sid = self._session_header(context)
-        if sid is not None:
-            return sid
-        with self.lock:
-            return self.by_peer.get(context.peer())
-
-    def _client(self, key, context) -> Client:
-        """Under the lock: the session, or no_session (an id never issued reads the same as
-        one that ended: no oracle for live ids)."""
-        c = self.clients.get(key) if key is not None else None
-        if c is None:
-            raise self._no_session()
-        c.lru = time.monotonic()
-        return c
-
-    @staticmethod
-    def _no_session() -> Refused:
-        return Refused("no_session", grpc.StatusCode.FAILED_PRECONDITION,
-                       "no session for this call (it names no session this server issued, or it was silent too long): "
-                       "call Ready and SendPolicyInstructions first")
-
-    def _start_client(self, key: str, peer: str) -> Client:
-        """Under the lock: a new task for session `key`, ending the one it had; past
-        max_sessions the least recently used other session is evicted (counted)."""
-        old = self.clients.pop(key, None)
-        if old is not None:
-            self._end(old, unbind=False)  # the same session, a new task: still its connection's
-        while len(self.clients) >= self.cfg.max_sessions:
-            self._evict("sessions_evicted")
-        self._n += 1
-        c = self.clients[key] = Client(key, f"lerobot/{peer}#{self._n}", self.clock.now(), self.cfg.fps)
-        c.peer, c.lru = peer, time.monotonic()
-        self.changed.notify_all()
-        return c
-
-    def _connection_session(self, peer: str) -> Client:
-        """Under the lock: a new session for the connection (a second Ready restarts it)."""
-        prev = self.by_peer.get(peer)
-        if prev is not None and prev in self.clients:
-            self._end(self.clients.pop(prev))
-        c = self._start_client(secrets.token_urlsafe(18), peer)  # unguessable: 144 random bits
-        self.by_peer[peer] = c.key
-        return c
-
-    def _evict(self, why: str, keep=None) -> None:
-        """Under the lock: end the least recently used session other than `keep`."""
-        lru = min((c for c in self.clients.values() if c is not keep), key=lambda c: c.lru)
-        log.warning("session of %s evicted (%s): task %s dropped", shown(lru.peer, 80), why, shown(lru.task_id, 120))
-        self._end(self.clients.pop(lru.key))
-        self.evictions[why] = self.evictions.get(why, 0) + 1
-        self.changed.notify_all()
-
-    def _bound_bytes(self, c: Client) -> None:
-        """Under the lock: the observations sessions hold within max_session_bytes, the least
-        recently used others evicted first; a session that alone passes it is refused."""
-        c.held_bytes = sum(_obs_bytes(o[2]) for o in (c.newest, c.held) if o is not None)
-        total = sum(x.held_bytes for x in self.clients.values())
-        while total > self.cfg.max_session_bytes and len(self.clients) > 1:
-            self._evict("session_bytes_evicted", keep=c)
-            total = sum(x.held_bytes for x in self.clients.values())
-        if total > self.cfg.max_session_bytes:
-            c.newest = c.held = None
-            c.held_bytes = 0
-            raise Refused("session_bytes", grpc.StatusCode.RESOURCE_EXHAUSTED,
-                          f"this session's observations pass max_session_bytes ({self.cfg.max_session_bytes})")
-
-    def _end(self, c: Client, unbind: bool = True) -> None:
-        """Under the lock: drop the client's task, its queued round and its observation history."""
-        if unbind and self.by_peer.get(c.peer) == c.key:
-            del self.by_peer[c.peer]
-        if c.session is not None:
-            c.session.drop(c.task_id, "task_dropped", "the client's session ended")
-
     def _reap_loop(self) -> None:
         while not self._stop.wait(min(0.5, self.cfg.upload_timeout_s / 4)):
             now = time.monotonic()
@@ -400,7 +310,8 @@ class LeRobotCompatServicer:
         refused requests and failed batches."""
         with self.lock:
             out = {"protocol_errors": dict(self.protocol_errors), "clients_reaped": self.clients_reaped,
-                   "evictions": dict(self.evictions), "policies_unloaded": self.policies.unloaded,
+                   "evictions": dict(self.evictions), "sessions_resumed": self.sessions_resumed,
+                   "policies_unloaded": self.policies.unloaded,
                    "calls": {**dict(self.guard.counts), **self.guard.stats()},
                    "uploads_open": len(self.uploads), "uploads_cancelled": self.uploads_cancelled,
                    "uploads_abandoned": self.uploads_abandoned,

@@ -33,6 +33,12 @@ def add_arguments(p) -> None:
     p.add_argument("--key-map", action="append", metavar="OPENPI_KEY=FEATURE",
                    help="e.g. observation/image=observation.images.cam0 (default: openpi's conventions)")
     p.add_argument("--max-connections", type=positive(int), default=e.max_connections, help="open websockets at most")
+    p.add_argument("--max-connections-per-peer", type=positive(int), default=e.max_connections_per_peer,
+                   help="open websockets at most from one address")
+    p.add_argument("--max-pending-bytes", type=positive(int), default=e.max_pending_bytes,
+                   help="bytes of frames received and not yet answered, all robots together")
+    p.add_argument("--max-pending-bytes-per-peer", type=positive(int), default=e.max_pending_bytes_per_peer,
+                   help="bytes of frames received and not yet answered from one address")
     p.add_argument("--max-rate-hz", type=positive(), default=e.max_rate_hz, help="infer calls per second per robot")
     p.add_argument("--max-message-bytes", type=positive(int), default=e.max_message_bytes,
                    help="largest message a client may send")
@@ -56,6 +62,8 @@ def config_from_args(a) -> OpenPiConfig:
         keys[k] = v
     ep = EndpointConfig(host=a.host, port=a.port, api_key_file=a.api_key_file, control_hz=a.control_hz,
                         horizon=a.horizon, key_map=keys, max_connections=a.max_connections,
+                        max_connections_per_peer=a.max_connections_per_peer, max_pending_bytes=a.max_pending_bytes,
+                        max_pending_bytes_per_peer=a.max_pending_bytes_per_peer,
                         max_rate_hz=a.max_rate_hz, max_message_bytes=a.max_message_bytes, rtc=a.rtc)
     ep.api_key()  # an empty or unreadable key file stops the server here, before the model loads
     return OpenPiConfig(policy=a.policy, endpoint=ep, policy_dirs=tuple(a.policy_dir or ()),

@@ -36,6 +36,12 @@ class EndpointConfig:
     max_items: int = 100_000  # msgpack objects in one frame
     max_string_bytes: int = 64 << 10
     max_connections: int = 64  # robots connected at once
+    # One address cannot take every slot (a robot is one connection; raise it for many robots behind one NAT).
+    max_connections_per_peer: int = 16
+    # openpi sends one frame and waits for its reply: a second frame queued behind it is already one too many.
+    max_queued_frames: int = 1  # frames websockets buffers per connection before it stops reading the socket
+    max_pending_bytes: int = 256 << 20  # frames received and not yet answered, all connections together
+    max_pending_bytes_per_peer: int = 64 << 20  # ... of one address: one peer cannot take the whole budget
     max_rate_hz: float = 100.0  # infer calls per second per connection (token bucket)
     rate_burst: int = 10
     idle_timeout_s: float = 300.0  # a connection silent this long is closed
@@ -57,7 +63,8 @@ class EndpointConfig:
         if not isinstance(self.rtc, bool):
             raise ValueError(f"rtc must be true or false, got {self.rtc!r}")
         for name in ("max_message_bytes", "max_array_elements", "max_nesting_depth", "max_items", "max_string_bytes",
-                     "max_connections", "rate_burst"):
+                     "max_connections", "max_connections_per_peer", "max_queued_frames", "max_pending_bytes",
+                     "max_pending_bytes_per_peer", "rate_burst"):
             _positive(name, getattr(self, name), kind=int)
         if not isinstance(self.key_map, dict) or not all(isinstance(k, str) and isinstance(v, str) and k and v
                                                          for k, v in self.key_map.items()):

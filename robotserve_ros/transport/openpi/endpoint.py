@@ -16,6 +16,7 @@ from websockets.exceptions import ConnectionClosed
 
 from ...core.errors import RequestError
 from ...core.observation import BadObservation
+from ...core.rtc import RtcGuide
 from ...core.rtc_rebuild import ServedChunk, rebuilt_guide
 from ...core.types import ExecInfo, HorizonChoice, InferenceRequest
 from ...serve import Fleet, Session
@@ -33,14 +34,24 @@ def rtc_said(reply) -> dict:
     return {} if d is None else {"rtc_delay_steps": int(d)}
 
 
+def rtc_guide(c, own, now: float):
+    """A round's RTC guide: the client's own leftover where it sent one, else (rtc on) the one
+    rebuilt from the session's last chunk and the time since; None: unguided."""
+    if own is not None:
+        return RtcGuide(own)
+    return rebuilt_guide(c.served, now, c.hz) if c.rtc else None
+
+
 class _Conn:
     """One openpi client: one task of the fleet scheduler."""
 
     def __init__(self, task_id: str, peer: str, hz: float, burst: int, session: Session) -> None:
         self.task_id, self.peer, self.hz, self.session = task_id, peer, hz, session
+        self.addr = peer.rsplit(":", 1)[0]  # its address: what the per-peer budgets count by
         self.next_round = 0
         self.delivered_at: Optional[float] = None  # when its last chunk was sent
-        self.served: Optional[ServedChunk] = None  # that chunk (cfg.rtc: the leftover is rebuilt from it)
+        self.served: Optional[ServedChunk] = None  # that chunk (rtc on: the leftover is rebuilt from it)
+        self.rtc = False  # this session's real-time chunking: the server's `rtc`, or what the client said
         self.tokens, self.refilled = float(burst), time.monotonic()
 
 
@@ -83,6 +94,9 @@ class OpenPiEndpoint:
         self._ws_log.addFilter(_HandshakeFailures(self.refused))
         self.counts: Counter = Counter()  # connections, rounds, chunks
         self.active = 0
+        self.per_peer: Counter = Counter()  # connections at once by remote address
+        self.pending_bytes = 0  # frames received and not yet answered (the loop thread only)
+        self.pending_by_peer: Counter = Counter()  # the same by remote address
         self._n = 0
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._stop: Optional[asyncio.Event] = None
@@ -110,7 +124,8 @@ class OpenPiEndpoint:
             # max_size: websockets refuses a larger frame from its header, before reading it.
             server = await serve(self._handle, self.cfg.host, self.cfg.port, process_request=self._http,
                                  process_response=self._http_done,
-                                 max_size=self.cfg.max_message_bytes, compression=None, max_queue=4,
+                                 max_size=self.cfg.max_message_bytes, compression=None,
+                                 max_queue=(self.cfg.max_queued_frames, 1),  # resume reading at 1 left
                                  logger=self._ws_log)
         except OSError as e:
             self._error = e
@@ -142,16 +157,31 @@ class OpenPiEndpoint:
             self.refused["too_many_connections"] += 1
             return connection.respond(http.HTTPStatus.SERVICE_UNAVAILABLE,
                                       f"{self.cfg.max_connections} robots connected already (max_connections); retry later\n")
+        addr = connection.remote_address[0] if connection.remote_address else "?"
+        if self.per_peer[addr] >= self.cfg.max_connections_per_peer:
+            self.refused["too_many_connections_per_peer"] += 1
+            return connection.respond(http.HTTPStatus.SERVICE_UNAVAILABLE,
+                                      f"{self.cfg.max_connections_per_peer} connections from this address already "
+                                      "(max_connections_per_peer); retry later\n")
         self.active += 1  # counted from the handshake, so two at once cannot both pass the last slot
-        connection.robotserve_counted = True
+        self.per_peer[addr] += 1
+        connection.robotserve_counted = addr
         return None
 
     def _http_done(self, connection, request, response):
         """A handshake admitted above that still failed (a bad upgrade) gives its slot back."""
-        if getattr(connection, "robotserve_counted", False) and response.status_code != http.HTTPStatus.SWITCHING_PROTOCOLS:
-            connection.robotserve_counted = False
-            self.active -= 1
+        if getattr(connection, "robotserve_counted", None) and response.status_code != http.HTTPStatus.SWITCHING_PROTOCOLS:
+            self._release(connection)
         return response
+
+    def _release(self, connection) -> None:
+        """A counted connection's slot, and its address's, are free again (once)."""
+        addr, connection.robotserve_counted = getattr(connection, "robotserve_counted", None), None
+        if addr:
+            self.active -= 1
+            self.per_peer[addr] -= 1
+            if not self.per_peer[addr]:
+                del self.per_peer[addr]
 
     # --- one connection ---------------------------------------------------------------------
     async def _handle(self, ws) -> None:
@@ -159,6 +189,7 @@ class OpenPiEndpoint:
         peer = "%s:%s" % ws.remote_address[:2] if ws.remote_address else "?"
         c = _Conn(f"openpi/{peer}#{self._n}", peer, self.cfg.control_hz, self.cfg.rate_burst,
                   self.fleet.session("openpi", peer))
+        c.rtc = self.cfg.rtc
         self.counts["connections"] += 1
         try:
             await ws.send(pack(self.metadata))
@@ -167,7 +198,7 @@ class OpenPiEndpoint:
                     msg = await asyncio.wait_for(ws.recv(), self.cfg.idle_timeout_s)
                 except asyncio.TimeoutError:
                     raise Refusal("idle", f"no observation for idle_timeout_s ({self.cfg.idle_timeout_s} s)") from None
-                await ws.send(await self._round(c, msg))
+                await ws.send(await self._budgeted_round(c, msg))
         except Refusal as r:
             if r.key != "counted":
                 self.refused[r.key] += 1
@@ -180,8 +211,27 @@ class OpenPiEndpoint:
         except ConnectionClosed:  # openpi clients never close; a gone robot is this
             pass
         finally:
-            self.active -= 1
+            self._release(ws)
             self._end(c)
+
+    async def _budgeted_round(self, c: _Conn, msg) -> bytes:
+        """A frame is held until answered within max_pending_bytes_per_peer of its address and
+        max_pending_bytes of all together: past either, refused at once (and let go) rather than
+        queued behind the others, so one address cannot take the whole budget."""
+        n, addr, cfg = len(msg), c.addr, self.cfg
+        for held, cap, name in ((self.pending_by_peer[addr], cfg.max_pending_bytes_per_peer, "max_pending_bytes_per_peer"),
+                                (self.pending_bytes, cfg.max_pending_bytes, "max_pending_bytes")):
+            if held + n > cap:
+                raise Refusal("busy", f"the server holds {name} ({cap}) of frames not yet answered; retry later")
+        self.pending_bytes += n
+        self.pending_by_peer[addr] += n
+        try:
+            return await self._round(c, msg)
+        finally:
+            self.pending_bytes -= n
+            self.pending_by_peer[addr] -= n
+            if not self.pending_by_peer[addr]:
+                del self.pending_by_peer[addr]
 
     async def _round(self, c: _Conn, msg) -> bytes:
         """One infer(): decode, map, submit, wait for the chunk; the reply frame."""
@@ -191,7 +241,7 @@ class OpenPiEndpoint:
         self._rate(c, received)
         raw = unpack(msg, self.cfg.limits)
         try:
-            left, c.hz, horizon, reset = exec_info(raw.get(EXEC_KEY), c.hz)
+            left, c.hz, horizon, reset, want_rtc, own = exec_info(raw.get(EXEC_KEY), c.hz)
             obs = self.keys.observation(raw, self.clock.now())
         except BadObservation as e:  # a malformed request of this robot's task: the fleet counts it
             c.session.refuse(e)
@@ -207,7 +257,8 @@ class OpenPiEndpoint:
             # actions (ActionChunkBroker asks when its chunk is spent), unless it says otherwise.
             info = ExecInfo(now, left or 0, c.hz)
         h = horizon or self.cfg.horizon or self.keys.feats.chunk_len
-        rtc = rebuilt_guide(c.served, now, c.hz) if self.cfg.rtc and info is not None else None
+        c.rtc = c.rtc if want_rtc is None else want_rtc  # a per-session option: it holds until said again
+        rtc = rtc_guide(c, own, now) if info is not None else None  # (round 0: nothing of ours is running)
         req = InferenceRequest(c.task_id, c.next_round, info, HorizonChoice("static", float(h)), obs, obs_stamp=obs.stamp,
                                rtc=rtc)
         key = (c.task_id, c.next_round)
@@ -220,7 +271,7 @@ class OpenPiEndpoint:
             raise Refusal("reply_timeout", f"round {key[1]} not served within reply_timeout_s ({self.cfg.reply_timeout_s} s)") from None
         c.next_round += 1
         c.delivered_at = self.clock.now()
-        if self.cfg.rtc:
+        if c.rtc:
             c.served = ServedChunk(reply.actions, None, c.delivered_at)
         self.counts["chunks"] += 1
         infer_ms = (time.monotonic() - received) * 1e3
@@ -243,4 +294,5 @@ class OpenPiEndpoint:
 
     def stats(self) -> dict:
         mix = {k: n for k, n in self.fleet.batches_by_protocols().items() if "openpi" in k.split("+")}
-        return {"connected": self.active, "refused": dict(self.refused), **self.counts, "batches_by_protocols": mix}
+        return {"connected": self.active, "peers": len(self.per_peer), "pending_bytes": self.pending_bytes,
+                "refused": dict(self.refused), **self.counts, "batches_by_protocols": mix}

@@ -121,13 +121,18 @@ def camera_image(key: str, img, hw: Optional[tuple]) -> np.ndarray:
     return np.ascontiguousarray(img)
 
 
+EXEC_FIELDS = ("actions_left", "control_hz", "horizon", "reset", "rtc", "rtc_leftover")
+
+
 def exec_info(raw, hz: float) -> tuple:
     """The optional `robotserve/exec` dict: (actions_left or None, control_hz, horizon or None,
-    reset). BadObservation names a wrong field."""
+    reset, rtc or None, rtc_leftover or None). rtc: this session's real-time chunking on or off
+    (None: as the server's `rtc`); rtc_leftover: the client's own unexecuted actions [k,
+    action_dim] (the core checks its shape). BadObservation names a wrong field."""
     if raw is None:
-        return None, hz, None, False
-    if not isinstance(raw, dict) or not set(raw) <= {"actions_left", "control_hz", "horizon", "reset"}:
-        raise BadObservation(f"{EXEC_KEY} must be a dict of actions_left, control_hz, horizon, reset")
+        return None, hz, None, False, None, None
+    if not isinstance(raw, dict) or not set(raw) <= set(EXEC_FIELDS):
+        raise BadObservation(f"{EXEC_KEY} must be a dict of {', '.join(EXEC_FIELDS)}")
 
     def count(name, lo):
         v = raw.get(name)
@@ -138,7 +143,24 @@ def exec_info(raw, hz: float) -> tuple:
     rate = raw.get("control_hz", hz)
     if isinstance(rate, bool) or not isinstance(rate, (int, float, np.number)) or not (0 < float(rate) <= 10000 and math.isfinite(rate)):
         raise BadObservation(f"{EXEC_KEY}.control_hz must be a number in (0, 10000]")
-    reset = raw.get("reset", False)
+    reset, rtc = raw.get("reset", False), raw.get("rtc")
     if not isinstance(reset, bool):
         raise BadObservation(f"{EXEC_KEY}.reset must be true or false")
-    return count("actions_left", 0), float(rate), count("horizon", 1), reset
+    if rtc is not None and not isinstance(rtc, bool):
+        raise BadObservation(f"{EXEC_KEY}.rtc must be true or false")
+    return count("actions_left", 0), float(rate), count("horizon", 1), reset, rtc, leftover_of(raw.get("rtc_leftover"))
+
+
+def leftover_of(v) -> Optional[np.ndarray]:
+    """rtc_leftover as a 2-D float32 array (rows: actions, next first); its width and values are the
+    core's to check against the policy (RtcGuide.sent_problems)."""
+    if v is None:
+        return None
+    if isinstance(v, (list, tuple)):
+        try:
+            v = np.asarray(v, np.float32)
+        except (TypeError, ValueError):
+            raise BadObservation(f"{EXEC_KEY}.rtc_leftover must be a 2-D array of numbers [actions, action_dim]") from None
+    if not isinstance(v, np.ndarray) or v.dtype.kind not in "iuf" or v.ndim != 2:
+        raise BadObservation(f"{EXEC_KEY}.rtc_leftover must be a 2-D array of numbers [actions, action_dim]")
+    return v.astype(np.float32)

@@ -8,6 +8,7 @@ import time
 
 from ...core.clock import WallClock
 from ...serve import fleet_over
+from ...serve.build import engine_rtc_shape
 from ..policy_source import PolicySource, resolve_policy
 from .config import OpenPiConfig
 from .endpoint import OpenPiEndpoint
@@ -43,7 +44,7 @@ class OpenPiServer:
         log.info("loaded %s in %.1f s", self.source.describe(), time.monotonic() - t)
         self.clock = clock or WallClock()
         self.fleet = fleet_over(self.engine, cfg.scheduler_config.build(), self.clock, tier=TIER,
-                                max_batch=cfg.max_batch, slots=1).start()
+                                max_batch=cfg.max_batch, slots=1, rtc_shape=engine_rtc_shape(self.engine)).start()
         policy = {"type": self.engine.policy_type or cfg.engine, **self.source.describe()}
         try:
             self.endpoint = OpenPiEndpoint(cfg.endpoint, self.fleet, policy).start()
