@@ -81,7 +81,7 @@ GRPC_TOOLS := 'grpcio-tools>=1.85.1,<2'
 GRPC_PROTOS := $(wildcard robotserve_ros/transport/proto/*.proto)
 GRPC_STUBS := $(GRPC_PROTOS:.proto=_pb2.py) $(GRPC_PROTOS:.proto=_pb2_grpc.py)
 
-.PHONY: demo test interfaces ml llm ray vllm stubs clean colcon-check
+.PHONY: demo test interfaces ml llm ray vllm stubs clean colcon-check doctor
 
 # Python packages. The checkout is installed editable (deps, the `robotserve` script) and
 # also put on sys.path by a .pth, so `import robotserve_ros` finds the source package from
@@ -174,6 +174,12 @@ test: $(STAMP) $(ML_STAMP) $(LLM_STAMP) $(RAY_STAMP) $(VLLM_STAMP) $(GRPC_STUBS)
 # shared 2-core VM (load average 8-12); later runs rebuild only what changed (6 s).
 colcon-check: $(PIP_STAMP)
 	.ci/colcon_check.sh $(VENV)
+
+# Is the venv what the steps above make? pip check's lines against the ones expected (LeRobot
+# 0.4.4's pins left unmet on purpose, each with its reason: requirements/pip-check-expected.txt),
+# and how torchvision's ops load beside this torch. Exit 1 on a line not in that list.
+doctor: $(PIP_STAMP)
+	$(BIN)/robotserve doctor
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info $(GRPC_STUBS)

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from .cli_types import Parser as _Parser, UsageError, check_out, comma_list, positive, scratch, seed
+from .live.params_file import params_file
 from .params import parse_key_values
 
 
@@ -32,6 +33,9 @@ def cmd_sim(a) -> int:
     from .core.errors import ConfigError
     from .sim.simulator import Simulator
 
+    if a.tasks is not None and a.rate is None:  # fleet mode runs the workload's tasks: say so, not ignore it
+        raise UsageError(f"--tasks {a.tasks}: only with --rate (online mode); with --robots every task of the "
+                         "workload runs")
     wl = _load_workload(a.workload)
     try:
         sim = Simulator(wl, a.scheduler, a.horizon, a.seed, _params(a.scheduler_param))
@@ -39,7 +43,7 @@ def cmd_sim(a) -> int:
         raise
     except (TypeError, ValueError) as e:  # a knob's value the scheduler refuses (buckets=0)
         raise UsageError(f"--scheduler-param for '{a.scheduler}': {e}") from None
-    res = sim.run_online(a.rate, a.tasks) if a.rate is not None else sim.run_fleet(a.robots)
+    res = sim.run_online(a.rate, a.tasks or 400) if a.rate is not None else sim.run_fleet(a.robots)
     summary = res.summary()
     text = json.dumps(summary, indent=1)
     if a.out:
@@ -114,8 +118,12 @@ def cmd_demo(a) -> int:
     from .live.demo import incomplete_runs, run_demo
     from .sim.workloads import builtin_workload
 
-    if a.config and not Path(a.config).is_file():
-        raise UsageError(f"--config {a.config!r}: no such file (a ROS params file, e.g. config/fleet.yaml)")
+    if a.config:
+        from .live.params_file import check_params_file
+
+        need = [k for k in ("inference_server", "/**/robot_client") if k not in check_params_file(a.config, "--config")]
+        if need:  # the demo sets each run's scheduler and workload in these two
+            raise UsageError(f"--config {a.config!r}: no {need[0]!r} section (the demo runs config/fleet.yaml's nodes)")
     if a.workload is None and (a.config or a.ablation):
         raise UsageError(f"{'--config' if a.config else '--ablation'} is for --workload runs only "
                          "(the Meta-World demo builds its own parameters)")
@@ -193,7 +201,8 @@ def build_parser() -> argparse.ArgumentParser:
     load = s.add_mutually_exclusive_group(required=True)
     load.add_argument("--rate", type=positive(), help="online mode: Poisson task arrivals per second")
     load.add_argument("--robots", type=positive(int), help="fleet mode: robots running the tasks back to back")
-    s.add_argument("--tasks", type=positive(int), default=400, help="online mode: tasks to draw")
+    s.add_argument("--tasks", type=positive(int), help="online mode (--rate): tasks to draw (default: 400; with "
+                   "--robots every task of the workload runs)")
     s.add_argument("--seed", type=seed, default=0)
     s.add_argument("--out", help="write the result JSON here")
     s.set_defaults(func=cmd_sim)
@@ -233,7 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
     fl.add_argument("--robots", type=positive(int), default=100)
     fl.add_argument("--duration", type=positive(), default=60.0, help="seconds, after every robot has started")
     fl.add_argument("--per-process", type=positive(int), help="robots per process (default 25; 150 with --light)")
-    fl.add_argument("--config", help="ROS params file (default config/fleet.yaml)")
+    fl.add_argument("--config", type=params_file, help="ROS params file (default config/fleet.yaml)")
     fl.add_argument("--runs", type=positive(int), default=1, help="run the fleet this many times in a row "
                     "(FILE: the last run; FILE_runs: the per-run counts)")
     fl.add_argument("--lost-after", type=float, default=10.0, help="an answer missing longer than this at the stop is lost")
@@ -254,7 +263,7 @@ def build_parser() -> argparse.ArgumentParser:
     so = b.add_parser("soak", help="the server under a steady light fleet for minutes: RSS growth, lost chunks, ledger freed")
     so.add_argument("--minutes", type=positive(), default=20.0, help="how long the fleet runs")
     so.add_argument("--robots", type=positive(int), default=50)
-    so.add_argument("--config", help="ROS params file (default config/fleet.yaml)")
+    so.add_argument("--config", type=params_file, help="ROS params file (default config/fleet.yaml)")
     so.add_argument("--out", default=scratch("soak.json"), help="result JSON (the record: reports/live/soak.json)")
     so.add_argument("--memory-trace", action="store_true",
                     help="the server traces Python allocations (tracemalloc; slower) and the report names what grew")
@@ -266,7 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
     ch.add_argument("--scenarios", nargs="+", default=["server_kill", "client_kill", "server_freeze", "partition"],
                     help="faults to inject, one run each", choices=["server_kill", "client_kill", "server_freeze", "partition"])
     ch.add_argument("--robots", type=positive(int), default=10)
-    ch.add_argument("--config", help="ROS params file (default config/fleet.yaml)")
+    ch.add_argument("--config", type=params_file, help="ROS params file (default config/fleet.yaml)")
     ch.add_argument("--out", default=scratch("chaos.json"), help="result JSON (the record: reports/live/chaos.json)")
     ch.set_defaults(func=cmd_bench_chaos)
 
@@ -335,6 +344,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .study.commands import add_parser as add_study  # PushGust task and horizon study (robotserve_ros/study/)
 
     study = add_study(sub)
+    from .cli_doctor import add_parser as add_doctor  # is this venv the one `make` builds (make doctor)
+
+    add_doctor(sub)
     # a benchmark, so it lives in bench/ and is wired here (only the CLI imports bench/)
     study_fleet.add_arguments(study.add_parser("fleet", help="Kairos vs FIFO (and the Table 2 split) on the measured "
                                                               "workloads at peak load and with 100 robots"))

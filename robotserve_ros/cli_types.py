@@ -28,6 +28,40 @@ def positive(kind=float, zero_ok: bool = False):
     return parse
 
 
+def between(lo: float, hi: float):
+    """argparse type: a finite number in [lo, hi] (a cosine, a fraction)."""
+    def parse(v: str) -> float:
+        try:
+            x = float(v)
+        except ValueError:
+            x = math.nan
+        if not lo <= x <= hi:  # nan fails both
+            raise argparse.ArgumentTypeError(f"must be a number in [{lo:g}, {hi:g}], got {v!r}")
+        return x
+
+    return parse
+
+
+def host(v: str) -> str:
+    """argparse type of a --host to listen on: a name or address that resolves (a typo is one line
+    here, not the server library's log line and a bind failure later)."""
+    import socket
+
+    try:
+        socket.getaddrinfo(v, None)
+    except (socket.gaierror, UnicodeError) as e:
+        raise argparse.ArgumentTypeError(f"{v!r} does not resolve to an address ({e})") from None
+    return v
+
+
+def device(v: str) -> str:
+    """argparse type of a torch --device, checked without importing torch: cpu, cuda, cuda:N, mps."""
+    kind, _, index = v.partition(":")
+    if kind not in ("cpu", "cuda", "mps") or (index and not (kind == "cuda" and index.isdigit())):
+        raise argparse.ArgumentTypeError(f"must be cpu, cuda, cuda:N or mps, got {v!r}")
+    return v
+
+
 def seed(v: str) -> int:
     """argparse type of every --seed/--seeds: a whole number >= 0, what numpy's generators take."""
     return positive(int, zero_ok=True)(v)
@@ -110,4 +144,5 @@ def finish_help(action: argparse.Action) -> None:
         action.help = f"{h} (default: %(default)s)".lstrip()
 
 
-__all__ = ["COMMON_HELP", "Parser", "finish_help", "UsageError", "check_out", "comma_list", "positive", "scratch", "seed"]
+__all__ = ["COMMON_HELP", "Parser", "finish_help", "UsageError", "between", "check_out", "comma_list", "device", "host",
+           "positive", "scratch", "seed"]

@@ -316,17 +316,109 @@ def test_a_wrong_horizon_knob_fails_when_the_core_is_built(make_core):
 @pytest.mark.parametrize("param,wrong,knobs", [
     ("scheduler.remaining.nosuch:=3", "nosuch", "buckets"),
     ("horizon.static.hh:=25", "hh", "its knobs: h"),
-], ids=["scheduler", "horizon"])
+    ("engine.name:=sampled engine.sampled.inner:=simulated engine.sampled.chunk_sise:=30", "chunk_sise",
+     "(inner, k, saturation_batch) nor the engine 'simulated' it wraps"),
+], ids=["scheduler", "horizon", "sampled-inner"])
 def test_the_inference_server_names_a_wrong_knob_at_start(param, wrong, knobs):
     pytest.importorskip("rclpy")
     from rosutil import start_node
 
-    proc = start_node(["robotserve_ros.nodes.inference_server", "--ros-args", "-p", param])
+    params = [x for p in param.split() for x in ("-p", p)]  # the wrong one last
+    proc = start_node(["robotserve_ros.nodes.inference_server", "--ros-args", *params])
     try:
         code = proc.wait(timeout=60)
     finally:
         proc.stop()
     lines = [ln for ln in proc.stderr().splitlines() if ln.strip()]
     assert code == 2 and len(lines) == 1, proc.output()
-    key = param.split(":=")[0]  # the dotted key, named whole
+    key = param.split()[-1].split(":=")[0]  # the dotted key, named whole
     assert f"'{key}'" in lines[0] and knobs in lines[0] and "Traceback" not in proc.output(), proc.output()
+
+
+# --- `robotserve study ...` and `demo`: every flag's wrong value or file, before anything runs -------
+
+@pytest.fixture
+def bad_files(tmp_path):
+    """Files of the wrong kind: junk bytes, an npz without the demos' arrays, a JSON-lines file
+    without a runs record, YAML that does not parse, YAML that is no ROS params file."""
+    import numpy as np
+
+    (tmp_path / "junk.npz").write_bytes(b"not an npz\n")
+    np.savez(tmp_path / "nokeys.npz", a=np.zeros(3))
+    (tmp_path / "runs.jsonl").write_text('{"x": 1}\n')
+    (tmp_path / "bad.yaml").write_text("inference_server: [unclosed\n")
+    (tmp_path / "flat.yaml").write_text("nosuch_key: 3\n")
+    (tmp_path / "knob.yaml").write_text("inference_server:\n  ros__parameters:\n    engine:\n      name: simulated\n"
+                                        "      simulated: {chunk_sise: 30}\n")
+    return tmp_path
+
+
+FC = "HEAD"  # rtc-arms needs a commit of this repository to get as far as its other flags
+STUDY_CASES = [
+    (["study", "train", "--demos", "{tmp}/junk.npz", "--out", "{tmp}/o", "--steps", "-1"], "--steps"),
+    (["study", "train", "--demos", "{tmp}/junk.npz", "--out", "{tmp}/o", "--batch-size", "0"], "--batch-size"),
+    (["study", "train", "--demos", "{tmp}/junk.npz", "--out", "{tmp}/o", "--lr", "nan"], "--lr"),
+    (["study", "train", "--demos", "{tmp}/junk.npz", "--out", "{tmp}/o", "--threads", "0"], "--threads"),
+    (["study", "train", "--demos", "{tmp}/junk.npz", "--out", "{tmp}/o"], "junk.npz"),
+    (["study", "train", "--demos", "{tmp}/nokeys.npz", "--out", "{tmp}/o"], "'state'"),
+    (["study", "train-flow", "--demos", "{tmp}/junk.npz", "--out", "{tmp}/o", "--lr", "-1"], "--lr"),
+    (["study", "train-flow", "--demos", "{tmp}/junk.npz", "--out", "{tmp}/o"], "junk.npz"),
+    (["study", "train-flow", "--demos", "{tmp}/junk.npz", "--out", "{tmp}/o", "--prefix-max-delay", "-1"],
+     "--prefix-max-delay"),
+    (["study", "horizon", "--policy", MISSING], MISSING),
+    (["study", "horizon", "--policy", "models/pushgust_flow", "--thresholds", "nan"], "--thresholds"),
+    (["study", "horizon", "--policy", "models/pushgust_flow", "--schedule-t", "-1"], "--schedule-t"),
+    (["study", "horizon", "--policy", "models/pushgust_flow", "--learned-cos", "2"], "--learned-cos"),
+    (["study", "horizon", "--policy", "models/pushgust_flow", "--profile", MISSING], MISSING),
+    (["study", "horizon", "--policy", "models/pushgust_flow", "--profile", "{tmp}/junk.npz"], "--profile"),
+    (["study", "horizon", "--policy", "models/pushgust_flow", "--static"], "--h-min"),
+    (["study", "workload", "--run", "reports/horizon/pushgust-diffusion.json", "--out", "{tmp}/w.json",
+      "--profile", MISSING], MISSING),
+    (["study", "rtc", "--out", "{tmp}/r", "--tasks", "pushgust", "--policy", "pushgust"], "--policy"),
+    (["study", "rtc-arms", "--out", "{tmp}/ra", "--frozen-commit", FC, "--tasks", "nosuch=1"], "nosuch=1"),
+    (["study", "rtc-arms", "--out", "{tmp}/ra", "--frozen-commit", FC, "--arms", "nosuch"], "nosuch"),
+    (["study", "rtc-arms", "--out", "{tmp}/ra", "--frozen-commit", FC, "--delays", "9"], "--delays"),
+    (["study", "rtc-arms", "--out", "{tmp}/ra", "--frozen-commit", FC, "--delays", "-1"], "--delays"),
+    (["study", "rtc-arms", "--out", "{tmp}/ra", "--frozen-commit", "nosuchcommit"], "nosuchcommit"),
+    (["study", "rtc-profile", "--policy", MISSING], MISSING),
+    (["study", "fleet", "--workloads", "nosuch", "--out", "{tmp}/f"], "nosuch"),
+    (["study", "fleet-closed", "--runs", "{tmp}/junk.npz", "--report-only", "--out", "{tmp}/fc"], "--runs"),
+    (["study", "fleet-closed", "--runs", "{tmp}/runs.jsonl", "--report-only", "--out", "{tmp}/fc"], "--runs"),
+    (["study", "fleet-closed", "--live-demo", MISSING, "--out", "{tmp}/fc"], MISSING),
+    (["demo", "--robots", "0"], "--robots"),
+    (["demo", "--tasks", "0"], "--tasks"),
+    (["demo", "--seed", "-1"], "--seed"),
+    (["demo", "--workload", "pushgust-flow-matching", "--config", "{tmp}/bad.yaml"], "bad.yaml"),
+    (["demo", "--workload", "pushgust-flow-matching", "--config", "{tmp}/flat.yaml"], "nosuch_key"),
+    (["demo", "--workload", "pushgust-flow-matching", "--config", "{tmp}/knob.yaml"], "engine.simulated.chunk_sise"),
+    (["up", "{tmp}/bad.yaml"], "bad.yaml"),
+    (["up", "{tmp}/knob.yaml"], "engine.simulated.chunk_sise"),
+    (["sim", "--workload", "pushgust-flow-matching", "--robots", "2", "--tasks", "5"], "--tasks"),  # was ignored
+    (["bench", "soak", "--config", "{tmp}/bad.yaml", "--out", "{tmp}/s.json"], "bad.yaml"),
+    (["bench", "chaos", "--config", "{tmp}/knob.yaml", "--out", "{tmp}/c"], "engine.simulated.chunk_sise"),
+    (["bench", "peer", "--policy-dir", "models/pushgust_diffusion", "--device", "gpu0", "--out", "{tmp}/p.json"],
+     "--device"),
+    (["lerobot-server", "--port", "0", "--host", "nosuch.invalid"], "--host"),
+    (["openpi-server", "--port", "0", "--host", "nosuch.invalid", "--policy", "x"], "--host"),
+]
+
+
+@pytest.mark.parametrize("argv,wrong", STUDY_CASES, ids=[" ".join(a[:2]) + f" {w}" for a, w in STUDY_CASES])
+def test_study_demo_up_and_sim_flags_refuse_a_wrong_value_before_running(argv, wrong, bad_files):
+    check_refused([x.format(tmp=bad_files) for x in argv], wrong.format(tmp=bad_files), timeout=30.0)
+
+
+@pytest.mark.parametrize("argv,wrong", [
+    (["make-policy", "--kind", "act", "--out", "{tmp}/p", "--set", "nosuch=1"], "'nosuch'"),
+    (["make-policy", "--kind", "act", "--out", "{tmp}/p", "--set", "chunk_size=abc"], "chunk_size=abc"),
+    (["make-policy", "--kind", "act", "--out", "{tmp}/p", "--cameras", "0"], "--cameras"),
+    (["make-policy", "--kind", "diffusion", "--out", "{tmp}/p", "--scheduler", "nosuch"], "nosuch"),
+    (["llm-profile", "--out", "{tmp}/l.json", "--model", MISSING], MISSING),
+    (["llm-profile", "--out", "{tmp}/l.json", "--threads", "0"], "--threads"),
+], ids=["set-key", "set-json", "cameras", "scheduler", "llm-model", "llm-threads"])
+def test_make_policy_and_llm_profile_name_a_wrong_value(argv, wrong, tmp_path):
+    line = check_refused([x.format(tmp=tmp_path) for x in argv], wrong, timeout=60.0)
+    assert "__init__" not in line and "Expecting value" not in line
+    assert not (tmp_path / "p").exists()
+    if "nosuch=1" in argv:
+        assert "chunk_size" in line  # the fields there are

@@ -87,6 +87,32 @@ def test_a_plugin_knob_is_typed_and_ranged_where_the_plugin_declares_it(knobs, l
     ({"services": ["vlm"], "vlm": {"shap": "tiny"}}, "parameter 'vlm.shap': given 'tiny', but service 'vlm' has no "
                                                      "such knob; its knobs: service, shape,"),
     ({"horizon": {"static": {"h": 2.5}}}, "parameter 'horizon.static.h': 2.5 is not an integer"),
+    # the wrappers: their own knobs and the wrapped engine's, in one section or under engine_params
+    ({"engine": {"name": "sampled", "sampled": {"k": 0}}}, "parameter 'engine.sampled.k': 0 is not >= 1"),
+    ({"engine": {"name": "sampled", "sampled": {"inner": "sampled"}}},
+     "parameter 'engine.sampled.inner': 'sampled' is not one of simulated, remote, lerobot, flow, oxygen"),
+    ({"engine": {"name": "sampled", "sampled": {"inner": "simulated", "chunk_sise": 3}}},
+     "parameter 'engine.sampled.chunk_sise': given 3, but neither engine 'sampled' (inner, k, saturation_batch) "
+     "nor the engine 'simulated' it wraps (action_dim, chunk_size,"),
+    ({"engine": {"name": "sampled", "sampled": {"inner": "simulated", "chunk_size": 30.5}}},
+     "parameter 'engine.sampled.chunk_size': 30.5 is not an integer"),
+    ({"engine": {"name": "ray", "ray": {"replicas": "two"}}}, "parameter 'engine.ray.replicas': 'two' is not an integer"),
+    ({"engine": {"name": "ray", "ray": {"replica": 2}}}, "parameter 'engine.ray.replica': given 2, but engine 'ray' has "
+                                                         "no such knob; its knobs: engine, engine_params,"),
+    ({"engine": {"name": "ray", "ray": {"engine": "simulated", "engine_params": {"chunk_sise": 3}}}},
+     "parameter 'engine.ray.engine_params.chunk_sise': given 3, but engine 'simulated' has no such knob"),
+    ({"ray_tiers": ["pool"], "pool": {"engine": "ray"}}, "parameter 'pool.engine': 'ray' is not one of"),
+    ({"ray_tiers": ["pool"], "pool": {"engine": "simulated", "engine_params": {"chunk_size": "x"}}},
+     "parameter 'pool.engine_params.chunk_size': 'x' is not an integer"),
+    ({"placement": {"name": "fill_in_order", "fill_in_order": {"edge_first": True}}},
+     "parameter 'placement.fill_in_order.edge_first': given True, but placement 'fill_in_order' has no such knob; "
+     "it takes none"),
+    ({"services": ["vla_language"], "vla_language": {"tokens_per_frame": "x"}},
+     "parameter 'vla_language.tokens_per_frame': 'x' is not an integer"),
+    ({"services": ["vla_language"], "vla_language": {"policy_dir": "models/x", "dtyp": "float32"}},
+     "parameter 'vla_language.dtyp': given 'float32', but neither service 'vla_language' (generate_service,"),
+    ({"services": ["vla_language"], "vla_language": {"policy_dir": "models/x", "dtype": 16}},
+     "parameter 'vla_language.dtype': 16 is not a string"),
 ])
 def test_a_service_or_horizon_section_is_typed_by_its_plugin_before_anything_starts(tree, line):
     with pytest.raises(ConfigError) as e:
@@ -104,11 +130,11 @@ def test_every_plugin_knob_is_declared_or_read_from_its_factory():
 
     unknown = {f"{r.role} {n}" for r in (ENGINES, SCHEDULERS, HORIZON_POLICIES, PLACEMENTS) for n in r.names()
                if r.knobs(n) is None}
-    assert unknown <= {"engine sampled", "engine ray", "placement fill_in_order"}, unknown
+    assert not unknown, unknown  # the wrappers (sampled, ray) check theirs and the wrapped engine's
     from robotserve_ros.nodes.services import SERVICES
 
-    # openpi and lerobot check theirs in their own config dataclass; vla_language hands the rest to its engine
-    assert {n for n in SERVICES.names() if SERVICES.knobs(n) is None} <= {"openpi", "lerobot", "vla_language"}
+    # openpi and lerobot check theirs in their own config dataclass
+    assert {n for n in SERVICES.names() if SERVICES.knobs(n) is None} <= {"openpi", "lerobot"}
     sched = from_tree(SchedulerConfig, {"name": "remaining", "remaining": {"unknown_rounds": 10}})
     assert sched.chosen == {"unknown_rounds": 10.0} and isinstance(sched.chosen["unknown_rounds"], float)
 

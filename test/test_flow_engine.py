@@ -73,5 +73,5 @@ def test_sampled_engine_wraps_any_registered_engine(policy_dir):
     eng = make_engine("sampled", prof, inner="flow", k=3, policy_dir=str(policy_dir))
     out = eng.infer([req("a"), req("b")])
     assert [len(r.samples) for r in out] == [1, 1] and eng.stats.rows == 4  # 2 spare slots up to 4
-    with pytest.raises(ValueError, match="wrap itself"):
+    with pytest.raises(ValueError, match="'inner': 'sampled' is not one of .* \\(what engine 'sampled' can wrap\\)"):
         make_engine("sampled", prof, inner="sampled")

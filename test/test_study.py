@@ -182,4 +182,4 @@ def test_study_fleet_compares_kairos_and_fifo_on_a_measured_workload(capsys):
         assert d["Kairos"]["rounds"] < d["FIFO"]["rounds"]  # the dynamic horizon's rounds are fewer on this workload
     assert "pushgust-flow-matching | peak load" in markdown(data)
     assert main(["study", "fleet", "--workloads", "nope"]) == 2
-    assert "unknown measured workload 'nope'" in capsys.readouterr().out
+    assert "--workloads 'nope' is not a measured workload" in capsys.readouterr().err

@@ -179,15 +179,31 @@ def test_a_newcomer_sees_the_fleet_work_within_10_s(tmp_path):
 
 
 @requires_rclpy
-def test_up_says_why_a_node_died(tmp_path):
+def test_up_refuses_a_wrong_knob_in_its_params_file_before_starting_anything(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text(Path(CONFIG).read_text().replace("name: remaining", "name: no_such_scheduler", 1))
+    up = _robotserve("up", str(bad), "--robots", "1", "--duration", "60", "--log-dir", str(tmp_path / "logs"),
+                     env=ros_env())
+    out, err = up.communicate(timeout=60)
+    assert up.returncode == 2 and len(err.strip().splitlines()) == 1, (out, err)
+    assert "inference_server: parameter 'scheduler.name': 'no_such_scheduler' is not one of" in err, err
+    assert not (tmp_path / "logs").exists()  # nothing started
+
+
+@requires_rclpy
+def test_up_says_why_a_node_died(tmp_path):
+    import yaml
+
+    cfg = yaml.safe_load(Path(CONFIG).read_text())  # a policy folder that is not there: the node finds out, not the file
+    cfg["inference_server"]["ros__parameters"]["engine"] = {"name": "flow", "flow": {"policy_dir": "/nonexistent/p"}}
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(cfg))
     up = _robotserve("up", str(bad), "--robots", "1", "--duration", "60", "--log-dir", str(tmp_path / "logs"),
                      env=ros_env())
     out, err = up.communicate(timeout=90)
     assert up.returncode == 1, (out, err)
     first = err.strip().splitlines()[0]
-    assert first.startswith("robotserve up: inference_server exited with code 2: ") and "no_such_scheduler" in first, err
+    assert first.startswith("robotserve up: inference_server exited with code 2: ") and "/nonexistent/p" in first, err
     assert "see its log" not in err
 
 

@@ -369,6 +369,12 @@ def cmd_fleet_closed(a) -> int:
     if a.primary_first:
         regimes.sort(key=lambda g: g != (PRIMARY["robots"], PRIMARY["profile"]))
     runs_path = Path(a.runs)
+    try:  # a file that is not this study's runs is refused before any configuration runs
+        bad = next((r for r in read_runs(runs_path) if not (isinstance(r, dict) and {"config", "wall_s"} <= set(r))), None)
+    except (OSError, ValueError) as e:
+        raise UsageError(f"--runs {str(runs_path)!r}: not a runs file of this study (JSON lines): {e}") from None
+    if bad is not None:
+        raise UsageError(f"--runs {str(runs_path)!r}: not a runs file of this study (a line without config, wall_s)")
     if not a.report_only:
         run_study(regimes, a.episodes, a.seed, runs_path, a.max_wall_s, rtc=a.rtc)
     runs = read_runs(runs_path)

@@ -391,11 +391,11 @@ def cli(a) -> int:
 
 
 def add_arguments(p) -> None:
-    from ..cli_types import seed
+    from ..cli_types import device, seed
 
     p.add_argument("--policy-dir", required=True, help="LeRobot checkpoint directory (make-policy writes one)")
     p.add_argument("--out", required=True, help="report JSON; .meta.json and .md go beside it")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", type=device, default="cpu")
     p.add_argument("--max-batch", type=int, default=16, help="largest batch the saturation sweep tries")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--warmup", type=int, default=1)

@@ -29,7 +29,9 @@ from ..cli_types import positive, scratch
 def add_arguments(p) -> None:
     p.add_argument("--robots", type=positive(int), default=12)
     p.add_argument("--duration", type=positive(), default=40.0, help="seconds per run, after every robot has started")
-    p.add_argument("--config", help="ROS params file (default config/fleet.yaml)")
+    from ..live.params_file import params_file
+
+    p.add_argument("--config", type=params_file, help="ROS params file (default config/fleet.yaml)")
     p.add_argument("--trigger-actions", type=positive(int), default=20,
                    help="both runs: the robots send with this many actions left (RTC inpaints a leftover longer "
                         "than the delay; config/fleet.yaml's expected latency leaves about 3)")

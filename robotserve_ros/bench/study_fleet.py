@@ -79,8 +79,9 @@ def cmd_fleet(a) -> int:
     known = measured_names()
     bad = [w for w in a.workloads if w not in known]
     if bad:
-        print(f"robotserve study fleet: unknown measured workload {bad[0]!r}; known: {', '.join(known)}")
-        return 2
+        from ..cli_types import UsageError
+
+        raise UsageError(f"--workloads {bad[0]!r} is not a measured workload; known: {', '.join(known)}")
     data = run_fleet_check(a.workloads, tuple(a.seeds), a.tasks, a.robots, a.workers)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)

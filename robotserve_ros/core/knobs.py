@@ -113,10 +113,13 @@ def _configurable(hint) -> bool:
     return hint in _CONFIGURABLE or get_origin(hint) in (dict, Mapping)
 
 
-def knobs_from_signature(factory: Callable, role: str = "plug-in") -> Optional[type]:
+def knobs_from_signature(factory: Callable, role: str = "plug-in", rest_elsewhere: bool = False,
+                         rest_to: Optional[Callable] = None) -> Optional[type]:
     """The knobs of a factory without declared ones: a dataclass of its keyword parameters of a
     configurable type (annotated, or judged by the default; unannotated without a default: any
-    value). None when it takes **kw it does not name, or has no readable signature."""
+    value). None when it takes **kw it does not name, or has no readable signature. Its **kw
+    are its base class's knobs, or `rest_to`'s (the class it hands them to); `rest_elsewhere`:
+    they are checked elsewhere (a wrapper's: the wrapped one's knobs)."""
     target = factory.__init__ if inspect.isclass(factory) else factory
     try:
         sig = inspect.signature(factory)
@@ -128,9 +131,11 @@ def knobs_from_signature(factory: Callable, role: str = "plug-in") -> Optional[t
         hints = {}
     rows = []
     for p in sig.parameters.values():
+        if p.kind is p.VAR_KEYWORD and rest_elsewhere:
+            continue
         if p.kind is p.VAR_KEYWORD:  # a class handing **kw to its base's __init__: the base's knobs too
-            base = next((b for b in (factory.__mro__[1:] if inspect.isclass(factory) else ())
-                         if "__init__" in vars(b)), object)
+            base = rest_to or next((b for b in (factory.__mro__[1:] if inspect.isclass(factory) else ())
+                                    if "__init__" in vars(b)), object)
             more = None if base is object else knobs_from_signature(base, role)
             if more is None:
                 return None

@@ -184,7 +184,7 @@ class ShortestDelay:
 
 
 PLACEMENTS: Registry[Placement] = Registry("placement")
-PLACEMENTS.register("fill_in_order", lambda **kw: FillInOrder())
+PLACEMENTS.register("fill_in_order", FillInOrder)  # no knobs: any given is refused
 PLACEMENTS.register("shortest_delay", ShortestDelay)
 
 

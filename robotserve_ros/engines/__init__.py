@@ -9,8 +9,12 @@ built from the services' own `engine: {name: vllm}` section (engines/llm/vllm_ba
 its config lives in config.py, which imports this registry)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Optional
+
+from ..core.knobs import knob
 from ..core.profile import EngineProfile
-from ..core.registry import Registry
+from ..core.registry import Registry, Wraps
 from .simulated import SimulatedEngine, SimulatedKnobs
 
 ENGINES: Registry = Registry("engine")
@@ -38,15 +42,28 @@ def _flow(profile, **kw):
     return FlowEngine(profile, **kw)
 
 
+@dataclass(frozen=True)
+class SampledKnobs:
+    """engine 'sampled': its own knobs; the rest of its section are the inner engine's."""
+
+    inner: str = knob("lerobot", "the action engine it wraps (not sampled itself, not ray)")
+    k: int = knob(3, "extra samples per request while spare slots exist", lo=1)
+    saturation_batch: Optional[int] = knob(None, "spare slots are filled up to this batch (default: the inner "
+                                                 "engine profile's saturation batch)", lo=1)
+
+
 def _sampled(profile, inner: str = "lerobot", k: int = 3, saturation_batch=None, **kw):
     """Batch self-consistency (core/horizon/self_consistency.py): `inner` engine, plus up to k
     replicas per request in the batch's spare slots below the saturation batch, so the
     `self_consistency` horizon policy gets its samples. Every extra row is counted."""
     from ..core.horizon.self_consistency import SelfConsistencyEngine
 
-    if inner == "sampled":
-        raise ValueError("engine 'sampled' cannot wrap itself")
     return SelfConsistencyEngine(ENGINES.create(inner, profile=profile, **kw), k, saturation_batch)
+
+
+def _wrappable(*not_these: str):
+    """The action engines a wrapper may wrap (known when asked: the registry is complete then)."""
+    return lambda: [n for n in ACTION_ENGINES if n not in not_these]
 
 
 def _ray(profile, **kw):
@@ -54,6 +71,14 @@ def _ray(profile, **kw):
     from ..transport.ray_pool import RayPoolEngine
 
     return RayPoolEngine(profile, make=make_engine, **kw)
+
+
+def _ray_knobs():
+    """The pool engine's knobs and its RayPool's (the **pool it hands on), one list; ray loads on use."""
+    from ..core.knobs import knobs_from_signature
+    from ..transport.ray_pool import RayPool, RayPoolEngine
+
+    return knobs_from_signature(RayPoolEngine, "engine", rest_to=RayPool)
 
 
 def _oxygen(profile, **kw):
@@ -99,9 +124,11 @@ ENGINES.register("simulated", lambda profile, **kw: SimulatedEngine(profile, **k
 ENGINES.register("remote", _remote, knobs=_cls("..transport.remote_engine", "RemoteEngine"))
 ENGINES.register("lerobot", _lerobot, knobs=_cls(".lerobot_engine", "LeRobotEngine"))
 ENGINES.register("flow", _flow, knobs=_cls(".flow_engine", "FlowEngine"))
-ENGINES.register("sampled", _sampled)  # its knobs: inner, k, saturation_batch and the inner engine's
+ENGINES.register("sampled", _sampled, knobs=SampledKnobs, wraps=Wraps(_wrappable("sampled", "ray"), name_knob="inner"))
 ENGINES.register("oxygen", _oxygen, knobs=_cls(".oxygen", "OxyGenEngine"))
-ENGINES.register("ray", _ray)  # its knobs: a ray tier's section (nodes/server_config.py RayTierConfig)
+# its knobs: the pool's (a ray tier's section: nodes/server_config.py RayTierConfig), engine_params the replicas'
+ENGINES.register("ray", _ray, knobs=_ray_knobs,
+                 wraps=Wraps(_wrappable("ray"), name_knob="engine", params_knob="engine_params"))
 ENGINES.register("llm", _llm)
 ENGINES.register("tiny_llm", _tiny_llm)
 ENGINES.register("vlm", _vlm)

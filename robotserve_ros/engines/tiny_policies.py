@@ -226,7 +226,7 @@ def make_policy_dir(kind: str, path: Path, *, n_obs_steps: int = 1, cameras: int
 def add_arguments(p, *, positional: bool = False) -> None:
     """The policy-building arguments, shared by `robotserve make-policy` (flags) and
     `python -m robotserve_ros.engines.tiny_policies KIND OUT` (positional)."""
-    from ..cli_types import seed
+    from ..cli_types import positive, seed
 
     if positional:
         p.add_argument("kind", choices=tuple(REAL))
@@ -236,14 +236,35 @@ def add_arguments(p, *, positional: bool = False) -> None:
         p.add_argument("--out", required=True, help="policy directory to write (SmolVLA's VLM goes beside it, OUT_vlm)")
     p.add_argument("--size", choices=SIZES, default="default",
                    help="default: small, quick; real: LeRobot's default architecture at real input size")
-    p.add_argument("--n-obs-steps", type=int, help="observation steps the policy takes (default: the kind's)")
-    p.add_argument("--cameras", type=int, help="camera inputs (default: the kind's)")
-    p.add_argument("--image", type=int, help="side of the square camera image")
-    p.add_argument("--steps", type=int, help="denoising steps (diffusion, smolvla)")
-    p.add_argument("--scheduler", help="DDIM or DDPM (diffusion)")
+    p.add_argument("--n-obs-steps", type=positive(int), help="observation steps the policy takes (default: the kind's)")
+    p.add_argument("--cameras", type=positive(int), help="camera inputs (default: the kind's)")
+    p.add_argument("--image", type=positive(int), help="side of the square camera image")
+    p.add_argument("--steps", type=positive(int), help="denoising steps (diffusion, smolvla)")
+    p.add_argument("--scheduler", choices=("DDIM", "DDPM"), help="the diffusion policy's noise scheduler")
     p.add_argument("--seed", type=seed, default=0)
     p.add_argument("--set", action="append", default=[], metavar="KEY=JSON", help="policy config field")
     p.set_defaults(func=cli)
+
+
+CONFIGS = {"diffusion": ("lerobot.policies.diffusion.configuration_diffusion", "DiffusionConfig"),
+           "act": ("lerobot.policies.act.configuration_act", "ACTConfig"),
+           "smolvla": ("lerobot.policies.smolvla.configuration_smolvla", "SmolVLAConfig")}
+_FIXED = {"input_features", "output_features", "device", "vlm_model_name", "load_vlm_weights"}  # it sets these
+
+
+def settable(kind: str) -> set:
+    """What `--set KEY=JSON` may name for `kind`: its LeRobot config's fields and make_policy_dir's keywords."""
+    import dataclasses
+    import importlib
+
+    _torch()  # LeRobot's configs import torchvision: after the shim
+    module, cls = CONFIGS[kind]
+    import inspect
+
+    fields = {f.name for f in dataclasses.fields(getattr(importlib.import_module(module), cls)) if f.init}
+    own = {n for n, p in inspect.signature(make_policy_dir).parameters.items()
+           if p.kind is p.KEYWORD_ONLY and n != "real"}
+    return (fields - _FIXED) | own
 
 
 def cli(a) -> int:
@@ -251,13 +272,21 @@ def cli(a) -> int:
     for it in a.set:
         k, sep, v = it.partition("=")
         try:
-            if not sep:
+            if not sep or not k:
                 raise ValueError("not KEY=JSON")
             val = json.loads(v)
         except ValueError as e:
-            print(f"robotserve make-policy: --set {it!r}: {e}", file=sys.stderr)
+            why = str(e) if not sep or not k else 'VALUE is not JSON (a number, true/false, a [list], or a "quoted" string)'
+            print(f"robotserve make-policy: --set {it!r}: {why}", file=sys.stderr)
             return 2
         over[k] = tuple(val) if isinstance(val, list) else val
+    if over:  # a key neither the policy config nor make_policy_dir takes: named with the ones there are
+        known = settable(a.kind)
+        wrong = next((k for k in over if k not in known), None)
+        if wrong is not None:
+            print(f"robotserve make-policy: --set {wrong!r}: not a field of the {a.kind} config; its fields: "
+                  f"{', '.join(sorted(known))}", file=sys.stderr)
+            return 2
     named = {"n_obs_steps": a.n_obs_steps, "cameras": a.cameras, "steps": a.steps, "scheduler": a.scheduler,
              "image_hw": (a.image, a.image) if a.image else None}
     over.update({k: v for k, v in named.items() if v is not None})

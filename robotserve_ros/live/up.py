@@ -59,8 +59,9 @@ def report_death(group, name: str, code: int) -> None:
 def cli(a) -> int:
     from .processes import ProcessGroup, ros_env
 
-    if not Path(a.config).is_file():
-        raise UsageError(f"config {a.config!r}: no such file (a ROS params file, e.g. config/fleet.yaml)")
+    from .params_file import check_params_file
+
+    check_params_file(a.config, "config")  # a bad file or knob is one line now, not a node's death in its log
     mod = load_launch_file(a.launch)
     try:
         specs = mod.specs(**launch_values(mod, a))

@@ -38,7 +38,8 @@ from .convert import check_robot_id, check_service_name, fill_status
 from .infer_call import InferCall, proof_of
 from .refresh import ObservationRefresher
 from .server_config import InferenceServerConfig
-from .server_diagnostics import MemoryTrace, RecentErrors, diagnostic_array, server_stats, start_metrics, trim_heap
+from .server_diagnostics import (MemoryTrace, RecentErrors, check_interfaces, diagnostic_array, server_stats,
+                                 start_metrics, trim_heap)
 from .services import SERVICES
 
 __all__ = ["InferenceServerConfig", "InferenceServerNode", "check_robot_id", "check_service_name", "main"]
@@ -224,6 +225,7 @@ class InferenceServerNode(ManagedNode):
         return server_stats(self)
 
     def _publish_diagnostics(self) -> None:
+        check_interfaces(self)  # a robot of another msg/srv build: named and counted, where the operator looks
         self.diag.publish(diagnostic_array(self.stats(), self.get_clock().now().to_msg(), self.get_name(),
                                            self.recent_errors, time.monotonic()))
 

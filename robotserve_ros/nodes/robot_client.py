@@ -62,6 +62,7 @@ from .managed import ManagedNode
 from ..core.task_auth import read_key
 from .client_account import ClientAccount
 from .convert import chunk_to_array, is_namespace
+from .interface_check import waiting_for
 from ..transport.images import FrameEncoder
 from .robot_client_config import COMMAND_TYPES, RobotClientConfig  # noqa: F401  (imported from here)
 from .robot_commands import JointCommands
@@ -352,7 +353,8 @@ class RobotClientNode(RobotSensors, JointCommands, RunTaskGoals, ManagedNode):
             self.waiting_since = now
         elif not ready and now - self.waiting_since >= 1.0 and "waiting" not in self.logged:
             self.logged.add("waiting")
-            self.get_logger().info(f"waiting for {self.cli.srv_name} (is the inference server up?)")
+            line, foreign = waiting_for(self, self.cli.service_name)  # absent, or built from other msg/srv
+            (self.get_logger().error if foreign else self.get_logger().info)(line)
         if ready:
             self.logged.discard("waiting")
         self.connected = ready

@@ -103,8 +103,10 @@ class RayTierConfig(Config):
         check(self.call_timeout_s > 0, "call_timeout_s", self.call_timeout_s, "is not > 0")
         check(self.max_batch >= 0, "max_batch", self.max_batch, "is not >= 0")
         check(self.measure_repeats >= 0, "measure_repeats", self.measure_repeats, "is not >= 0")
-        if self.engine:
-            check(self.engine != "ray", "engine", self.engine, "cannot be ray itself")
+        if self.engine:  # the replicas' engine and its knobs, as the `ray` engine checks them
+            from ..engines import ENGINES
+
+            ENGINES.check("ray", {"engine": self.engine, "engine_params": self.engine_params})
 
     def engine_params_for(self, engine: EngineConfig, tier: str, pid: int):
         """(profile, the `ray` engine's keyword parameters): the replicas run `engine` (the

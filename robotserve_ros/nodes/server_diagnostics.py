@@ -145,3 +145,21 @@ def trim_heap() -> None:
 
 
 _libc = None
+
+
+def check_interfaces(node) -> None:
+    """A robot built from other msg/srv than the server (nodes/interface_check.py): named once in
+    the log and counted as `interface_mismatch`, its line the last_error `up`/`status` print."""
+    from ..serve import Refused
+    from .interface_check import CODE, describe, foreign_peers, own_request
+
+    if node.infer is None:  # not active: no service to compare
+        return
+    # its name from the config, not the service's handle, which deactivate may destroy meanwhile
+    seen, name = vars(node).setdefault("foreign_peers", set()), node.resolve_service_name(node.config.service)
+    for peer in foreign_peers(node, name, "server"):
+        if peer not in seen:
+            seen.add(peer)
+            line = describe(*peer, own_request(node, name, "server"), "server")
+            node.get_logger().error(line)
+            node.fleet.count_error(Refused(CODE, line), "ros")

@@ -33,7 +33,7 @@ from ..core.types import InferenceRequest
 
 # Refusals the Fleet itself gives (the core's own codes come from core/errors.py).
 REFUSALS = ("overloaded", "duplicate_request", "task_dropped", "shutting_down", "engine_failure",
-            "not_task_owner", "reply_timeout")
+            "not_task_owner", "reply_timeout", "interface_mismatch")
 
 
 class Refused(RequestError):

@@ -18,12 +18,38 @@ def cmd_collect(a) -> int:
     return 0
 
 
-def _check_demos(path: str) -> None:
-    """A missing --demos is refused before torch is imported to train on it."""
-    from ..core.errors import ConfigError
+DEMO_KEYS = ("state", "action", "episode_index", "episode_len")  # what training reads of a demos file
 
+
+def _check_demos(path: str) -> None:
+    """A missing or unreadable --demos is refused before torch is imported to train on it."""
+    from ..cli_types import UsageError
+    from .collect import load_demos
+
+    what = "demos that `robotserve study collect` wrote"
     if not Path(path).is_file():
-        raise ConfigError(f"--demos {path!r}: no such file (demos that `robotserve study collect` wrote)")
+        raise UsageError(f"--demos {path!r}: no such file ({what})")
+    try:
+        keys = set(load_demos(path))
+    except Exception:  # numpy's refusal of a non-npz (pickle, zip, junk): its kinds and words vary
+        raise UsageError(f"--demos {path!r}: not a demos file ({what}): numpy cannot read it as an .npz") from None
+    missing = [k for k in DEMO_KEYS if k not in keys]
+    if missing:
+        raise UsageError(f"--demos {path!r}: not a demos file ({what}): no {missing[0]!r} array")
+
+
+def _check_profile(flag: str, path) -> None:
+    """An engine profile JSON named on the command line is read before a long run, not after it."""
+    if path is None:
+        return
+    from ..cli_types import UsageError
+    from .horizon_report import profile_ms_of
+
+    try:
+        profile_ms_of(path)
+    except Exception as e:  # missing, not JSON, not a profile
+        raise UsageError(f"{flag} {str(path)!r}: not an engine profile JSON (`robotserve profile --out`): "
+                         f"{str(e).splitlines()[0][:120] if str(e) else type(e).__name__}") from None
 
 
 def cmd_train(a) -> int:
@@ -110,18 +136,23 @@ def cmd_horizon(a) -> int:
     from .horizon_report import merge_study, write_reports
     from .tasks import task_family
 
+    from ..cli_types import UsageError
+
     cfg_file = Path(a.policy) / "config.json"
     if not cfg_file.is_file():
-        print(f"robotserve study horizon: --policy {a.policy!r} is not a checkpoint directory (no config.json)")
-        return 2
+        raise UsageError(f"--policy {a.policy!r} is not a checkpoint directory (no config.json)")
     task = policy_task(a.policy)
+    if task not in SWEEP_DEFAULTS:
+        raise UsageError(f"--policy {a.policy!r}: a {task} policy; the horizon study runs {', '.join(SWEEP_DEFAULTS)}")
     for k, v in SWEEP_DEFAULTS[task].items():
         if getattr(a, k) is None:
             setattr(a, k, v)
     if a.learned_scale and not task_family(task).labels:
-        print(f"robotserve study horizon: --learned-scale needs the §2.2 labels, collected for pushgust only "
-              f"(this policy is {task}): give --learned-scale with no values")
-        return 2
+        raise UsageError(f"--learned-scale needs the §2.2 labels, collected for pushgust only "
+                         f"(this policy is {task}): give --learned-scale with no values")
+    if not a.static and a.h_min is None:
+        raise UsageError("--h-min is needed when no --static horizons are given")
+    _check_profile("--profile", a.profile)
     cfg = StudyConfig(
         static_h=tuple(a.static), thresholds=tuple(a.thresholds), seeds=tuple(a.seeds), episodes=a.episodes,
         max_steps=a.max_steps, threads=a.threads, h_min=a.h_min, schedule_t=tuple(a.schedule_t),
@@ -133,9 +164,6 @@ def cmd_horizon(a) -> int:
     fam = "flow-matching" if json.loads(cfg_file.read_text()).get("type") == "flow_matching" else "diffusion"
     out = Path(a.out or Path(scratch("horizon")) / f"{task}-{fam}.json")
     learned_out = a.learned_out or (str(Path(a.policy) / "horizon_model.npz") if cfg.learned_scale else None)
-    if not a.static and a.h_min is None:
-        print("robotserve study horizon: with no --static horizons, give --h-min")
-        return 2
     rows, meta = run_study(a.policy, cfg, learned_out=learned_out)
     if a.append and out.is_file() and out.with_suffix(".meta.json").is_file():
         rows, meta = merge_runs(json.loads(out.read_text()), json.loads(out.with_suffix(".meta.json").read_text()),
@@ -159,6 +187,7 @@ def cmd_workload(a) -> int:
     if not run.is_file() or not meta_path.is_file():
         print(f"robotserve study workload: --run {a.run!r} needs the run's JSON and its .meta.json beside it", file=sys.stderr)
         return 2
+    _check_profile("--profile", a.profile)
     rows, meta = json.loads(run.read_text()), json.loads(meta_path.read_text())
     if a.profile:
         meta["engine_profile_ms"] = profile_ms_of(a.profile)
@@ -277,7 +306,7 @@ def cmd_rtc_profile(a) -> int:
 
 def add_parser(sub):
     """The `study` command group, added to the `robotserve` parser; returns its subcommands."""
-    from ..cli_types import positive, seed
+    from ..cli_types import between, positive, seed
     from .tasks import FAMILIES
     st = sub.add_parser("study", help="PushGust / Meta-World tasks: demos, policy training, horizon study")
     g = st.add_subparsers(dest="study", required=True)
@@ -291,11 +320,11 @@ def add_parser(sub):
     t = g.add_parser("train", help="train a small state-only DiffusionPolicy on the CPU; save_pretrained into --out")
     t.add_argument("--demos", required=True, help="demonstrations file (study collect --out)")
     t.add_argument("--out", required=True, help="checkpoint directory (policy + pre/post-processors)")
-    t.add_argument("--steps", type=int, default=7000, help="training steps")
-    t.add_argument("--batch-size", type=int, default=128, help="training batch size")
-    t.add_argument("--lr", type=float, default=1e-3, help="learning rate")
+    t.add_argument("--steps", type=positive(int), default=7000, help="training steps")
+    t.add_argument("--batch-size", type=positive(int), default=128, help="training batch size")
+    t.add_argument("--lr", type=positive(float), default=1e-3, help="learning rate")
     t.add_argument("--seed", type=seed, default=0)
-    t.add_argument("--threads", type=int, default=1, help="torch threads (1 is kind to a shared CPU)")
+    t.add_argument("--threads", type=positive(int), default=1, help="torch threads (1 is kind to a shared CPU)")
     t.set_defaults(func=cmd_train)
     f = g.add_parser("train-flow", help="train a small flow-matching action head (Euler sampling) on the CPU")
     f.add_argument("--demos", required=True, help="demonstrations file (study collect --out)")
@@ -304,10 +333,10 @@ def add_parser(sub):
     f.add_argument("--hidden", type=positive(int), default=256, help="width of the velocity MLP")
     f.add_argument("--blocks", type=positive(int), default=3, help="residual blocks of the velocity MLP")
     f.add_argument("--batch-size", type=positive(int), default=256, help="training batch size")
-    f.add_argument("--lr", type=float, default=1e-3, help="learning rate")
+    f.add_argument("--lr", type=positive(float), default=1e-3, help="learning rate")
     f.add_argument("--seed", type=seed, default=0)
     f.add_argument("--threads", type=positive(int), default=1, help="torch threads (1 is kind to a shared CPU)")
-    f.add_argument("--prefix-max-delay", type=int, default=0,
+    f.add_argument("--prefix-max-delay", type=positive(int, zero_ok=True), default=0,
                    help="training-time RTC: condition on a clean executed prefix of d ~ U{0..N} actions (0: off)")
     f.set_defaults(func=cmd_train_flow)
     h = g.add_parser("horizon", help="success vs mean execution horizon: static H and confidence t (seed 000 Fig. 11)")
@@ -316,8 +345,9 @@ def add_parser(sub):
                    ".md/.png/.meta.json beside it; study.json and fig11_<task>.png merge every run in its folder")
     h.add_argument("--static", type=positive(int), nargs="*", default=[1, 2, 3, 4, 6, 8, 12, 16],
                    help="static horizons to compare")
-    h.add_argument("--thresholds", type=float, nargs="*", default=[0.0, 0.5], help="confidence t (§3.1)")
-    h.add_argument("--schedule-t", type=float, nargs="*", default=[0.0, 0.5, 1.0, 2.0],
+    h.add_argument("--thresholds", type=positive(float, zero_ok=True), nargs="*", default=[0.0, 0.5],
+                   help="confidence t (§3.1)")
+    h.add_argument("--schedule-t", type=positive(float, zero_ok=True), nargs="*", default=[0.0, 0.5, 1.0, 2.0],
                    help="schedule-normalised confidence t")
     h.add_argument("--sc-tau", type=positive(float), nargs="*", default=None,
                    help="self-consistency spread thresholds (action units; default per task family)")
@@ -328,7 +358,7 @@ def add_parser(sub):
                    help="learned-horizon scales (empty: skip the learned horizon; PushGust only)")
     h.add_argument("--agree-tau", type=positive(float), nargs="*", default=None,
                    help="plan-agreement thresholds (action units; empty: skip; default per task family)")
-    h.add_argument("--learned-cos", type=float, nargs="+", default=[0.9],
+    h.add_argument("--learned-cos", type=between(-1.0, 1.0), nargs="+", default=[0.9],
                    help="cosine thresholds of the §2.2 labels, one learned model each (0.9: the paper's)")
     h.add_argument("--label-h-start", type=positive(int), default=None,
                    help="the labels' starting H (default: this run's best static H)")
@@ -397,7 +427,8 @@ def add_parser(sub):
     ra.add_argument("--out", required=True, help="report folder: rtc_study.json, rtc_study.md")
     ra.add_argument("--tasks", nargs="+", default=["viapoint=500", "pushgust=100", "metaworld=100"],
                     metavar="TASK=EPISODES", help="task families and paired episodes per cell")
-    ra.add_argument("--delays", type=int, nargs="+", default=[0, 2, 4, 6], help="d in control steps")
+    ra.add_argument("--delays", type=positive(int, zero_ok=True), nargs="+", default=[0, 2, 4, 6],
+                    help="d in control steps, 0..8")
     ra.add_argument("--arms", nargs="+", default=["sync", "naive", "ensemble", "rtc_hard", "rtc_soft",
                                                   "rtc_lerobot", "rtc_trained"],
                     help="the arms to run, paired on the same episodes (default: all seven)")

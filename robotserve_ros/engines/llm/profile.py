@@ -131,9 +131,10 @@ def measure(engine, *, prompt_tokens=(16, 32, 64, 128, 256), batches=(1, 2, 4, 8
 def add_arguments(p) -> None:
     p.add_argument("--model", type=Path, default=None, help="model folder (default: the converted SmolLM2)")
     p.add_argument("--dtype", choices=["bfloat16", "float32"], default=None, help="default: the folder's")
-    p.add_argument("--threads", type=int, default=1, help="torch threads of the engine")
-    p.add_argument("--repeats", type=int, default=3, help="measured repetitions of each point")
-    from ...cli_types import scratch
+    from ...cli_types import positive, scratch
+
+    p.add_argument("--threads", type=positive(int), default=1, help="torch threads of the engine")
+    p.add_argument("--repeats", type=positive(int), default=3, help="measured repetitions of each point")
 
     p.add_argument("--out", type=Path, default=Path(scratch(f"{PROFILE_NAME}.json")),
                    help=f"profile JSON (the one of record, read by every LLM scheduler: "
@@ -147,7 +148,13 @@ def cli(args) -> int:
 
     load0 = os.getloadavg()
     t0 = time.perf_counter()
-    eng = LLMEngine.load(args.model, dtype=args.dtype, threads=args.threads)
+    try:  # a --model folder without a model, or the converted one not made yet: one line, what to do
+        eng = LLMEngine.load(args.model, dtype=args.dtype, threads=args.threads)
+    except FileNotFoundError as e:
+        from ...cli_types import UsageError
+
+        raise UsageError(f"--model {str(args.model)!r}: no model folder there (no config.json); without --model: "
+                         "the SmolLM2 `robotserve llm-convert` makes" if args.model else str(e)) from None
     load_s = time.perf_counter() - t0
     rec = {"schema": "robotserve.llm_profile/1", "engine_name": "llm", "model": eng.name,
            "dtype": str(eng.dtype).replace("torch.", ""), "threads": args.threads,

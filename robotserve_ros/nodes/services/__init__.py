@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import importlib
 
-from ...core.registry import Registry
+from ...core.registry import Registry, Wraps
 
 SERVICES: Registry = Registry("service")
 
@@ -34,6 +34,12 @@ def _lazy(module: str, cls: str):
         return _class(module, cls)()(node, **params)
 
     return make
+
+
+def _engines():
+    from ...engines import ENGINES
+
+    return ENGINES
 
 
 def _class(module: str, cls: str):
@@ -51,4 +57,6 @@ for _name, (_module, _cls) in {
     "lerobot": (".lerobot", "LeRobotService"),  # unchanged LeRobot robot_clients on this fleet (transport/lerobot)
 }.items():
     # openpi and lerobot take **params into their own config dataclass, which checks them
-    SERVICES.register(_name, _lazy(_module, _cls), knobs=None if _name in ("openpi", "lerobot") else _class(_module, _cls))
+    SERVICES.register(_name, _lazy(_module, _cls), knobs=None if _name in ("openpi", "lerobot") else _class(_module, _cls),
+                      # vla_language's knobs beyond its own build an oxygen engine of its own: that engine's
+                      wraps=Wraps(lambda: ["oxygen"], fixed="oxygen", registry=_engines) if _name == "vla_language" else None)

@@ -74,8 +74,9 @@ class VlaLanguageService:
             if int(default_max_tokens) < 1:
                 raise ValueError(f"default_max_tokens must be >= 1, got {default_max_tokens}")
             eng.default_max_tokens = int(default_max_tokens)
-        if not answer_timeout_s > 0:
-            raise ValueError(f"answer_timeout_s must be > 0, got {answer_timeout_s}")
+        for name, v in (("answer_timeout_s", answer_timeout_s), ("idle_frame_s", idle_frame_s)):
+            if not v > 0:
+                raise ValueError(f"{name} must be > 0, got {v}")
         self.engine, self.answer_timeout_s = eng, float(answer_timeout_s)
         self.spec = getattr(node, "spec", None) or eng.observation_spec
         self.lock = threading.Lock()

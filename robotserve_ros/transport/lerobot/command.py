@@ -13,8 +13,10 @@ from .config import CompatConfig
 
 
 def add_arguments(p) -> None:
+    from ...cli_types import host
+
     d = CompatConfig()
-    p.add_argument("--host", default=d.host)
+    p.add_argument("--host", type=host, default=d.host)
     p.add_argument("--port", type=int, default=d.port)
     p.add_argument("--fps", type=float, default=d.fps, help="the clients' control rate (LeRobot's server --fps)")
     p.add_argument("--scheduler", default=d.scheduler)

@@ -6,7 +6,7 @@ import logging
 import os
 import sys
 
-from ...cli_types import positive
+from ...cli_types import host, positive
 from ...params import parse_key_values
 from .. import serve_until_interrupted
 from .config import EndpointConfig, OpenPiConfig
@@ -15,7 +15,7 @@ from .config import EndpointConfig, OpenPiConfig
 def add_arguments(p) -> None:
     d, e = OpenPiConfig, EndpointConfig()
     p.add_argument("--policy", required=True, help="a local policy directory, or a hub id allowed by --allow-hub")
-    p.add_argument("--host", default=e.host, help="address to listen on (loopback unless you mean it)")
+    p.add_argument("--host", type=host, default=e.host, help="address to listen on (loopback unless you mean it)")
     p.add_argument("--port", type=int, default=e.port)
     p.add_argument("--api-key-file", default="", help="file holding the key clients send as 'Authorization: Api-Key KEY'")
     p.add_argument("--policy-dir", action="append", help="local policies only from under this directory (repeatable)")
