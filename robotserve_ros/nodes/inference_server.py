@@ -10,8 +10,7 @@ beside srv/Infer (nodes/services) are built on this node and its fleet.
 A lifecycle node (nodes/managed.py): configure builds the fleet from the parameters; activate
 offers srv/Infer; deactivate withdraws it and drops every task (waiting calls answered
 SHUTTING_DOWN); cleanup frees the engines. `autostart` (default true) walks configure + activate.
-Parameters: InferenceServerConfig (server_config.py, docs/parameters.md); a wrong key or value
-prints the one line naming it and exits 2.
+Parameters: InferenceServerConfig (server_config.py, docs/parameters.md; a bad one: one line, exit 2).
 """
 from __future__ import annotations
 
@@ -221,7 +220,7 @@ class InferenceServerNode(ManagedNode):
         self.robots.pop(tid, None)
 
     # --- diagnostics ------------------------------------------------------------------
-    def stats(self) -> dict:
+    def stats(self) -> dict:  # what /diagnostics shows
         return server_stats(self)
 
     def _publish_diagnostics(self) -> None:
