@@ -10,6 +10,8 @@ from .cli_types import Parser as _Parser, UsageError, check_out, comma_list, pos
 from .live.params_file import params_file
 from .params import parse_key_values
 
+DEMO_MOST_ROBOTS = 1000  # a live demo on one machine: 40 robot processes and their MuJoCo envs at most
+
 
 def _load_workload(arg: str):
     from .sim.workload import load_workload
@@ -329,7 +331,7 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("demo", help="live fleet on this machine: Meta-World robots on the trained flow policy under the "
                                     "closed-loop study's baseline, FIFO + dynamic horizon and best execution-aware rows "
                                     "(--workload NAME: a generated workload)")
-    d.add_argument("--robots", type=positive(int), default=10)
+    d.add_argument("--robots", type=positive(int, most=DEMO_MOST_ROBOTS), default=10)
     d.add_argument("--tasks", type=positive(int), help="episodes per robot (Meta-World: 8) or tasks per robot (--workload: 2)")
     d.add_argument("--workload", help="replay a built-in generated workload instead (robotserve workload list), "
                    "FIFO vs Kairos vs remaining, e.g. metaworld-mixed-edge")

@@ -13,16 +13,18 @@ class UsageError(Exception):
     """A wrong name or value on the command line: one line to stderr, exit 2."""
 
 
-def positive(kind=float, zero_ok: bool = False):
-    """argparse type: a finite number > 0 (>= 0 with zero_ok; a whole one for kind=int)."""
+def positive(kind=float, zero_ok: bool = False, most=None):
+    """argparse type: a finite number > 0 (>= 0 with zero_ok; a whole one for kind=int), at
+    most `most` when given (what one machine can run: the demo's robots are processes)."""
     def parse(v: str):
         try:
             x = kind(v)
         except ValueError:
             x = None
-        if x is None or not math.isfinite(x) or x < 0 or (x == 0 and not zero_ok):
+        if x is None or not math.isfinite(x) or x < 0 or (x == 0 and not zero_ok) or (most is not None and x > most):
             raise argparse.ArgumentTypeError(
-                f"must be a {'whole ' if kind is int else ''}number {'>= 0' if zero_ok else '> 0'}, got {v!r}")
+                f"must be a {'whole ' if kind is int else ''}number {'>= 0' if zero_ok else '> 0'}"
+                + (f" and <= {most}" if most is not None else "") + f", got {v!r}")
         return x
 
     return parse

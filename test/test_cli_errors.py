@@ -216,10 +216,11 @@ def test_an_unknown_scheduler_knob_names_the_knobs_there_are(argv):
     (["study", "collect", "--episodes", "-1", "--out", "{tmp}/d.npz"], "-1"),
     (["study", "merge", "--into", MISSING, "--add", MISSING], MISSING),
     (["demo", "--workload", "no-such-workload"], "no-such-workload"),
+    (["demo", "--robots", "100000"], "100000"),  # once accepted: thousands of robot processes started
     (["bench", "soak", "--config", MISSING, "--out", "{tmp}/s.json"], MISSING),
     (["make-policy", "--kind", "act", "--out", "{tmp}/p", "--set", "no-equals-sign"], "no-equals-sign"),
 ], ids=["sim-seed", "fleet-workers", "transport-warmup", "collect-episodes", "merge-into", "demo-workload",
-        "soak-config", "make-policy-set"])
+        "demo-robots", "soak-config", "make-policy-set"])
 def test_values_that_tracebacked_are_refused(argv, wrong, tmp_path):
     check_refused([x.format(tmp=tmp_path) for x in argv], wrong, timeout=20.0)
 
