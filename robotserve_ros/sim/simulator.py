@@ -208,16 +208,17 @@ class Simulator:
             run.arrive_at(float(t), f"{spec.id}#{i}", spec, i)
         return run.finish()
 
-    def run_fleet(self, robots: int) -> SimResult:
-        """`robots` robots take the workload's tasks (seeded order) back to back until done."""
-        if robots < 1:
-            raise ValueError("robots must be >= 1")
+    def run_fleet(self, robots: int, starts: Optional[list] = None) -> SimResult:
+        """`robots` robots take the workload's tasks (seeded order) back to back until done;
+        robot r starts at starts[r] s (default: all at 0)."""
+        if robots < 1 or (starts is not None and len(starts) < robots):
+            raise ValueError("robots must be >= 1, with a start time for each")
         order = np.random.default_rng(self.seed).permutation(len(self.workload.tasks))
         run = self._start("fleet", robots)
         run.backlog = [self.workload.tasks[int(j)] for j in order][::-1]
         for r in range(min(robots, len(run.backlog))):
             spec = run.backlog.pop()
-            run.arrive_at(0.0, f"{spec.id}@r{r}", spec, r)
+            run.arrive_at(0.0 if starts is None else float(starts[r]), f"{spec.id}@r{r}", spec, r)
         return run.finish()
 
     def _start(self, mode: str, load: float) -> "_Run":
