@@ -22,7 +22,6 @@ import json
 import logging
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -229,6 +228,15 @@ def targets(rep: dict, curve: str) -> dict:
     return out
 
 
+def command(a) -> str:
+    """The command line of this run, every option spelled out (defaults too): what reproduces it."""
+    opts = [f"--out {a.out}", f"--servers {','.join(a.servers)}"] + [
+        f"--{k.replace('_', '-')} {getattr(a, k)}" for k in ("curve", "seconds", "repeats", "max_robots", "horizon",
+                                                             "control_hz", "trigger", "per_process", "server_core",
+                                                             "client_core", "latency_rounds", "seed")]
+    return " ".join(["robotserve bench robots-per-engine", *opts])
+
+
 def cli(a) -> int:
     _check(a)
     out = Path(a.out)
@@ -257,7 +265,7 @@ def cli(a) -> int:
         finally:
             servers.close()
     rep = build_report(a, rows, predicted, latency)
-    meta = {"method": __doc__.split("\n\n")[1:], "command": " ".join(["robotserve", *sys.argv[1:]]),
+    meta = {"method": __doc__.split("\n\n")[1:], "command": command(a),
             "sizes": sizes, "predicted": predicted,
             "predicted_by": "sim.Simulator.run_fleet on the same curve, sizes, start phases and trigger "
                             "(remaining for robotserve; max batch 1 FIFO for the serial servers); idle half of the rule",

@@ -44,7 +44,10 @@ def lerobot_caller(port: int, rng: np.random.Generator, policy_dir: str, chunk: 
     joints = [f"joint_{i}.pos" for i in range(STATE_DIM)]
     feats = {"observation.state": {"dtype": "float32", "shape": (STATE_DIM,), "names": joints},
              "observation.images.cam0": {"dtype": "image", "shape": (*CAMERA_HW, 3), "names": ["height", "width", "channels"]}}
-    stub = services_pb2_grpc.AsyncInferenceStub(grpc.insecure_channel(f"127.0.0.1:{port}"))
+    # A connection of its own: channels of one process share one by default, and a server that
+    # knows a robot by its connection (robotserve's does, as LeRobot's runs one robot) would see one robot.
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.use_local_subchannel_pool", 1)])
+    stub = services_pb2_grpc.AsyncInferenceStub(channel)
     stub.Ready(services_pb2.Empty())
     spec = RemotePolicyConfig(policy_type="act", pretrained_name_or_path=policy_dir, lerobot_features=feats,
                               actions_per_chunk=chunk, device="cpu")
@@ -56,10 +59,12 @@ def lerobot_caller(port: int, rng: np.random.Generator, policy_dir: str, chunk: 
     def call(step: int):
         tobs = TimedObservation(timestamp=time.time(), timestep=step, observation=raw, must_go=True)
         stub.SendObservations(send_bytes_in_chunks(pickle.dumps(tobs), services_pb2.Observation))
-        while True:  # RobotClient's receiver asks again on an empty reply
-            got = stub.GetActions(services_pb2.Empty())
+        give_up = time.monotonic() + 30.0
+        while time.monotonic() < give_up:  # RobotClient's receiver asks again on an empty reply
+            got = stub.GetActions(services_pb2.Empty(), timeout=10.0)
             if got.data:
                 return got.data
+        raise TimeoutError(f"no chunk for timestep {step} in 30 s")
 
     return call
 
