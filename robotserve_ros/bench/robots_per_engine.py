@@ -222,7 +222,7 @@ def targets(rep: dict, curve: str) -> dict:
         out[k]["at_least_3x_every_peer"] = all((cap[p]["measured"] and ours["measured"] >= 3 * cap[p]["measured"])
                                                for p in peers) if peers else None
     for k, v in rep["added_latency_ms"].items():
-        if k.startswith("robotserve_"):
+        if k.startswith(("robotserve_openpi_", "robotserve_ros_")):  # the target: the openpi and ROS paths
             out.setdefault(k, {})["added_latency_p50_le_2ms_p95_le_5ms"] = v["p50"] <= 2.0 and v["p95"] <= 5.0
     out["no_invalid_row_under_capacities"] = all(c["valid_rows_only"] for c in cap.values())
     return out
