@@ -114,9 +114,9 @@ def paired_ratio(ours: dict, theirs: dict) -> Optional[dict]:
 
 def predicted_capacity(sizes: Sequence, *, curve: str, horizon: int, trigger: int, control_hz: float,
                        rounds: int, phases_seed: int, scheduler: str = "remaining", serial: bool = False) -> dict:
-    """The simulator's capacity on the same curve, fleet sizes, chunking and start phases: the
-    largest size whose robots all keep idle share <= the one-robot share + 5 points (the
-    simulator gives idle per robot, not per-round round trips, so only that half of the rule).
+    """The simulator's capacity on the same curve, fleet sizes, chunking and start phases, by
+    the same rule as the bench: the largest size whose robots all keep idle share <= the
+    one-robot share + 5 points and p95 round trip <= (H - trigger) x dt.
     serial: one request at a time (max_batch 1, FIFO), the serial servers' shape."""
     from ..sim.simulator import Simulator
     from ..sim.workload import TaskSpec, Workload
@@ -127,19 +127,22 @@ def predicted_capacity(sizes: Sequence, *, curve: str, horizon: int, trigger: in
     rnds = {"static": (horizon,) * rounds, "dynamic": (horizon,) * rounds}
     # The robots ask with `trigger` actions left: the slack that makes ceil(slack x L(1) x hz) = trigger.
     slack = max(1.0, (trigger - 0.5) / (prof[1] / 1e3 * control_hz))
-    shares, cap, first = {}, 0, None
+    budget = leftover_s(horizon, trigger, control_hz)
+    worst, cap, first, idle1 = {}, 0, None, None
     for n in sizes:
         wl = Workload("robots-per-engine", prof, tuple(TaskSpec(f"rpe-{i}", control_hz, rnds) for i in range(n)))
         sim = Simulator(wl, "fifo" if serial else scheduler, seed=0, trigger_slack=slack)
         res = sim.run_fleet(n, starts=start_phases(n, horizon / control_hz, phases_seed))
-        shares[n] = [o.idle_s / o.latency for o in res.outcomes]
-        if max(shares[n]) <= max(shares[sizes[0]]) + IDLE_SLACK and first is None:
+        shares = [o.idle_s / o.latency for o in res.outcomes]
+        p95 = [float(np.percentile(o.round_trips, 95)) for o in res.outcomes]
+        idle1 = shares[0] if idle1 is None else idle1
+        worst[n] = {"max_idle_share": round(max(shares), 4), "max_rt_p95_ms": round(1e3 * max(p95), 2)}
+        if all(robot_fed(i, p, idle1, budget) for i, p in zip(shares, p95)) and first is None:
             cap = n
         elif first is None:
             first = n
             break
-    return {"predicted": cap, "first_unfed": first, "trigger_actions": trigger,
-            "max_idle_share": {str(n): round(max(v), 4) for n, v in shares.items()}}
+    return {"predicted": cap, "first_unfed": first, "trigger_actions": trigger, "per_size": worst}
 
 
 def start_phases(n: int, period_s: float, seed: int) -> list:

@@ -91,6 +91,7 @@ class TaskOutcome:
     idle_s: float
     wait_ratio: float
     lower_bound_s: float
+    round_trips: tuple = ()  # s from each round's request to its chunk, in order
 
     @property
     def latency(self) -> float:
@@ -143,7 +144,7 @@ class SimResult:
 class _Robot:
     """One task in progress, seen from the robot."""
 
-    __slots__ = ("tid", "spec", "robot", "rounds", "arrival", "k", "prev_end", "idle", "kind")
+    __slots__ = ("tid", "spec", "robot", "rounds", "arrival", "k", "prev_end", "idle", "kind", "sent", "round_trips")
 
     def __init__(self, tid: str, spec: TaskSpec, robot: int, rounds, arrival: float) -> None:
         self.tid, self.spec, self.robot, self.rounds, self.arrival = tid, spec, robot, rounds, arrival
@@ -151,6 +152,7 @@ class _Robot:
         self.k = 0  # round being requested or executed
         self.prev_end: Optional[float] = None
         self.idle = 0.0
+        self.sent, self.round_trips = 0.0, []  # when the round in flight went out; each round's request -> chunk
 
 
 class Simulator:
@@ -277,6 +279,7 @@ class _Run:
         # Trace replay: the robot asks for the recorded horizon of this round.
         h = HorizonChoice("static", float(rb.rounds[rb.k]))
         left = len(rb.rounds) - rb.k  # the trace knows it exactly: only `srpt` reads it
+        rb.sent = self.clock.now()
         # The task's type is what a server sees (its instruction); `remaining` learns from it.
         self._submit(InferenceRequest(rb.tid, rb.k, info, h, remaining_rounds=left, task_type=rb.kind))
 
@@ -301,6 +304,7 @@ class _Run:
         now = self.clock.now()
         n, hz = rb.rounds[rb.k], rb.spec.control_hz
         assert horizon == n, f"action manager returned H={horizon}, trace says {n}"
+        rb.round_trips.append(now - rb.sent)
         start = exec_start(now, rb.prev_end)
         rb.idle += start - (rb.arrival if rb.prev_end is None else rb.prev_end)
         end = start + n / hz
@@ -320,7 +324,7 @@ class _Run:
         wr = wait_ratio(rec, now)
         self.result.outcomes.append(
             TaskOutcome(tid, rb.spec.id, rb.robot, Span(rb.arrival, now), len(rb.rounds), rb.idle, wr,
-                        self._lower_bound(rb))
+                        self._lower_bound(rb), tuple(rb.round_trips))
         )
         if self.backlog:  # fleet mode: the robot takes the next task
             spec = self.backlog.pop()
