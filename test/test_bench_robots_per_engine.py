@@ -83,6 +83,10 @@ def test_the_simulator_predicts_more_robots_for_batching_than_for_one_at_a_time(
     # Serial: one robot needs 28 ms of a 200 ms period, so at most 7 fit; batching fits many more.
     assert 1 <= serial["predicted"] <= 7 < batched["predicted"]
     assert serial["first_unfed"] == sizes[sizes.index(serial["predicted"]) + 1]
+    # The simulator's round trips (virtual clock): one robot alone waits exactly L(1).
+    assert batched["per_size"][1]["max_rt_p95_ms"] == pytest.approx(rules.gpu_like_ms(1))
+    unfed = serial["per_size"][serial["first_unfed"]]
+    assert unfed["max_rt_p95_ms"] > 100.0 or unfed["max_idle_share"] > serial["per_size"][1]["max_idle_share"] + 0.05
 
 
 def test_check_report_names_what_is_off():

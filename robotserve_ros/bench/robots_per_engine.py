@@ -268,7 +268,7 @@ def cli(a) -> int:
     meta = {"method": __doc__.split("\n\n")[1:], "command": command(a),
             "sizes": sizes, "predicted": predicted,
             "predicted_by": "sim.Simulator.run_fleet on the same curve, sizes, start phases and trigger "
-                            "(remaining for robotserve; max batch 1 FIFO for the serial servers); idle half of the rule",
+                            "(remaining for robotserve; max batch 1 FIFO for the serial servers), the same fed rule",
             "targets": targets(rep, a.curve), "runs": details, "server_rss_mb": rss,
             "not_built": ["robotserve through ROS srv/Infer", "the real tiny SmolVLA curve (smolvla_cpu)",
                           "LeRobot's RobotClient itself (its calls are made through LeRobot's own stubs)"],
