@@ -185,6 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .bench import mixed_fleet as bench_mixed_fleet, openpi as bench_openpi, timely as timely_bench
     from .bench import image_transport as bench_image_transport
     from .bench import rtc_live as bench_rtc_live
+    from .bench import robots_per_engine as bench_rpe
     from .engines import profiling, tiny_policies
     from .engines.llm import convert as llm_convert, profile as llm_profile
     from .live import fleet_status, up as live_up
@@ -293,6 +294,8 @@ def build_parser() -> argparse.ArgumentParser:
         (b, "nova", "Nova VLM serving (seed 003): stage pipeline + adaptive partition vs baselines", bench_nova),
         (b, "openpi", "unchanged openpi clients: capacity of a one-at-a-time reference vs robotserve's batching",
          bench_openpi),
+        (b, "robots-per-engine", "robots one engine keeps fed: robotserve vs openpi's serial server and LeRobot's own, "
+                                 "one simulated device, clients on their own core (issue 40)", bench_rpe),
         (b, "mixed-fleet", "one server, ROS 2 + unchanged LeRobot + unchanged openpi robots in the same batches",
          bench_mixed_fleet),
         (b, "image-transport", "camera frames raw vs JPEG/PNG: bytes per round, decode time, the action difference "

@@ -52,6 +52,8 @@ def add_arguments(p) -> None:
     p.add_argument("--sizes", type=positive(int), nargs="+", default=[1, 2, 4, 6, 8, 12, 16, 24, 32, 48],
                    help=f"fleet sizes tried in order; a server stops at its first hungry size past {MIN_ROWS_TO}")
     p.add_argument("--steps", type=positive(int), default=10, help="flow steps of the tiny SmolVLA")
+    p.add_argument("--torch-threads", type=positive(int), default=1, help="torch intra-op threads of the engine "
+                   "(fixed: an unset count races whatever else runs on the machine)")
 
 
 # --- robots (in worker processes) ----------------------------------------------------------
@@ -240,6 +242,9 @@ def cli(a) -> int:
     from ..engines.torch_env import import_lerobot_policies
 
     import_lerobot_policies()
+    from ..engines.torch_env import import_torch
+
+    import_torch().set_num_threads(a.torch_threads)
     from ..engines.tiny_policies import make_policy_dir
     from ..transport.openpi.config import EndpointConfig, OpenPiConfig
     from ..transport.openpi.server import OpenPiServer
@@ -285,7 +290,7 @@ def cli(a) -> int:
     ratio = ours.capacity / ref.capacity if ref.capacity else None
     extra = {"method": __doc__.split("\n\n")[1:3],
              "policy": "tiny SmolVLA, the smolvla_tiny profile's shapes (64x64 image, chunk 50), random weights",
-             "steps": a.steps, "seconds_per_size": a.seconds, "robots_per_process": ROBOTS_PER_PROCESS,
+             "steps": a.steps, "torch_threads": a.torch_threads, "seconds_per_size": a.seconds, "robots_per_process": ROBOTS_PER_PROCESS,
              "fed_rule": {"mean_idle_max": FED_MEAN, "any_idle_max": FED_MAX},
              "capacity_ratio": ratio, "target_ratio": 3.0, "added_latency": lat,
              "per_size": {"robotserve": ours.detail, "reference": ref.detail},

@@ -379,6 +379,9 @@ def markdown(rep: dict, meta: dict) -> str:
 def cli(a) -> int:
     from ..engines.lerobot_engine import PolicyDirError
 
+    from ..engines.torch_env import import_torch
+
+    import_torch().set_num_threads(a.torch_threads)  # recorded in the meta's torch.threads
     try:
         rep = run_peer(a.policy_dir, Path(a.out), device=a.device, max_batch=a.max_batch, repeats=a.repeats,
                        warmup=a.warmup, fps=a.fps, time_cap_s=a.time_cap, seed=a.seed, batch=a.batch)
@@ -391,7 +394,7 @@ def cli(a) -> int:
 
 
 def add_arguments(p) -> None:
-    from ..cli_types import device, seed
+    from ..cli_types import device, positive, seed
 
     p.add_argument("--policy-dir", required=True, help="LeRobot checkpoint directory (make-policy writes one)")
     p.add_argument("--out", required=True, help="report JSON; .meta.json and .md go beside it")
@@ -403,6 +406,8 @@ def add_arguments(p) -> None:
                    + ", ".join(f"{k} {v:g}" for k, v in CONTROL_HZ.items()) + ")")
     p.add_argument("--time-cap", type=float, default=480.0, help="seconds; the sweep and the rounds stop early to fit")
     p.add_argument("--seed", type=seed, default=0)
+    p.add_argument("--torch-threads", type=positive(int), default=1, help="torch intra-op threads of both sides "
+                   "(fixed: an unset count races whatever else runs on the machine)")
     p.add_argument("--batch", type=int, help="compare at this many robots instead of the swept saturation batch "
                    "(the report then says the batch was given)")
     p.set_defaults(func=cli)

@@ -91,6 +91,7 @@ class TaskOutcome:
     idle_s: float
     wait_ratio: float
     lower_bound_s: float
+    round_trips: tuple = ()  # s from each round's request to its chunk, in order
 
     @property
     def latency(self) -> float:
@@ -143,11 +144,12 @@ class SimResult:
 class _Robot(ReplayRobot):
     """One task in progress, seen from the robot: core/robot_loop.py's ReplayRobot of its trace."""
 
-    __slots__ = ("spec", "robot", "kind")
+    __slots__ = ("spec", "robot", "kind", "sent", "round_trips")
 
     def __init__(self, tid: str, spec: TaskSpec, robot: int, rounds, arrival: float, expected_latency_s: float) -> None:
         super().__init__(tid, rounds, spec.control_hz, trigger_actions(expected_latency_s, spec.control_hz), arrival)
         self.spec, self.robot, self.kind = spec, robot, task_type_of(spec.id)
+        self.sent, self.round_trips = 0.0, []  # when the round in flight went out; each round's request -> chunk
 
 
 class Simulator:
@@ -205,16 +207,17 @@ class Simulator:
             run.arrive_at(float(t), f"{spec.id}#{i}", spec, i)
         return run.finish()
 
-    def run_fleet(self, robots: int) -> SimResult:
-        """`robots` robots take the workload's tasks (seeded order) back to back until done."""
-        if robots < 1:
-            raise ValueError("robots must be >= 1")
+    def run_fleet(self, robots: int, starts: Optional[list] = None) -> SimResult:
+        """`robots` robots take the workload's tasks (seeded order) back to back until done;
+        robot r starts at starts[r] s (default: all at 0)."""
+        if robots < 1 or (starts is not None and len(starts) < robots):
+            raise ValueError("robots must be >= 1, with a start time for each")
         order = np.random.default_rng(self.seed).permutation(len(self.workload.tasks))
         run = self._start("fleet", robots)
         run.backlog = [self.workload.tasks[int(j)] for j in order][::-1]
         for r in range(min(robots, len(run.backlog))):
             spec = run.backlog.pop()
-            run.arrive_at(0.0, f"{spec.id}@r{r}", spec, r)
+            run.arrive_at(0.0 if starts is None else float(starts[r]), f"{spec.id}@r{r}", spec, r)
         return run.finish()
 
     def _start(self, mode: str, load: float) -> "_Run":
@@ -275,6 +278,7 @@ class _Run:
         # Trace replay: the robot asks for the recorded horizon of this round; the rounds left
         # are known exactly (only `srpt` reads them).
         h = HorizonChoice("static", float(rb.horizon()))
+        rb.sent = self.clock.now()
         # The task's type is what a server sees (its instruction); `remaining` learns from it.
         self._submit(InferenceRequest(rb.task_id, rb.round, info, h, remaining_rounds=rb.remaining(), task_type=rb.kind))
 
@@ -297,7 +301,9 @@ class _Run:
 
     def _chunk(self, rb: _Robot, horizon: int) -> None:
         assert horizon == rb.horizon(), f"action manager returned H={horizon}, trace says {rb.horizon()}"
-        what, at, info = rb.answered(self.clock.now())
+        now = self.clock.now()
+        rb.round_trips.append(now - rb.sent)
+        what, at, info = rb.answered(now)
         self.loop.at(at, self._request if what == "request" else self._task_done, rb.task_id, info)
 
     def _task_done(self, tid: str, info: ExecInfo) -> None:
@@ -307,7 +313,7 @@ class _Run:
         wr = wait_ratio(rec, now)
         self.result.outcomes.append(
             TaskOutcome(tid, rb.spec.id, rb.robot, Span(rb.arrival, now), len(rb.rounds), rb.idle, wr,
-                        self._lower_bound(rb))
+                        self._lower_bound(rb), tuple(rb.round_trips))
         )
         if self.backlog:  # fleet mode: the robot takes the next task
             spec = self.backlog.pop()

@@ -1,0 +1,216 @@
+"""The servers of `robotserve bench robots-per-engine`, each in its own process pinned to the
+server core, all on one device: a simulated engine that sleeps the batch-cost curve (sleep
+releases the GIL) under an exclusive file lock, so the calls of every server process are
+serialised as one GPU would serialise them (several LeRobot servers never get several devices).
+
+- robotserve/openpi, robotserve/lerobot: the project's openpi and LeRobot endpoints on one
+  fleet (serve/) over that engine: requests of every robot batched.
+- openpi_serial/openpi: the reference of openpi's serve_policy shape (bench/openpi.py's
+  ReferenceServer: infer inside the asyncio handler, one request at a time), same engine.
+- lerobot/lerobot: LeRobot 0.4.4's own PolicyServer, unchanged, on its real gRPC socket, one
+  process per robot (it resets its state when a second client says Ready). Its policy is a
+  tiny ACT whose predict_action_chunk is the device (batch 1): the server's own observation
+  conversion, pre/post-processing, TimedAction list and pickles all run as they ship.
+"""
+from __future__ import annotations
+
+import fcntl
+import logging
+import multiprocessing as mp
+import os
+import threading
+import time
+from pathlib import Path
+
+from ..engines.simulated import SimulatedEngine
+from .rpe_rules import CURVES
+
+ACTION_DIM = 6
+
+
+class Device:
+    """One device shared by processes: an flock around each call; each process keeps the
+    (batch, ms) of its own calls, measured while it held the device."""
+
+    def __init__(self, lock_path: str, curve: str) -> None:
+        self.lock_path, self.curve = lock_path, CURVES[curve]
+        self._fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        self._mutex = threading.Lock()  # flock is per open file: threads of one process queue here first
+        self.calls: list = []
+
+    def run(self, batch: int, work):
+        with self._mutex:
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+            try:
+                t0 = time.perf_counter()
+                out = work()
+                self.calls.append((batch, (time.perf_counter() - t0) * 1e3))
+            finally:
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
+        return out
+
+    def take(self) -> list:
+        out, self.calls = self.calls, []
+        return out
+
+
+class DeviceEngine(SimulatedEngine):
+    """The simulated engine (realtime: it sleeps the curve's L(b)) run on the shared device."""
+
+    def __init__(self, device: Device, chunk: int) -> None:
+        from ..core.profile import EngineProfile
+
+        prof = EngineProfile({b: device.curve(b) for b in (1, 2, 4, 8, 16, 32, 64, 128)})
+        super().__init__(prof, chunk_size=chunk, action_dim=ACTION_DIM, realtime=True)
+        self.device = device
+
+    def infer(self, batch):
+        sup = super().infer
+        return self.device.run(len(batch), lambda: sup(batch))
+
+
+def _fleet(engine):
+    from ..config import SchedulerConfig
+    from ..core.clock import WallClock
+    from ..serve import fleet_over
+
+    return fleet_over(engine, SchedulerConfig(name="remaining").build(), WallClock(), slots=1).start()
+
+
+def _robotserve_openpi(device: Device, chunk: int, hz: float):
+    from ..transport.openpi.config import EndpointConfig
+    from ..transport.openpi.endpoint import OpenPiEndpoint
+
+    fleet = _fleet(DeviceEngine(device, chunk))
+    ep = OpenPiEndpoint(EndpointConfig(port=0, control_hz=hz, max_connections=1024, max_rate_hz=1000.0, rate_burst=100),
+                        fleet, {"type": "simulated"}).start()
+    return ep.port, lambda: (ep.close(), fleet.close())
+
+
+def _robotserve_lerobot(device: Device, chunk: int, hz: float):
+    from ..core.clock import WallClock
+    from ..transport.lerobot.config import CompatConfig
+    from ..transport.lerobot.fleet import Fleet
+    from ..transport.lerobot.protocol import LeRobotCompatServer
+
+    fleet = _fleet(DeviceEngine(device, chunk))
+    srv = LeRobotCompatServer(CompatConfig(port=0, fps=hz, engine="simulated", threads=64), WallClock(), Fleet(fleet))
+    return srv.port, lambda: (srv.stop(), fleet.close())
+
+
+def _openpi_serial(device: Device, chunk: int, hz: float):
+    from .openpi import ReferenceServer
+
+    srv = ReferenceServer(DeviceEngine(device, chunk))
+    return srv.port, srv.stop
+
+
+def _lerobot_peer(device: Device, chunk: int, hz: float):
+    """LeRobot's PolicyServer as its own `serve()` starts it (4 gRPC threads), on port 0."""
+    from concurrent import futures
+
+    import grpc
+
+    from ..engines.torch_env import import_lerobot_policies, import_torch
+
+    import_lerobot_policies()  # torchvision's missing operators declared first (notes/lerobot-on-cpu.md)
+    torch = import_torch()
+    from lerobot.async_inference.configs import PolicyServerConfig
+    from lerobot.async_inference.policy_server import PolicyServer
+    from lerobot.transport import services_pb2_grpc
+
+    torch.set_num_threads(1)  # a fixed thread count: its torch work (pre/post-processing) is not a thread race
+    server = PolicyServer(PolicyServerConfig(host="127.0.0.1", port=8080, fps=int(round(hz)), inference_latency=0.0,
+                                             obs_queue_timeout=2.0))
+    PolicyServer.logger.setLevel(logging.WARNING)
+    load = server.SendPolicyInstructions
+
+    def instructions(request, context):  # its own loading, then the policy's forward pass becomes the device
+        out = load(request, context)
+
+        def predict_action_chunk(batch, **kw):
+            return device.run(1, lambda: (time.sleep(device.curve(1) / 1e3), torch.zeros(1, chunk, ACTION_DIM))[1])
+
+        server.policy.predict_action_chunk = predict_action_chunk
+        return out
+
+    server.SendPolicyInstructions = instructions
+    grpc_server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    services_pb2_grpc.add_AsyncInferenceServicer_to_server(server, grpc_server)
+    port = grpc_server.add_insecure_port("127.0.0.1:0")
+    grpc_server.start()
+    return port, lambda: grpc_server.stop(0.5).wait()
+
+
+SERVES = {("robotserve", "openpi"): _robotserve_openpi, ("robotserve", "lerobot"): _robotserve_lerobot,
+          ("openpi_serial", "openpi"): _openpi_serial, ("lerobot", "lerobot"): _lerobot_peer}
+
+
+def rss_mb(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        pass
+    return float("nan")
+
+
+def _child(server: str, protocol: str, lock_path: str, curve: str, chunk: int, hz: float, core, conn) -> None:
+    if core is not None:
+        os.sched_setaffinity(0, {core})
+    os.chdir(os.environ.get("TMPDIR", "/tmp"))  # LeRobot's logger writes logs/ into the cwd
+    logging.disable(logging.INFO)  # LeRobot's transport logs a line per observation received
+    device = Device(lock_path, curve)
+    try:
+        port, stop = SERVES[(server, protocol)](device, chunk, hz)
+    except Exception as e:  # noqa: BLE001 - said to the parent, which stops the bench with it
+        conn.send(("error", f"{type(e).__name__}: {e}"))
+        return
+    conn.send(("port", port))
+    while True:
+        cmd = conn.recv()
+        if cmd == "calls":
+            conn.send(device.take())
+        elif cmd == "stop":
+            stop()
+            conn.send("stopped")
+            return
+
+
+class ServerProcess:
+    """One server in a spawned process on `core`; `calls()` hands back its device calls so far."""
+
+    def __init__(self, server: str, protocol: str, lock_path: str, curve: str, chunk: int, hz: float, core) -> None:
+        ctx = mp.get_context("spawn")
+        self._conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_child, args=(server, protocol, lock_path, curve, chunk, hz, core, child),
+                                daemon=True)
+        self.proc.start()
+        if not self._conn.poll(180):
+            self.close()
+            raise RuntimeError(f"{server}/{protocol} server did not start in 180 s")
+        kind, val = self._conn.recv()
+        if kind == "error":
+            self.close()
+            raise RuntimeError(f"{server}/{protocol} server failed to start: {val}")
+        self.port = val
+
+    def calls(self) -> list:
+        self._conn.send("calls")
+        return self._conn.recv()
+
+    def rss_mb(self) -> float:
+        return rss_mb(self.proc.pid)
+
+    def close(self) -> None:
+        try:
+            if self.proc.is_alive():
+                self._conn.send("stop")
+                self._conn.poll(10)
+        except (OSError, EOFError, BrokenPipeError):
+            pass
+        self.proc.join(5)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join(5)

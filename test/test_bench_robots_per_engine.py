@@ -1,0 +1,135 @@
+"""`robotserve bench robots-per-engine` (issue 40): the "fed" rule, capacity and the report's
+shape on synthetic rows, and the bench itself at a tiny size, every server it names, its report
+of record checked against the schema and against its own rows."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from robotserve_ros.bench import rpe_rules as rules
+from robotserve_ros.cli import main
+
+BUDGET = rules.leftover_s(10, 5, 50.0)  # 100 ms
+
+
+def robot(idle_s=0.0, task_s=10.0, rts=(0.03,) * 20):
+    return {"idle_s": idle_s, "task_s": task_s, "rt_s": list(rts)}
+
+
+def row(n, rep, fed, valid=True, busy=0.1, server="robotserve"):
+    return {"server": server, "protocol": "openpi", "curve": "gpu_like", "robots": n, "repeat": rep, "fed": fed,
+            "rt_p50_ms": 30.0, "rt_p95_ms": 40.0, "idle_fraction": 0.0, "mean_batch": 1.0, "valid": valid,
+            "client_core_busy": busy}
+
+
+def test_fed_is_idle_within_five_points_of_batch_one_and_p95_within_the_leftover():
+    assert BUDGET == pytest.approx(0.1)
+    assert rules.robot_fed(0.07, 0.099, idle_share_b1=0.02, budget_s=BUDGET)
+    assert not rules.robot_fed(0.0701, 0.05, idle_share_b1=0.02, budget_s=BUDGET)  # idle 5.01 points over
+    assert not rules.robot_fed(0.0, 0.101, idle_share_b1=0.0, budget_s=BUDGET)  # p95 past the leftover
+
+
+def test_a_row_is_fed_only_when_every_robot_is():
+    calls = [(2, rules.gpu_like_ms(2))] * 10
+    ok = rules.make_row("robotserve", "openpi", "gpu_like", 2, 0, [robot(), robot()], 0.0, BUDGET, calls, 0.2)
+    assert tuple(ok) == rules.ROW_KEYS and ok["fed"] and ok["valid"] and ok["mean_batch"] == 2.0
+    # One robot's 96th-percentile-and-up rounds are slow: its p95 is over 100 ms, the row is unfed.
+    slow = robot(rts=[0.03] * 18 + [0.2, 0.2])
+    assert not rules.make_row("robotserve", "openpi", "gpu_like", 2, 0, [robot(), slow], 0.0, BUDGET, calls, 0.2)["fed"]
+    # A robot that did not report (3 robots asked, 2 came back) makes the row unfed.
+    assert not rules.make_row("robotserve", "openpi", "gpu_like", 3, 0, [robot(), robot()], 0.0, BUDGET, calls, 0.2)["fed"]
+    # Idle relative to the batch-1 run: 6 % idle is fed over a 2 % batch-1 share, not over 0 %.
+    idle = [robot(idle_s=0.6), robot(idle_s=0.6)]
+    assert rules.make_row("robotserve", "openpi", "gpu_like", 2, 0, idle, 0.02, BUDGET, calls, 0.2)["fed"]
+    assert not rules.make_row("robotserve", "openpi", "gpu_like", 2, 0, idle, 0.0, BUDGET, calls, 0.2)["fed"]
+
+
+def test_engine_time_more_than_twice_off_its_curve_marks_the_row_invalid():
+    on = [(4, rules.gpu_like_ms(4))] * 40
+    assert rules.engine_valid(on, rules.gpu_like_ms)
+    assert not rules.engine_valid([(4, 2.5 * rules.gpu_like_ms(4))] * 40, rules.gpu_like_ms)
+    assert not rules.engine_valid([(1, 0.4 * rules.gpu_like_ms(1))] * 40, rules.gpu_like_ms)
+    assert rules.engine_valid(on + [(4, 10 * rules.gpu_like_ms(4))], rules.gpu_like_ms)  # one late wake-up of 41
+    assert not rules.engine_valid([], rules.gpu_like_ms)
+
+
+def test_capacity_is_the_largest_fleet_with_every_smaller_one_fed():
+    rows = [row(1, 0, True), row(2, 0, True), row(3, 0, False), row(4, 0, True),  # 4 fed after 3 unfed: not counted
+            row(1, 1, True), row(2, 1, True), row(3, 1, True), row(4, 1, False),
+            row(1, 2, True), row(2, 2, False, valid=False)]
+    cap = rules.capacity_of(rows)
+    assert cap["per_repeat"] == [2, 3, 1] and cap["measured"] == 2 and cap["range"] == [1, 3]
+    assert cap["first_unfed"] == 3 and cap["client_bound"] is False and cap["reported"] == "2"
+    assert cap["valid_rows_only"] is False  # repeat 2's first unfed row was invalid
+    bound = rules.capacity_of([row(1, 0, True), row(2, 0, True, busy=0.9)])
+    assert bound["client_bound"] and bound["reported"] == ">= 2" and bound["first_unfed"] is None
+    ratio = rules.paired_ratio(cap, {"per_repeat": [1, 1, 1]})
+    assert ratio["ratios"] == [2.0, 3.0, 1.0] and ratio["median"] == 2.0 and ratio["range"] == [1.0, 3.0]
+
+
+def test_fleet_sizes_step_by_one_to_16_then_by_at_most_25_percent():
+    s = rules.fleet_sizes(64)
+    assert s[:16] == list(range(1, 17)) and s[-1] == 64
+    assert all(b > a and b <= 1.25 * a for a, b in zip(s[16:], s[17:]))
+    assert rules.fleet_sizes(3) == [1, 2, 3]
+
+
+def test_the_simulator_predicts_more_robots_for_batching_than_for_one_at_a_time():
+    kw = dict(curve="gpu_like", horizon=10, trigger=5, control_hz=50.0, rounds=20, phases_seed=0)
+    sizes = rules.fleet_sizes(40)
+    batched, serial = rules.predicted_capacity(sizes, **kw), rules.predicted_capacity(sizes, serial=True, **kw)
+    # Serial: one robot needs 28 ms of a 200 ms period, so at most 7 fit; batching fits many more.
+    assert 1 <= serial["predicted"] <= 7 < batched["predicted"]
+    assert serial["first_unfed"] == sizes[sizes.index(serial["predicted"]) + 1]
+    # The simulator's round trips (virtual clock): one robot alone waits exactly L(1).
+    assert batched["per_size"][1]["max_rt_p95_ms"] == pytest.approx(rules.gpu_like_ms(1))
+    unfed = serial["per_size"][serial["first_unfed"]]
+    assert unfed["max_rt_p95_ms"] > 100.0 or unfed["max_idle_share"] > serial["per_size"][1]["max_idle_share"] + 0.05
+
+
+def test_check_report_names_what_is_off():
+    good = {"engine": {}, "rows": [row(1, 0, True)], "capacity": {"lerobot_lerobot_gpu_like": {
+        "measured": 1, "predicted": 2, "first_unfed": 2, "client_bound": False}},
+        "added_latency_ms": {"openpi_serial_openpi_gpu_like": {"p50": 1.0, "p95": 2.0}}}
+    rules.check_report(good)
+    with pytest.raises(ValueError, match="not <server>_<protocol>_<curve>"):
+        rules.check_report({**good, "added_latency_ms": {"vllm_openpi_gpu_like": {"p50": 1, "p95": 2}}})
+    with pytest.raises(ValueError, match="lacks"):
+        rules.check_report({**good, "capacity": {"robotserve_ros_gpu_like": {"measured": 1}}})
+
+
+def test_bad_options_are_one_line_and_exit_2(tmp_path, capsys):
+    out = str(tmp_path / "r.json")
+    assert main(["bench", "robots-per-engine", "--out", out, "--trigger", "10"]) == 2
+    assert "--trigger 10 must be below --horizon 10" in capsys.readouterr().err
+    assert main(["bench", "robots-per-engine", "--out", out, "--server-core", "0", "--client-core", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "must differ" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.skipif(not {0, 1} <= os.sched_getaffinity(0), reason="needs cores 0 and 1 (server and clients apart)")
+def test_bench_at_a_tiny_size_writes_the_report_of_record(tmp_path):
+    pytest.importorskip("openpi_client")
+    pytest.importorskip("lerobot")
+    out = tmp_path / "rpe.json"
+    assert main(["bench", "robots-per-engine", "--out", str(out), "--max-robots", "2", "--repeats", "2",
+                 "--seconds", "1", "--latency-rounds", "5"]) == 0
+    rep = json.loads(out.read_text())
+    rules.check_report(rep)
+    keys = {f"{k}_gpu_like" for k in ("robotserve_openpi", "openpi_serial_openpi", "lerobot_lerobot", "robotserve_lerobot")}
+    assert set(rep["capacity"]) == keys and set(rep["added_latency_ms"]) == keys
+    assert rep["engine"]["round_trip_budget_ms"] == 100.0 and rep["engine"]["batch_ms"]["1"] == 28.0
+    for k, cap in rep["capacity"].items():
+        mine = [r for r in rep["rows"] if f"{r['server']}_{r['protocol']}_gpu_like" == k]
+        assert {r["repeat"] for r in mine} == {0, 1}  # every repeat ran, every attempted run a row
+        assert cap == {**cap, **{x: rules.capacity_of(mine)[x] for x in ("measured", "first_unfed", "client_bound")}}
+        assert cap["predicted"] in (1, 2)
+        for r in mine:  # a row's fed agrees with its own figures
+            if r["fed"]:
+                assert r["rt_p95_ms"] is not None and r["rt_p50_ms"] <= r["rt_p95_ms"]
+        assert all(r["mean_batch"] == 1.0 for r in mine if r["robots"] == 1 and r["mean_batch"] is not None)
+    meta = json.loads((tmp_path / "rpe.json.meta.json").read_text())
+    assert meta["command"].startswith("robotserve bench robots-per-engine") and meta["predicted"]
+    assert len(meta["runs"]) == len(rep["rows"]) and meta["server_rss_mb"]["lerobot_lerobot"]
