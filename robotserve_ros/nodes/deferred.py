@@ -7,10 +7,18 @@ and the reply goes out when `finish` is called (from any thread: an engine threa
 Whichever of the two comes second sends. rclpy Kilted has no deferred-response API of its
 own, and its coroutine callbacks are no substitute here: its Python executors resume every
 waiting coroutine on every spin (a busy loop), and its EventsExecutor deadlocks when a reply
-is sent from another thread (measured, docs/scale.md)."""
+is sent from another thread (measured, docs/scale.md).
+
+`queued_requests` / `queued_messages` take what is already queued on a service or
+subscription from inside its callback: rclpy's executors rebuild their whole wait set in Python
+for every single request or message they dispatch (half the server's CPU, docs/scale.md), so
+a burst (a light fleet's progress slice, several robots' rounds in one control tick) is taken in
+one wake-up instead of one wake-up each."""
 from __future__ import annotations
 
 import threading
+
+DRAIN_LIMIT = 64  # taken per callback at most: timers and other entities still get their turn
 
 
 class DeferredReplies:
@@ -60,3 +68,30 @@ class DeferredReplies:
             self._send(response, header)
         except Exception:  # the service was destroyed meanwhile (deactivate, shutdown): the robot re-sends
             self.unsent += 1
+
+
+def queued_requests(service, limit: int = DRAIN_LIMIT):
+    """(request, header) of the calls already waiting on `service` (rclpy Service), up to
+    `limit`; answer each with service.send_response(response, header), as the executor would."""
+    for _ in range(limit):
+        try:
+            with service.handle:
+                request, header = service.handle.service_take_request(service.srv_type.Request)
+        except Exception:  # destroyed meanwhile (deactivate, shutdown): nothing more to take
+            return
+        if header is None:
+            return
+        yield request, header
+
+
+def queued_messages(subscription, limit: int = DRAIN_LIMIT):
+    """The messages already waiting on `subscription` (rclpy Subscription), up to `limit`."""
+    for _ in range(limit):
+        try:
+            with subscription.handle:
+                got = subscription.handle.take_message(subscription.msg_type, subscription.raw)
+        except Exception:  # destroyed meanwhile
+            return
+        if got is None:
+            return
+        yield got[0]

@@ -33,7 +33,7 @@ from ..serve import StageTrace, build_fleet, build_tiers
 from ..srv import Infer
 from .common import exit_process, NodeClock, ParamError, publish_queue_wait, run_nodes, service_qos, to_sec
 from .managed import ManagedNode
-from .deferred import DeferredReplies
+from .deferred import DeferredReplies, queued_messages, queued_requests
 from .convert import check_robot_id, check_service_name, fill_status
 from .infer_call import InferCall, proof_of
 from .refresh import ObservationRefresher
@@ -122,8 +122,8 @@ class InferenceServerNode(ManagedNode):
     def _wire(self, c: InferenceServerConfig) -> None:
         """Progress in, diagnostics out, the reaper and the memory tools."""
         reliable = QoSProfile(depth=1000, reliability=ReliabilityPolicy.RELIABLE)
-        self.create_subscription(ExecutionProgress, c.progress_topic, self._on_progress, reliable,
-                                 callback_group=MutuallyExclusiveCallbackGroup())
+        self._progress_sub = self.create_subscription(ExecutionProgress, c.progress_topic, self._on_progresses, reliable,
+                                                      callback_group=MutuallyExclusiveCallbackGroup())
         self.diag = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
         self.recent_errors = RecentErrors(time.monotonic(), c.diagnostics_window_s)
         self.create_timer(1.0 / c.diagnostics_hz, self._publish_diagnostics)
@@ -134,7 +134,7 @@ class InferenceServerNode(ManagedNode):
 
     def activate(self) -> None:
         c = self.config
-        self.infer = self.create_service(Infer, c.service, self._on_infer, qos_profile=service_qos(c.infer_queue.depth),
+        self.infer = self.create_service(Infer, c.service, self._on_infers, qos_profile=service_qos(c.infer_queue.depth),
                                          callback_group=self._group)
         self.replies = DeferredReplies(self.infer)
         self.get_logger().info(f"serving on {c.service}")
@@ -157,6 +157,16 @@ class InferenceServerNode(ManagedNode):
         self.language = handler
 
     # --- requests in (executor threads) --------------------------------------------
+    def _on_infers(self, request, response):
+        """srv/Infer's callback: this call, then the calls queued behind it, in one executor
+        wake-up (each wake-up rebuilds rclpy's wait set: docs/scale.md)."""
+        out = self._on_infer(request, response)
+        service = self.infer
+        if service is not None:
+            for req, header in queued_requests(service):
+                service.send_response(self._on_infer(req, Infer.Response()), header)
+        return out
+
     def _on_infer(self, request, response):
         """Decode, submit to the fleet; the reply is sent when the round's future is done."""
         received = time.monotonic()
@@ -188,6 +198,12 @@ class InferenceServerNode(ManagedNode):
     def _check_owner(self, m) -> None:
         """A refresh-topic message (an srv/Infer request) is its task's robot's (task auth)."""
         self.fleet.check_owner(m.task_id, m.robot_id, proof_of(m, m.auth_stamp, "refresh"))
+
+    def _on_progresses(self, m) -> None:
+        """The progress subscription's callback: this message and those queued behind it."""
+        self._on_progress(m)
+        for queued in queued_messages(self._progress_sub):
+            self._on_progress(queued)
 
     def _on_progress(self, m) -> None:
         with self.lock:
