@@ -95,3 +95,25 @@ def queued_messages(subscription, limit: int = DRAIN_LIMIT):
         if got is None:
             return
         yield got[0]
+
+
+def serve_queued(service_of, callback):
+    """A service callback: `callback(request, response)` for this call, then for each call
+    queued behind it on service_of() (None once withdrawn), each answered as the executor would."""
+    def serve(request, response):
+        out = callback(request, response)
+        service = service_of()
+        if service is not None:
+            for req, header in queued_requests(service):
+                service.send_response(callback(req, service.srv_type.Response()), header)
+        return out
+    return serve
+
+
+def with_queued(subscription_of, callback):
+    """A subscription callback: `callback(msg)` for this message, then for those queued behind it."""
+    def take(msg) -> None:
+        callback(msg)
+        for queued in queued_messages(subscription_of()):
+            callback(queued)
+    return take

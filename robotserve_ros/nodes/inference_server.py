@@ -10,8 +10,7 @@ beside srv/Infer (nodes/services) are built on this node and its fleet.
 A lifecycle node (nodes/managed.py): configure builds the fleet from the parameters; activate
 offers srv/Infer; deactivate withdraws it and drops every task (waiting calls answered
 SHUTTING_DOWN); cleanup frees the engines. `autostart` (default true) walks configure + activate.
-Parameters: InferenceServerConfig (server_config.py, docs/parameters.md); a wrong key or value
-prints the one line naming it and exits 2.
+Parameters: InferenceServerConfig (server_config.py, docs/parameters.md); a wrong one exits 2.
 """
 from __future__ import annotations
 
@@ -33,11 +32,11 @@ from ..serve import StageTrace, build_fleet, build_tiers
 from ..srv import Infer
 from .common import exit_process, NodeClock, ParamError, publish_queue_wait, run_nodes, service_qos, to_sec
 from .managed import ManagedNode
-from .deferred import DeferredReplies, queued_messages, queued_requests
+from .deferred import DeferredReplies, serve_queued, with_queued
 from .convert import check_robot_id, check_service_name, fill_status
 from .infer_call import InferCall, proof_of
 from .refresh import ObservationRefresher
-from .server_config import InferenceServerConfig
+from .server_config import executor_kind, InferenceServerConfig
 from .server_diagnostics import MemoryTrace, RecentErrors, diagnostic_array, server_stats, start_metrics, trim_heap
 from .services import SERVICES
 
@@ -54,6 +53,7 @@ class InferenceServerNode(ManagedNode):
 
     def configure(self, c: InferenceServerConfig) -> None:
         """Build the fleet (engines, tiers, core, runner: serve/build.py) from the parameters."""
+        c.check_executor(self.executor)  # a reconfigure adding services to a process that runs the single one
         self.clock = NodeClock(self)
         scheduler = c.scheduler.build()  # a wrong knob is its one line before anything is built
         try:
@@ -122,8 +122,9 @@ class InferenceServerNode(ManagedNode):
     def _wire(self, c: InferenceServerConfig) -> None:
         """Progress in, diagnostics out, the reaper and the memory tools."""
         reliable = QoSProfile(depth=1000, reliability=ReliabilityPolicy.RELIABLE)
-        self._progress_sub = self.create_subscription(ExecutionProgress, c.progress_topic, self._on_progresses, reliable,
-                                                      callback_group=MutuallyExclusiveCallbackGroup())
+        self._progress_sub = self.create_subscription(  # a burst of messages: one executor wake-up
+            ExecutionProgress, c.progress_topic, with_queued(lambda: self._progress_sub, self._on_progress), reliable,
+            callback_group=MutuallyExclusiveCallbackGroup())
         self.diag = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
         self.recent_errors = RecentErrors(time.monotonic(), c.diagnostics_window_s)
         self.create_timer(1.0 / c.diagnostics_hz, self._publish_diagnostics)
@@ -134,8 +135,8 @@ class InferenceServerNode(ManagedNode):
 
     def activate(self) -> None:
         c = self.config
-        self.infer = self.create_service(Infer, c.service, self._on_infers, qos_profile=service_qos(c.infer_queue.depth),
-                                         callback_group=self._group)
+        self.infer = self.create_service(Infer, c.service, serve_queued(lambda: self.infer, self._on_infer),
+                                         qos_profile=service_qos(c.infer_queue.depth), callback_group=self._group)
         self.replies = DeferredReplies(self.infer)
         self.get_logger().info(f"serving on {c.service}")
 
@@ -157,16 +158,6 @@ class InferenceServerNode(ManagedNode):
         self.language = handler
 
     # --- requests in (executor threads) --------------------------------------------
-    def _on_infers(self, request, response):
-        """srv/Infer's callback: this call, then the calls queued behind it, in one executor
-        wake-up (each wake-up rebuilds rclpy's wait set: docs/scale.md)."""
-        out = self._on_infer(request, response)
-        service = self.infer
-        if service is not None:
-            for req, header in queued_requests(service):
-                service.send_response(self._on_infer(req, Infer.Response()), header)
-        return out
-
     def _on_infer(self, request, response):
         """Decode, submit to the fleet; the reply is sent when the round's future is done."""
         received = time.monotonic()
@@ -198,12 +189,6 @@ class InferenceServerNode(ManagedNode):
     def _check_owner(self, m) -> None:
         """A refresh-topic message (an srv/Infer request) is its task's robot's (task auth)."""
         self.fleet.check_owner(m.task_id, m.robot_id, proof_of(m, m.auth_stamp, "refresh"))
-
-    def _on_progresses(self, m) -> None:
-        """The progress subscription's callback: this message and those queued behind it."""
-        self._on_progress(m)
-        for queued in queued_messages(self._progress_sub):
-            self._on_progress(queued)
 
     def _on_progress(self, m) -> None:
         with self.lock:
@@ -258,7 +243,7 @@ class InferenceServerNode(ManagedNode):
 
 def main(argv=None) -> int:
     return run_nodes(lambda: [InferenceServerNode()], argv, threads=lambda nodes: nodes[0].config.threads,
-                     executor=lambda nodes: nodes[0].config.executor)
+                     executor=lambda nodes: executor_kind(nodes[0].config.executor, nodes[0].config.services))
 
 
 if __name__ == "__main__":
