@@ -19,6 +19,7 @@ from __future__ import annotations
 import threading
 
 DRAIN_LIMIT = 64  # taken per callback at most: timers and other entities still get their turn
+_resolving = threading.local()  # resolve_queued_responses is running in this thread
 
 
 class DeferredReplies:
@@ -95,6 +96,39 @@ def queued_messages(subscription, limit: int = DRAIN_LIMIT):
         if got is None:
             return
         yield got[0]
+
+
+def resolve_queued_responses(client, limit: int = DRAIN_LIMIT) -> int:
+    """From a done callback of one of `client`'s calls: take the replies already queued behind
+    it and resolve their futures here (their done callbacks run in this thread), instead of a
+    wake-up each plus one for each future's callbacks (rclpy runs them as executor tasks).
+    Returns how many were resolved."""
+    if getattr(_resolving, "on", False):  # called back from a future it resolves: its loop takes the rest
+        return 0
+    _resolving.on = True
+    try:
+        return _resolve(client, limit)
+    finally:
+        _resolving.on = False
+
+
+def _resolve(client, limit: int) -> int:
+    n = 0
+    for _ in range(limit):
+        try:
+            with client.handle:
+                header, response = client.handle.take_response(client.srv_type.Response)
+        except Exception:  # destroyed meanwhile (the refresher reaped it)
+            return n
+        if header is None:
+            return n
+        try:
+            future = client.get_pending_request(header.request_id.sequence_number)
+        except KeyError:  # given up on (timed out and removed): nobody waits for it
+            continue
+        future.set_result(response)
+        n += 1
+    return n
 
 
 def serve_queued(service_of, callback):
