@@ -67,6 +67,32 @@ def test_a_bad_value_is_one_line_naming_the_parameter(cls, kw, expected):
     assert error_of(cls, **kw).startswith(expected)
 
 
+def test_executor_auto_is_single_unless_side_services_and_a_single_process_refuses_them():
+    """issue 38: the single executor costs a third of the multithreaded one's CPU per round,
+    but side services' calls wait in an executor thread, so they keep the multithreaded one."""
+    from rclpy.executors import SingleThreadedExecutor
+
+    from robotserve_ros.config import ConfigError
+    from robotserve_ros.nodes.server_config import executor_kind
+
+    class Spun(SingleThreadedExecutor):  # only its kind matters here: no rclpy context
+        def __init__(self) -> None:
+            pass
+
+        def __del__(self) -> None:
+            pass
+
+    assert InferenceServerConfig().executor == "auto"
+    assert executor_kind("auto", ()) == "single" and executor_kind("auto", ("planner",)) == "multithreaded"
+    assert executor_kind("multithreaded", ()) == "multithreaded" and executor_kind("single", ()) == "single"
+    assert error_of(InferenceServerConfig, executor="events").startswith("parameter 'executor': 'events' is not one of")
+    with_services = InferenceServerConfig(services=("planner",))
+    with_services.check_executor(None)  # not spun yet (autostart): the choice follows the config
+    with pytest.raises(ConfigError, match="need executor: multithreaded"):
+        with_services.check_executor(Spun())
+    InferenceServerConfig().check_executor(Spun())
+
+
 @pytest.mark.parametrize("cls", CONFIGS)
 def test_defaults_are_valid_frozen_and_every_parameter_is_described(cls):
     cfg = make(cls)

@@ -92,3 +92,55 @@ def test_refresh_by_topic_reads_the_newest_observation_at_dispatch(ros_ctx):
         (value("refresh_topic_used"), value("refresh_topic_refused"))
     age = float(value("refresh_age_ms_p50"))
     assert 0 <= age < 5000, age
+
+
+def test_a_burst_is_taken_in_one_callback_and_every_call_answered(ros_ctx):
+    """nodes/deferred: the server's Infer and progress callbacks take what is queued behind
+    them, and a refresh reply resolves the replies queued behind it (one executor wake-up per
+    burst, not one per call). A node that no executor spins: 5 calls and 5 messages sent, all
+    taken in order at once; each call answered gets its own reply, resolved in this thread."""
+    import rclpy
+    from std_msgs.msg import Float64
+
+    from robotserve_ros.nodes.deferred import queued_messages, queued_requests, resolve_queued_responses
+    from robotserve_ros.srv import Infer
+
+    server = rclpy.create_node("burst_server", context=ros_ctx.context)
+    try:
+        srv = server.create_service(Infer, "/burst/infer", lambda req, resp: resp)
+        sub = server.create_subscription(Float64, "/burst/progress", lambda m: None, 100)
+        assert list(queued_requests(srv)) == [] and list(queued_messages(sub)) == []
+        pub = ros_ctx.publisher(Float64, "/burst/progress", 100)
+        cli = server.create_client(Infer, "/burst/infer")  # not spun either: its replies wait until taken
+        assert cli.wait_for_service(timeout_sec=10) and ros_ctx.wait_for_subscriber(pub, 10)
+        for i in range(5):
+            pub.publish(Float64(data=float(i)))
+        futs = [cli.call_async(Infer.Request(task_id=f"t{i}")) for i in range(5)]
+        called_back: list = []
+        for f in futs:
+            f.add_done_callback(lambda f: called_back.append(f.result().language_id))
+        taken, msgs = [], []
+
+        def take_all() -> bool:
+            taken.extend(queued_requests(srv))
+            msgs.extend(queued_messages(sub))
+            return len(taken) == 5 and len(msgs) == 5
+
+        assert ros_ctx.wait_for(take_all, 10), (len(taken), len(msgs))
+        assert [m.data for m in msgs] == [0.0, 1.0, 2.0, 3.0, 4.0]
+        assert [r.task_id for r, _ in taken] == [f"t{i}" for i in range(5)]
+        for req, header in taken:
+            resp = Infer.Response()
+            resp.language_id = req.task_id  # each reply names its call: matched to the right future
+            srv.send_response(resp, header)
+        resolved = []
+        assert ros_ctx.wait_for(lambda: resolved.append(resolve_queued_responses(cli)) or sum(resolved) == 5, 10)
+        assert all(f.done() for f in futs) and [f.result().language_id for f in futs] == [f"t{i}" for i in range(5)]
+        assert called_back == [f"t{i}" for i in range(5)]  # each future's callbacks ran, here
+        for i in range(3):  # at most `limit` per callback: the rest stays for the next
+            pub.publish(Float64(data=float(i)))
+        ros_ctx.spin(0.5)
+        assert len(list(queued_messages(sub, limit=2))) == 2
+        assert len(list(queued_messages(sub))) == 1
+    finally:
+        server.destroy_node()

@@ -50,6 +50,7 @@ import yaml
 from ..launch_description import default_config, robots as robot_specs, server as server_specs
 from ..live.processes import (ModuleSpec, ProcessGroup, foreign_nodes, pct, pick_free_domain, read_stage_trace,
                               ros_env)
+from ..nodes.server_config import executor_kind
 from ..machine import busy_fraction, cpu_times, machine_info, proc_cpu_s
 # (_Listener, settle, compare_executors, server_profile: imported from here too)
 from .fleet_live_procs import _Listener, _flame, proc_status, settle, thread_cpu_s  # noqa: F401
@@ -338,7 +339,7 @@ def run_fleet_live(out: Path, robots: int = 100, duration: float = 60.0, per_pro
         "engine_utilization_when_backlogged": backlog["engine_utilization_when_backlogged"],
         "replies_replayed": server.get("replies_replayed"),
         "server_headline": {**backlog, **{k: server.get(k) for k in HEADLINE}},
-        "executor": executor or srv_cfg.get("executor", "multithreaded"),
+        "executor": executor_kind(executor or srv_cfg.get("executor", "auto"), srv_cfg.get("services")),
         "infer_queue_depth": infer_depth(srv_cfg),
         **profile,
         "server": server,

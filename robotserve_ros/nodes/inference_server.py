@@ -32,11 +32,11 @@ from ..serve import StageTrace, build_fleet, build_tiers
 from ..srv import Infer
 from .common import exit_process, NodeClock, ParamError, publish_queue_wait, run_nodes, service_qos, to_sec
 from .managed import ManagedNode
-from .deferred import DeferredReplies
+from .deferred import DeferredReplies, serve_queued, with_queued
 from .convert import check_robot_id, check_service_name, fill_status
 from .infer_call import InferCall, proof_of
 from .refresh import ObservationRefresher
-from .server_config import InferenceServerConfig
+from .server_config import executor_kind, InferenceServerConfig
 from .server_diagnostics import (MemoryTrace, RecentErrors, check_interfaces, diagnostic_array, server_stats,
                                  start_metrics, trim_heap)
 from .services import SERVICES
@@ -54,6 +54,7 @@ class InferenceServerNode(ManagedNode):
 
     def configure(self, c: InferenceServerConfig) -> None:
         """Build the fleet (engines, tiers, core, runner: serve/build.py) from the parameters."""
+        c.check_executor(self.executor)  # a reconfigure adding services to a process that runs the single one
         self.clock = NodeClock(self)
         scheduler = c.scheduler.build()  # a wrong knob is its one line before anything is built
         try:
@@ -120,10 +121,10 @@ class InferenceServerNode(ManagedNode):
         return fleet
 
     def _wire(self, c: InferenceServerConfig) -> None:
-        """Progress in, diagnostics out, the reaper and the memory tools."""
+        """Progress in (a burst of messages: one executor wake-up), diagnostics out, the reaper, memory tools."""
         reliable = QoSProfile(depth=1000, reliability=ReliabilityPolicy.RELIABLE)
-        self.create_subscription(ExecutionProgress, c.progress_topic, self._on_progress, reliable,
-                                 callback_group=MutuallyExclusiveCallbackGroup())
+        self._progress_sub = self.create_subscription(ExecutionProgress, c.progress_topic, with_queued(
+            lambda: self._progress_sub, self._on_progress), reliable, callback_group=MutuallyExclusiveCallbackGroup())
         self.diag = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
         self.recent_errors = RecentErrors(time.monotonic(), c.diagnostics_window_s)
         self.create_timer(1.0 / c.diagnostics_hz, self._publish_diagnostics)
@@ -134,8 +135,8 @@ class InferenceServerNode(ManagedNode):
 
     def activate(self) -> None:
         c = self.config
-        self.infer = self.create_service(Infer, c.service, self._on_infer, qos_profile=service_qos(c.infer_queue.depth),
-                                         callback_group=self._group)
+        self.infer = self.create_service(Infer, c.service, serve_queued(lambda: self.infer, self._on_infer),
+                                         qos_profile=service_qos(c.infer_queue.depth), callback_group=self._group)
         self.replies = DeferredReplies(self.infer)
         self.get_logger().info(f"serving on {c.service}")
 
@@ -220,8 +221,7 @@ class InferenceServerNode(ManagedNode):
         self.robots.pop(tid, None)
 
     # --- diagnostics ------------------------------------------------------------------
-    def stats(self) -> dict:  # what /diagnostics shows
-        return server_stats(self)
+    stats = server_stats  # what /diagnostics shows (server_diagnostics.py)
 
     def _publish_diagnostics(self) -> None:
         check_interfaces(self)  # a robot of another msg/srv build: named and counted, where the operator looks
@@ -243,7 +243,7 @@ class InferenceServerNode(ManagedNode):
 
 def main(argv=None) -> int:
     return run_nodes(lambda: [InferenceServerNode()], argv, threads=lambda nodes: nodes[0].config.threads,
-                     executor=lambda nodes: nodes[0].config.executor)
+                     executor=lambda nodes: executor_kind(nodes[0].config.executor, nodes[0].config.services))
 
 
 if __name__ == "__main__":

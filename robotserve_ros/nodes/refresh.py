@@ -17,6 +17,7 @@ from collections import deque
 from ..core.errors import RequestError
 from ..srv import FetchObservation, Infer
 from .convert import observation_from_msg
+from .deferred import resolve_queued_responses
 
 
 class ObservationRefresher:
@@ -126,7 +127,12 @@ class ObservationRefresher:
             return None
         done = threading.Event()
         fut = cli.call_async(FetchObservation.Request(task_id=req.task_id, round_id=req.round_id))
-        fut.add_done_callback(lambda _, done=done: done.set())
+
+        def answered(_, cli=cli, done=done) -> None:
+            done.set()
+            resolve_queued_responses(cli)  # a batch's other replies on this client: no wake-up each
+
+        fut.add_done_callback(answered)
         return cli, fut, done
 
     def _collect(self, reqs, calls, end: float) -> list:

@@ -132,7 +132,16 @@ class PlacementConfig(PluginConfig):
         return PLACEMENTS
 
 
-EXECUTORS = ("multithreaded", "single")  # rclpy's; its EventsExecutor cannot send a deferred reply (docs/scale.md)
+EXECUTORS = ("auto", "multithreaded", "single")  # rclpy's; its EventsExecutor cannot send a deferred reply (docs/scale.md)
+
+
+def executor_kind(executor: str, services) -> str:
+    """The executor a server runs: 'auto' is single without side services (a third of the
+    multithreaded one's CPU per round: its pool's wake-ups each rebuild the wait set,
+    docs/scale.md), multithreaded with them (their calls wait in a thread)."""
+    if executor != "auto":
+        return executor
+    return "multithreaded" if services else "single"
 
 
 @dataclass(frozen=True)
@@ -238,8 +247,9 @@ class InferenceServerConfig(Config):
     diagnostics_window_s: float = param(30.0, "/diagnostics' level follows the share of requests refused in this "
                                         "many recent seconds (OK: none, WARN: some, ERROR: half or more), > 0")
     threads: int = param(128, "executor threads, >= 4 (an Infer call holds one only while it is checked and queued; side services' calls hold one while they wait)")
-    executor: str = param("multithreaded", "rclpy's executor: multithreaded (`threads` of them) or single (one "
-                          "thread, without services: theirs wait in a thread); bench fleet-live --executors compares them")
+    executor: str = param("auto", "rclpy's executor: multithreaded (`threads` of them), single (one thread, without "
+                          "services: theirs wait in a thread) or auto (single unless `services`); bench fleet-live "
+                          "--executors compares them")
     infer_queue: QueueConfig = param(QueueConfig(), "srv/Infer's queues: DDS depth, calls waiting at once (OVERLOADED past)")
     task_auth: TaskAuthConfig = param(TaskAuthConfig(), "tasks bound to their robot by HMAC: key_dir, max_skew_s")
     metrics: MetricsConfig = param(MetricsConfig(), "Prometheus metrics: port (-1 off, 0 a free one), address, per_robot")
@@ -307,6 +317,15 @@ class InferenceServerConfig(Config):
         check_one_of("executor", self.executor, EXECUTORS)
         check(self.executor != "single" or not self.services, "executor", self.executor,
               "cannot serve `services` (their calls wait in an executor thread): use multithreaded")
+
+    def check_executor(self, running) -> None:
+        """Side services need the multithreaded executor: a process whose `executor: auto`
+        chose the single one at start (no services then) cannot take them on a reconfigure."""
+        from rclpy.executors import SingleThreadedExecutor
+
+        if self.services and isinstance(running, SingleThreadedExecutor):
+            raise ConfigError("services", "need executor: multithreaded; this process runs the single one "
+                              "(executor: auto without services at start): restart it")
 
     @property
     def max_waiting(self) -> int:
