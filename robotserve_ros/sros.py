@@ -90,14 +90,14 @@ def fleet_profiles(robots: list, fetch_pattern: str = "/*/robot_client/fetch_obs
     server = Profile("/", "inference_server").common().managed()
     server.reply |= {s.service, gen["service"], vlm["service"], lang["generate_service"]}
     server.subscribe |= {s.progress_topic, plan["progress_topic"]}
-    server.publish |= {"/diagnostics", lang["output_topic"]}
+    server.publish |= {"/diagnostics", lang["output_topic"], s.queue_topic}  # queue_topic: the wait robots re-send after
     server.request |= {fetch_pattern}  # srv/FetchObservation of whichever robot a request names
     server.execute |= {plan["action"]}
     out = {f"{ENCLAVE_ROOT}/inference_server": server}
     for r in robots:
         ns = "/" + r
         client = Profile(ns, "robot_client").common().managed()
-        client.subscribe |= {f"{ns}/{t}" for t in rc.image_topics} | {f"{ns}/{rc.joint_topic}"}
+        client.subscribe |= {f"{ns}/{t}" for t in rc.image_topics} | {f"{ns}/{rc.joint_topic}", rc.queue_topic}
         client.publish |= {f"{ns}/{rc.command_topic}", rc.progress_topic}
         client.reply |= {f"{ns}/robot_client/fetch_observation"}
         client.execute |= {f"{ns}/robot_client/run_task"}  # action/RunTask

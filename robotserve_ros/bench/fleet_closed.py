@@ -349,7 +349,7 @@ def write_report(runs: list, out: Path, meta: dict, regimes=REGIMES, episodes: i
         + '\n ],\n "episodes": [\n' + ",\n".join(json.dumps(e, separators=(",", ":")) for e in rep["episodes"]) + "\n ]\n}\n"
     json.loads(text)  # the record must stay one valid JSON document
     j.write_text(text)
-    from .fleet_closed_report import markdown
+    from ..sim.closed_loop_report import markdown
 
     (out / "fleet.md").write_text(markdown(rep, meta))
     return [j, out / "fleet.md"]
@@ -395,10 +395,10 @@ def cmd_fleet_closed(a) -> int:
 
 
 def live_demo_check(out_dir: Path) -> int:
-    """Add the virtual fleet's rows to a live demo record (sim/closed_loop.virtual_check) and re-render its Markdown."""
+    """Add the virtual fleet's rows to a live demo record (sim/closed_loop_live.virtual_check) and re-render its Markdown."""
     from ..cli_types import UsageError
     from ..live.demo import POLICY, write_metaworld_report
-    from ..sim.closed_loop import virtual_check
+    from ..sim.closed_loop_live import virtual_check
 
     path = out_dir / "live_demo.json"
     try:

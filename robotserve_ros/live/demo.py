@@ -287,7 +287,7 @@ def run_metaworld_demo(out_dir: Path, robots: int = 10, episodes: int = EPISODES
     results["loadavg_end"] = list(os.getloadavg())
     results["why"] = why_closed_loop(results["runs"])
     results["target"] = closed_loop_target(results["runs"])
-    from ..sim.closed_loop import virtual_check
+    from ..sim.closed_loop_live import virtual_check
 
     results["sim_vs_live"] = virtual_check(results, str(POLICY))
     (out_dir / "live_demo.json").write_text(json.dumps(results, indent=1) + "\n")

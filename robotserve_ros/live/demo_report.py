@@ -200,7 +200,7 @@ def study_lines(study: str, robots: int = 100) -> list:
     after its own rows."""
     import json
 
-    from ..bench.fleet_closed_report import primary_lines, regime_lines
+    from ..sim.closed_loop_report import primary_lines, regime_lines
 
     rep = json.loads((Path(__file__).resolve().parents[2] / study).read_text())
     lines = ["", f"The closed-loop study of record ({study}; `robotserve study fleet-closed`, the virtual fleet "
@@ -296,7 +296,7 @@ def write_metaworld_report(results: dict, out_dir: Path, plot: bool = True) -> N
                       f"({'met' if t['latency_met'] else 'MISSED'}), success "
                       f"{'not lower' if t['success_not_lower'] else 'LOWER'} -> **{t['verdict']}**."]
     if results.get("sim_vs_live"):
-        from ..sim.closed_loop import sim_vs_live_lines
+        from ..sim.closed_loop_live import sim_vs_live_lines
 
         lines += sim_vs_live_lines(results)
     lines += ["", "Why: " + results["why"]]

@@ -27,7 +27,6 @@ from .common import to_sec, to_time
 # Core error code ("unknown_task") -> msg/Status code, read from the message's constants so
 # msg/Status.msg stays the one list.
 STATUS = {k.lower(): v for k, v in vars(Status).items() if k.isupper() and isinstance(v, int)}
-STATUS["stale_observation"] = STATUS["bad_observation"]  # no constant of its own (msg/Status unchanged): the reason names it
 
 
 def observation_from_msg(m, spec: ObservationSpec, compressed=()) -> Observation:

@@ -226,8 +226,8 @@ class InferenceServerConfig(Config):
                           "horizon policy name -> its keyword parameters (core/horizon)")
     stale_obs_s: float = param(0.25, "an observation older than this at dispatch is refreshed from the robot, > 0")
     max_obs_age_s: float = param(0.0, "a round whose observation is older than this when its batch begins (after "
-                                      "the refresh) is not generated: its robot is answered stale_observation (code "
-                                      "BAD_OBSERVATION) and sends it again; >= 0 (0: off)")
+                                      "the refresh) is not generated: its robot is answered STALE_OBSERVATION and "
+                                      "sends it again; >= 0 (0: off)")
     refresh_timeout_s: float = param(0.05, "how long a refresh may take before the old observation is used, > 0")
     refresh_topic: str = param("", "robots' newest observations (srv/Infer requests) on this topic, sensor-data "
                                "QoS, the latest per task read at dispatch (nodes/refresh.py; empty: none)")

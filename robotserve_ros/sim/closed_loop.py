@@ -407,15 +407,6 @@ class ClosedLoopFleet:
         return self.result
 
 
-def __getattr__(name: str):
-    """The live demo's check moved to sim/closed_loop_live.py (this file's size); still importable here."""
-    if name in ("virtual_check", "sim_vs_live_lines"):
-        from . import closed_loop_live
-
-        return getattr(closed_loop_live, name)
-    raise AttributeError(name)
-
-
 def load_policy(policy_dir: str = POLICY_DIR, seed: int = 0, threads: int = 1):
     """The trained flow policy as the server's engine (study/horizon.py's loader)."""
     from ..study.horizon import load_engine
