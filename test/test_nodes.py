@@ -118,7 +118,7 @@ def test_a_round_whose_observation_is_too_old_is_not_generated_and_its_robot_tol
     old = make_request("a", 0)
     old.observation.header.stamp.sec = int(c.now()) - 10
     res = c.call(old, timeout=30)
-    assert (res.status.reason, res.status.code) == ("stale_observation", res.status.BAD_OBSERVATION), res.status
+    assert (res.status.reason, res.status.code) == ("stale_observation", res.status.STALE_OBSERVATION), res.status
     assert "over its maximum 3 s" in res.status.message, res.status.message
     fresh = make_request("a", 0)  # the round again, with a fresh observation
     fresh.observation.header.stamp.sec, fresh.observation.header.stamp.nanosec = divmod(int(c.now() * 1e9), 10**9)
