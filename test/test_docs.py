@@ -95,13 +95,21 @@ def commands(text: str) -> list[str]:
     return out
 
 
+def _default_signals() -> None:
+    """In the child: Ctrl-C and SIGTERM as in a user's shell, whatever this test process was left
+    with (an ignored signal is inherited, and Python then installs no handler for it)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def run_until_stopped(b: Block, env: dict) -> subprocess.CompletedProcess:
     """Every command of the block at once; after STOP_AFTER_S each must still run (or have ended
     0); then SIGINT, and each must end cleanly (0, or the SIGINT it was stopped by)."""
     import time
 
     procs = [(c, subprocess.Popen(["bash", "-c", f"exec {c}"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT, text=True, start_new_session=True))
+                                  stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                                  preexec_fn=_default_signals))
              for c in commands(b.text)]
     time.sleep(STOP_AFTER_S)
     outs, code = [], 0

@@ -379,7 +379,7 @@ def main(argv=None, fleet_class=None, prog: str = "light_fleet", doc: str = __do
     import rclpy
     from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
 
-    from ..nodes.common import prepare_process, quiet_signals
+    from ..nodes.common import prepare_process, quiet_signals, restore_signals
 
     prepare_process()
     rclpy.init(args=[sys.argv[0]] + rest)
@@ -393,13 +393,14 @@ def main(argv=None, fleet_class=None, prog: str = "light_fleet", doc: str = __do
     except (KeyboardInterrupt, ExternalShutdownException):
         pass
     finally:
-        quiet_signals()
+        before = quiet_signals()
         fleet.close()
         try:
             fleet.node.destroy_node()
             rclpy.try_shutdown()
         except Exception:
             pass
+        restore_signals(before)
     return 0
 
 

@@ -241,7 +241,7 @@ def exit_process(code: int) -> NoReturn:
     os._exit(code)
 
 
-def quiet_signals() -> None:
+def quiet_signals() -> dict:
     """At shutdown, before any executor or node is destroyed: stop rclpy's signal handling and
     ignore further SIGINT/SIGTERM. rclpy's handler wakes executors from a thread of its own that
     triggers their guard conditions; on a loaded machine that thread can still be running when
@@ -254,8 +254,17 @@ def quiet_signals() -> None:
         rclpy.uninstall_signal_handlers()
     except Exception:  # never installed (rclpy.init failed): nothing to join
         pass
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    return before
+
+
+def restore_signals(before: dict) -> None:
+    """After the clean-up: the handlers quiet_signals replaced (a caller that goes on, e.g. a
+    test running nodes in its own process, must not be left ignoring Ctrl-C, nor its children)."""
+    for sig, handler in before.items():
+        signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
 
 
 def make_executor(n_threads: int, kind: str = "multithreaded"):
@@ -300,7 +309,7 @@ def run_nodes(make: Callable[[], Sequence], argv=None, threads=None, executor=No
     except (KeyboardInterrupt, ExternalShutdownException):
         pass
     finally:
-        quiet_signals()
+        before = quiet_signals()
         for n in nodes:
             close = getattr(n, "close", None)
             if close:
@@ -316,4 +325,5 @@ def run_nodes(make: Callable[[], Sequence], argv=None, threads=None, executor=No
             except Exception:
                 pass
         rclpy.try_shutdown()
+        restore_signals(before)
     return code
