@@ -147,9 +147,19 @@ def queue_hint(node, topic: str):
 
     from ..core.robot_loop import QueueHint
 
+    # One subscription per process and topic (a `--robots 25` process would otherwise put 25 in
+    # its executor's wait set), kept while the node that made it still holds it.
+    key = (id(node.context), node.resolve_topic_name(topic))
+    held = _QUEUE_HINTS.get(key)
+    if held is not None and held[2] in list(held[1].subscriptions):
+        return held[0]
     hint, clock = QueueHint(), NodeClock(node)
-    node.create_subscription(Float64, topic, lambda m: hint.heard(m.data, clock.now()), QUEUE_WAIT_DEPTH)
+    sub = node.create_subscription(Float64, topic, lambda m: hint.heard(m.data, clock.now()), QUEUE_WAIT_DEPTH)
+    _QUEUE_HINTS[key] = (hint, node, sub)
     return hint
+
+
+_QUEUE_HINTS: dict = {}  # (context, topic) -> (QueueHint, the node holding its subscription, the subscription)
 
 
 def to_sec(t: Time) -> float:
