@@ -18,13 +18,24 @@ if [ "$(cat "$WS/colcon.pins" 2>/dev/null)" != "$COLCON" ]; then
   "$WS/venv/bin/pip" install --quiet $COLCON
   echo "$COLCON" > "$WS/colcon.pins"
 fi
-# The package as a workspace holds it (src/robotserve_ros): the checkout without its venv and build
-# output. tar keeps the files' times, so build/ of the last run rebuilds only what changed.
+# The package as a workspace holds it (src/robotserve_ros): the checkout's sources only, i.e. what git
+# tracks plus new files it does not ignore (never .venv, .venv-vllm, build output or reports/live/logs:
+# copying .venv-vllm once put 3.4 GB in every workspace and filled a CI disk). tar keeps the files'
+# times, so build/ of the last run rebuilds only what changed.
 rm -rf "$WS/src" "$WS/install" "$WS/log"
 mkdir -p "$WS/src/robotserve_ros"
-tar -C "$SRC" --exclude=./.git --exclude=./.venv --exclude=./build --exclude=./install --exclude=./log \
-  --exclude=__pycache__ --exclude=.pytest_cache --exclude=.hypothesis --exclude='*_pb2*.py' -cf - . \
-  | tar -C "$WS/src/robotserve_ros" -xf -
+if git -C "$SRC" rev-parse --is-inside-work-tree > /dev/null 2>&1; then
+  (cd "$SRC" && git ls-files -z --cached --others --exclude-standard | grep -zv '_pb2' \
+    | while IFS= read -r -d '' f; do [ -e "$f" ] && printf '%s\0' "$f"; done \
+    | tar --null -T - -cf -) | tar -C "$WS/src/robotserve_ros" -xf -
+else  # a source tarball: leave out what the Makefile and the tests make
+  tar -C "$SRC" --exclude=./.git --exclude='./.venv*' --exclude=./build --exclude=./install --exclude=./log \
+    --exclude=./out --exclude=./logs --exclude=./data --exclude=./reports/live/logs \
+    --exclude=__pycache__ --exclude=.pytest_cache --exclude=.hypothesis --exclude='*_pb2*.py' -cf - . \
+    | tar -C "$WS/src/robotserve_ros" -xf -
+fi
+copied=$(du -sm "$WS/src" | cut -f1)
+[ "$copied" -le 200 ] || { echo "colcon-check: the source copy is $copied MB (a venv or build output was copied?)"; exit 1; }
 (
   export AMENT_PREFIX_PATH="$VENV" CMAKE_PREFIX_PATH="$VENV"
   cd "$WS"
