@@ -402,8 +402,10 @@ def cli(a) -> int:
         runs.append({k: res.get(k) for k in (
             "lost_chunks", "duplicate_chunks", "mismatched_chunks", "chunks_served", "requests", "resent_requests",
             "resent_share", "replies_replayed", "lateness_p50_ms", "lateness_p99_ms", "engine_utilization_when_backlogged",
-            "in_flight_at_stop", "settle_s", "errors", "processes_failed_during_run")}
-            | {"loadavg_at_start": res["machine"].get("loadavg_at_start")})
+            "in_flight_at_stop", "settle_s", "errors", "processes_failed_during_run", "lost_requests_where",
+            "lost_requests_sample")}
+            | {"loadavg_at_start": res["machine"].get("loadavg_at_start"),
+               "machine_busy_fraction_mean": res["cpu"].get("machine_busy_fraction_mean")})
     print(f"wrote {a.out}")
     if a.runs > 1:
         out = Path(a.out)

@@ -379,7 +379,7 @@ def main(argv=None, fleet_class=None, prog: str = "light_fleet", doc: str = __do
     import rclpy
     from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
 
-    from ..nodes.common import prepare_process, quiet_signals, restore_signals
+    from ..nodes.common import prepare_process, quiet_signals, restore_signals, stopped_by_signal
 
     prepare_process()
     rclpy.init(args=[sys.argv[0]] + rest)
@@ -392,6 +392,9 @@ def main(argv=None, fleet_class=None, prog: str = "light_fleet", doc: str = __do
         ex.spin()
     except (KeyboardInterrupt, ExternalShutdownException):
         pass
+    except Exception as e:  # noqa: BLE001 - the stop signal's KeyboardInterrupt wrapped by rclpy's C++
+        if not stopped_by_signal(e):
+            raise
     finally:
         before = quiet_signals()
         fleet.close()

@@ -206,14 +206,28 @@ def prepare_process() -> None:
     """Before rclpy.init: a log dir even without HOME, a first SIGINT that stops us, and a
     C-level traceback on stderr should the process ever crash (faulthandler)."""
     faulthandler.enable()
+    STOP_SIGNALS.clear()
     if "ROS_LOG_DIR" not in os.environ and "HOME" not in os.environ:
         os.environ["ROS_LOG_DIR"] = os.path.join(tempfile.gettempdir(), "robotserve_ros_log")
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGINT, _interrupt)
     signal.signal(signal.SIGTERM, _interrupt)  # stop on SIGTERM the same clean way
 
 
+STOP_SIGNALS: list = []  # the stop signals this process received (_interrupt)
+
+
 def _interrupt(signum, frame):
+    STOP_SIGNALS.append(signum)
     raise KeyboardInterrupt
+
+
+def stopped_by_signal(e: BaseException) -> bool:
+    """A stop, not a failure: KeyboardInterrupt, or any error raised once a stop signal came.
+    The signal's KeyboardInterrupt can be raised inside Python code that rclpy's C++ calls (a
+    message's constructor while a subscription's message is taken), and pybind11 turns it into
+    `RuntimeError: Unable to convert call argument '0' to Python object` (seen in a 100-robot
+    bench's robot_clients process at the stop: a traceback and exit 1 instead of a clean stop)."""
+    return isinstance(e, KeyboardInterrupt) or bool(STOP_SIGNALS)
 
 
 def _start_pool(ex, n: int) -> None:
@@ -318,6 +332,9 @@ def run_nodes(make: Callable[[], Sequence], argv=None, threads=None, executor=No
         code = 2
     except (KeyboardInterrupt, ExternalShutdownException):
         pass
+    except Exception as e:  # noqa: BLE001 - re-raised unless a stop signal explains it
+        if not stopped_by_signal(e):
+            raise
     finally:
         before = quiet_signals()
         for n in nodes:
