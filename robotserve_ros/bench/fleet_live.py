@@ -22,6 +22,7 @@ Accounting (over the clients' whole life):
   requests            Infer calls sent
   resent_requests     of them, the same (task, round) sent again (resent_share: their share;
                       the server's count of re-sends it attached: server_headline.resent_requests)
+  resent_rounds       the (task, round)s sent more than once: a task's round 0, or a later one
   chunks_served       chunks received (status ok)
   lost_chunks         rounds with no answer after the settle whose first send was more than
                       lost_after_s (default 10 s) before the stop: every open round had the
@@ -31,6 +32,8 @@ Accounting (over the clients' whole life):
   lateness            per chunk used: how long the robot had been holding position (queue
                       dry) when it arrived; 0 if it arrived before the queue ran dry
   idle_fraction       control ticks spent holding position / ticks in a task
+With --light --fault-drop P: fault_drop, lost_rounds (rounds whose request or reply the robots
+dropped) and fault (how each was recovered; bench/fleet_live_fault.py).
 """
 from __future__ import annotations
 
