@@ -54,9 +54,9 @@ from ..live.processes import (ModuleSpec, ProcessGroup, foreign_nodes, pct, pick
                               ros_env)
 from ..nodes.server_config import executor_kind
 from ..machine import busy_fraction, cpu_times, machine_info, proc_cpu_s
-# (_Listener, settle, compare_executors, server_profile: imported from here too)
+# (_Listener, settle, engine_profile_ms, compare_executors, server_profile: imported from here too)
 from .fleet_live_procs import (_Listener, _flame, _params_file, engine_profile_ms, infer_depth,  # noqa: F401
-                               LIGHT_INFER_DEPTH, proc_status, settle, thread_cpu_s)
+                               proc_status, settle, thread_cpu_s)
 from .fleet_live_fault import fault_lines, fault_summary
 from .metrics_check import MetricsCheck, verdict
 from .fleet_live_report import (HEADLINE, _num, _server_summary, aggregate, backlog_window,  # noqa: F401
