@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-from .cli_types import Parser as _Parser, UsageError, check_out, comma_list, positive, scratch, seed
+from .cli_types import Parser as _Parser, UsageError, between, check_out, comma_list, positive, scratch, seed
 from .live.params_file import params_file
 from .params import parse_key_values
 
@@ -261,6 +261,11 @@ def build_parser() -> argparse.ArgumentParser:
                     "observations on /robotserve/observations, the server reads them at dispatch (no refresh service)")
     fl.add_argument("--metrics-check", action="store_true", help="scrape the server's Prometheus endpoint during the "
                     "run; exit 1 unless its figures are the server's own (/diagnostics; docs/metrics.md)")
+    fl.add_argument("--fault-drop", type=between(0.0, 0.5), default=0.0, help="with --light: drop this fraction of "
+                    "requests (never sent) and of replies (discarded), as if lost on the wire; the report gains "
+                    "fault_drop, lost_rounds and fault (how each lost round was recovered)")
+    fl.add_argument("--fault-seed", type=seed, default=0, help="seed of --fault-drop: the same seed drops the same "
+                    "messages of each robot")
     fl.set_defaults(func=cmd_bench_fleet_live)
 
     so = b.add_parser("soak", help="the server under a steady light fleet for minutes: RSS growth, lost chunks, ledger freed")

@@ -139,6 +139,76 @@ def test_fleet_live_light_reports_the_servers_numbers(tmp_path, monkeypatch):
     assert res["refresh"]["from_topic"] == 0  # no --refresh-topic: refreshes only by srv/FetchObservation
 
 
+def test_fault_drop_is_seeded_and_drops_its_fraction():
+    """live/fault.py: the same seed drops the same messages of a robot; about p of them."""
+    import pytest
+
+    from robotserve_ros.live.fault import FaultDrop
+
+    a, b, other = FaultDrop(0.1, seed=3), FaultDrop(0.1, seed=3), FaultDrop(0.1, seed=4)
+    drops = [a.drops("request", "robot_7", n) for n in range(4000)]
+    assert drops == [b.drops("request", "robot_7", n) for n in range(4000)]
+    assert drops != [other.drops("request", "robot_7", n) for n in range(4000)]
+    assert drops != [a.drops("reply", "robot_7", n) for n in range(4000)]  # a request and its reply: apart
+    assert 0.08 < sum(drops) / len(drops) < 0.12
+    assert not any(FaultDrop(0.0).drops("request", "robot_7", n) for n in range(1000))
+    with pytest.raises(ValueError):
+        FaultDrop(1.0)
+
+
+def test_a_lost_round_is_accounted_from_its_drop_to_its_chunk(tmp_path):
+    """A robot's account (nodes/client_account.py) and the report (bench/fleet_live_fault.py):
+    a round whose request was dropped, re-sent and served; one whose reply was dropped twice."""
+    import time
+
+    from robotserve_ros.bench.fleet_live_fault import fault_summary
+    from robotserve_ros.nodes.client_account import ClientAccount
+    from robotserve_ros.srv import Infer
+
+    acct, ok = ClientAccount("robot_0", 30.0), Infer.Response()
+    acct.on_send(("t", 0))
+    acct.on_drop(("t", 0), "request", 0.5, 2.0)
+    acct.on_send(("t", 0))  # the re-send
+    ok.chunk.task_id, ok.chunk.round_id = "t", 0
+    acct.on_answer(("t", 0), ok)
+    acct.on_chunk_used(("t", 0), 1.0, 3)
+    acct.on_send(("t", 1))
+    acct.on_drop(("t", 1), "reply", 0.5, 2.0)
+    acct.on_send(("t", 1))
+    acct.on_drop(("t", 1), "reply", 0.5, 2.0)  # the re-send's reply lost too: still open
+    acct.dump(str(tmp_path / "robot_0.json"), {})
+    a = json.loads((tmp_path / "robot_0.json").read_text())
+    assert a["dropped"] == {"request": 1, "reply": 2} and a["resent_rounds"] == [0, 1]
+    (t0, r0, kind0, drop0, wait0, _, resend0, served0, n0), lost1 = a["lost_rounds"]
+    assert (t0, r0, kind0, wait0, n0) == ("t", 0, "request", 0.5, 1) and drop0 <= resend0 <= served0 <= time.monotonic()
+    assert lost1[:3] == ["t", 1, "reply"] and lost1[6] is not None and lost1[7] is None and lost1[8] == 2
+    f = fault_summary([a], 0.1, 3, a["requests"], a["resent"])
+    assert (f["fault_drop"], f["fault_seed"], f["lost_rounds"]) == (0.1, 3, 2)
+    assert f["fault"]["lost_rounds_resent"] == 2 and f["fault"]["lost_rounds_served"] == 1
+    assert not f["fault"]["every_lost_round_served"] and f["fault"]["lost_rounds_unserved_sample"] == [["t", 1]]
+    assert f["fault"]["served_within_budget"] == 1  # served at once: within 0.5 s + 100 ms
+    assert f["fault"]["resends_vs_lost_rounds"]["met"]  # 2 re-sends, 2 lost rounds
+
+
+def test_fleet_live_light_recovers_every_dropped_round(tmp_path, monkeypatch):
+    """--fault-drop: the light robots drop a fifth of their requests and of the replies they
+    wait for; every lost round is asked for again and served, none lost or duplicated."""
+    from robotserve_ros.bench.fleet_live import run_fleet_live
+
+    _apply_env(monkeypatch)
+    res = run_fleet_live(tmp_path / "fault.json", robots=6, duration=8.0, per_process=3, log_dir=tmp_path / "logs",
+                         verbose=False, light=True, fault_drop=0.2, fault_seed=1)
+    f = res["fault"]
+    assert res["fault_drop"] == 0.2 and res["lost_rounds"] > 0 and f["dropped_requests"] > 0 and f["dropped_replies"] > 0, f
+    assert f["lost_rounds_served"] == res["lost_rounds"] and f["every_lost_round_served"], f
+    assert res["lost_chunks"] == 0 and res["duplicate_chunks"] == 0 and res["mismatched_chunks"] == 0, res
+    assert res["answered_requests_check"] == 0, res
+    assert f["lost_rounds_resent"] + f["lost_rounds_served_without_resend"] >= res["lost_rounds"], f
+    assert res["resent_requests"] >= f["lost_rounds_resent"]
+    assert f["served_within_budget"] + f["served_over_budget"] == f["lost_rounds_served"]
+    assert json.loads((tmp_path / "fault.json").read_text())["lost_rounds"] == res["lost_rounds"]
+
+
 def test_fleet_live_light_refreshes_from_the_topic(tmp_path, monkeypatch):
     """--refresh-topic: the light robots publish their newest observations, the server reads
     them at dispatch (every queued observation is stale here: stale_obs_s 10 ms) and makes no

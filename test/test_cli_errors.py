@@ -397,6 +397,8 @@ STUDY_CASES = [
     (["sim", "--workload", "pushgust-flow-matching", "--robots", "2", "--tasks", "5"], "--tasks"),  # was ignored
     (["bench", "soak", "--config", "{tmp}/bad.yaml", "--out", "{tmp}/s.json"], "bad.yaml"),
     (["bench", "chaos", "--config", "{tmp}/knob.yaml", "--out", "{tmp}/c"], "engine.simulated.chunk_sise"),
+    (["bench", "fleet-live", "--fault-drop", "0.01", "--out", "{tmp}/f.json"], "--fault-drop"),  # robot_client drops nothing
+    (["bench", "fleet-live", "--light", "--fault-drop", "1", "--out", "{tmp}/f.json"], "--fault-drop"),
     (["bench", "peer", "--policy-dir", "models/pushgust_diffusion", "--device", "gpu0", "--out", "{tmp}/p.json"],
      "--device"),
     (["lerobot-server", "--port", "0", "--host", "nosuch.invalid"], "--host"),

@@ -75,6 +75,7 @@ def test_a_queued_round_is_not_asked_again_once_the_queue_wait_is_learnt():
     assert r.check(2.1, 99.0, 60.0) == "resend"  # (the timer's interval, not the argument) the guess was short
     r.sent(2.1)
     assert r.check(3.5, 99.0, 60.0) is None  # backed off: 4 s from the re-send
+    r.heard_queued()  # the server answered the first call duplicate_request: it was queued
     r.answered(3.5)  # answered 3.5 s after the FIRST send: the queue's wait
     for t0 in (10.0, 20.0, 30.0):  # the next rounds wait as long: none is re-sent
         r = OpenRound(timer)
@@ -84,6 +85,30 @@ def test_a_queued_round_is_not_asked_again_once_the_queue_wait_is_learnt():
     r = OpenRound(timer)
     r.sent(40.0)  # a round whose request or reply was lost: re-sent once the usual wait passed
     assert r.check(40.0 + timer.rto + 0.01, 99.0, 60.0) == "resend" and timer.rto < 7.0
+
+
+def test_a_lost_round_does_not_teach_the_timer_its_resend_interval_as_a_wait():
+    """Karn's rule (RFC 6298 §3) unless the server said the first call got through: a round
+    re-sent because its request or reply was lost is answered the interval + a wait after its
+    first send, which is not how long the queue makes a round wait."""
+    from robotserve_ros.core.robot_loop import RobotLoop
+
+    lp = RobotLoop("r", 30.0, trigger=0, resend_after_s=2.0)
+    for k in range(3):  # rounds answered in 75 ms
+        lp.sent(k)
+        lp.answered(k + 0.075)
+    rto = lp.resend_timer.rto
+    lp.sent(10.0)  # lost: re-sent at 12.1, answered at once (the server replays its reply)
+    assert lp.open_round.check(12.1, 99.0, 60.0) == "resend"
+    lp.sent(12.1)
+    lp.answered(12.2)
+    assert lp.resend_timer.samples == 3 and lp.resend_timer.rto == rto  # not learnt: 2.2 s is no wait
+    lp.sent(20.0)  # queued: the re-send finds it there, the server says so
+    assert lp.open_round.check(22.1, 99.0, 60.0) == "resend"
+    lp.sent(22.1)
+    lp.heard_queued()
+    lp.answered(23.0)
+    assert lp.resend_timer.samples == 4 and lp.resend_timer.rto > rto  # a 3 s wait, learnt
 
 
 def test_overloaded_refusals_back_off_and_other_errors_do_not():

@@ -22,6 +22,7 @@ Accounting (over the clients' whole life):
   requests            Infer calls sent
   resent_requests     of them, the same (task, round) sent again (resent_share: their share;
                       the server's count of re-sends it attached: server_headline.resent_requests)
+  resent_rounds       the (task, round)s sent more than once: a task's round 0, or a later one
   chunks_served       chunks received (status ok)
   lost_chunks         rounds with no answer after the settle whose first send was more than
                       lost_after_s (default 10 s) before the stop: every open round had the
@@ -31,6 +32,8 @@ Accounting (over the clients' whole life):
   lateness            per chunk used: how long the robot had been holding position (queue
                       dry) when it arrived; 0 if it arrived before the queue ran dry
   idle_fraction       control ticks spent holding position / ticks in a task
+With --light --fault-drop P: fault_drop, lost_rounds (rounds whose request or reply the robots
+dropped) and fault (how each was recovered; bench/fleet_live_fault.py).
 """
 from __future__ import annotations
 
@@ -45,55 +48,19 @@ from pathlib import Path
 from typing import Optional
 
 import numpy as np
-import yaml
 
 from ..launch_description import default_config, robots as robot_specs, server as server_specs
 from ..live.processes import (ModuleSpec, ProcessGroup, foreign_nodes, pct, pick_free_domain, read_stage_trace,
                               ros_env)
 from ..nodes.server_config import executor_kind
 from ..machine import busy_fraction, cpu_times, machine_info, proc_cpu_s
-# (_Listener, settle, compare_executors, server_profile: imported from here too)
-from .fleet_live_procs import _Listener, _flame, proc_status, settle, thread_cpu_s  # noqa: F401
+# (_Listener, settle, engine_profile_ms, compare_executors, server_profile: imported from here too)
+from .fleet_live_procs import (_Listener, _flame, _params_file, engine_profile_ms, infer_depth,  # noqa: F401
+                               proc_status, settle, thread_cpu_s)
+from .fleet_live_fault import fault_lines, fault_summary
 from .metrics_check import MetricsCheck, verdict
 from .fleet_live_report import (HEADLINE, _num, _server_summary, aggregate, backlog_window,  # noqa: F401
                                 compare_executors, server_profile, summary_lines)
-
-
-def _params_file(base: str, stats_pattern: str, out: Path, stage_trace_file: str = "", image_transport: str = "",
-                 executor: str = "", refresh_topic: str = "", light: bool = False) -> tuple[str, dict]:
-    cfg = yaml.safe_load(Path(base).read_text())
-    cfg.setdefault("/**/robot_client", {}).setdefault("ros__parameters", {})["stats_file"] = stats_pattern
-    if image_transport:  # how the robots send their cameras (robot_client's image_transport)
-        cfg["/**/robot_client"]["ros__parameters"]["image_transport"] = image_transport
-    if stage_trace_file:
-        cfg.setdefault("inference_server", {}).setdefault("ros__parameters", {})["stage_trace_file"] = stage_trace_file
-    if executor:
-        cfg.setdefault("inference_server", {}).setdefault("ros__parameters", {})["executor"] = executor
-    if refresh_topic:
-        cfg.setdefault("inference_server", {}).setdefault("ros__parameters", {})["refresh_topic"] = refresh_topic
-    if light:  # one host's client carries 150 robots' calls: a depth of 10 drops its burst of round 0s (docs/scale.md)
-        cfg.setdefault("inference_server", {}).setdefault("ros__parameters", {}).setdefault(
-            "infer_queue", {}).setdefault("depth", LIGHT_INFER_DEPTH)
-    out.write_text(yaml.safe_dump(cfg))
-    return str(out), cfg
-
-
-def engine_profile_ms(srv_cfg: dict) -> dict:
-    """batch -> ms of the server's engine as the node reads its parameters (its config
-    dataclass: the explicit engine.batch_sizes/engine.latency_ms, else engine.profile)."""
-    from ..config import from_tree
-    from ..nodes.server_config import InferenceServerConfig
-
-    prof = from_tree(InferenceServerConfig, srv_cfg).engine.engine_profile()
-    return {int(b): float(ms) for b, ms in prof.to_dict().items()}
-
-
-def infer_depth(srv_cfg: dict) -> int:
-    """srv/Infer's DDS depth the server runs with (its config dataclass: given, else default)."""
-    from ..config import from_tree
-    from ..nodes.server_config import InferenceServerConfig
-
-    return from_tree(InferenceServerConfig, srv_cfg).infer_queue.depth
 
 
 def run_fleet_live(out: Path, robots: int = 100, duration: float = 60.0, per_process: int = 25,
@@ -101,7 +68,8 @@ def run_fleet_live(out: Path, robots: int = 100, duration: float = 60.0, per_pro
                    domain_id: Optional[int] = None, log_dir: Optional[Path] = None, trace_server: bool = False,
                    verbose: bool = True, light: bool = False, drain_s: float = 2.2,
                    settle_timeout_s: float = 30.0, image_transport: str = "", executor: str = "",
-                   flame: Optional[str] = None, refresh_topic: str = "", metrics_check: bool = False) -> dict:
+                   flame: Optional[str] = None, refresh_topic: str = "", metrics_check: bool = False,
+                   fault_drop: float = 0.0, fault_seed: int = 0) -> dict:
     """light: the robots are light_fleet's (live/light_fleet.py: per_process of them in one
     process, no simulated robots, pre-encoded observations) and the server is what is measured.
     drain_s: how long the server is watched after the clients stopped (its ledger and reply
@@ -111,9 +79,14 @@ def run_fleet_live(out: Path, robots: int = 100, duration: float = 60.0, per_pro
     (or this long): a round still unanswered after that was lost, not in flight.
     image_transport: raw/jpeg/png for every robot ('' = the config's).
     metrics_check: scrape the server's Prometheus endpoint in the window and check it against
-    /diagnostics once quiet (bench/metrics_check.py): `metrics_check` in the result."""
+    /diagnostics once quiet (bench/metrics_check.py): `metrics_check` in the result.
+    fault_drop (light only): that fraction of requests and of replies lost on the robots' side,
+    seeded by fault_seed (live/fault.py); `fault_drop`, `lost_rounds` and `fault` in the result
+    (bench/fleet_live_fault.py)."""
     if robots < 1 or per_process < 1 or duration <= 0:
         raise ValueError("robots >= 1, per_process >= 1 and duration > 0 are needed")
+    if fault_drop and not (light and 0 < fault_drop < 1):
+        raise ValueError(f"fault_drop needs light robots and a fraction in (0, 1), got {fault_drop!r}")
     out = Path(out)
     machine = machine_info()
     base = config or default_config()
@@ -142,7 +115,9 @@ def run_fleet_live(out: Path, robots: int = 100, duration: float = 60.0, per_pro
         client_group = ProcessGroup([ModuleSpec(f"light_fleet_{i}", "robotserve_ros.live.light_fleet",
                                                 ["--robots", str(min(per_process, robots - i)), "--first-index", str(i),
                                                  "--params", params, "--stats-dir", str(stats_dir)]
-                                                + (["--refresh-topic", refresh_topic] if refresh_topic else []))
+                                                + (["--refresh-topic", refresh_topic] if refresh_topic else [])
+                                                + (["--fault-drop", repr(fault_drop), "--fault-seed", str(fault_seed)]
+                                                   if fault_drop else []))
                                      for i in range(0, robots, per_process)], env, log_dir)
     else:
         base_group = ProcessGroup(srv + [s for s in robot_specs(params, robots, per_process) if s.executable == "sim_robot"],
@@ -334,6 +309,7 @@ def run_fleet_live(out: Path, robots: int = 100, duration: float = 60.0, per_pro
         "engine_profile_ms": engine,
         "engine_capacity_chunks_per_s": round(bmax / engine[bmax] * 1000, 1) if engine else None,
         **agg,
+        **(fault_summary(accounts, fault_drop, fault_seed, agg["requests"], agg["resent_requests"]) if fault_drop else {}),
         "chunks_per_s_in_window": round(chunks_in_window / window, 2) if window > 0 else None,
         "server_served_per_s_in_window": round(srv_rate, 2),
         "engine_utilization_when_backlogged": backlog["engine_utilization_when_backlogged"],
@@ -376,7 +352,6 @@ def run_fleet_live(out: Path, robots: int = 100, duration: float = 60.0, per_pro
     return res
 
 
-LIGHT_INFER_DEPTH = 1000  # --light: srv/Infer's DDS depth unless the config sets it
 REFRESH_TOPIC = "/robotserve/observations"  # --refresh-topic: the server's refresh_topic, the light robots'
 
 
@@ -384,6 +359,10 @@ def cli(a) -> int:
     """`robotserve bench fleet-live` (registered in cli.py). With --runs N the fleet runs N
     times in a row: FILE is the last run, FILE's `_runs` sibling the per-run counts."""
     per_process = a.per_process or (150 if a.light else 25)
+    if a.fault_drop and (not a.light or getattr(a, "executors", None)):
+        from ..cli_types import UsageError
+
+        raise UsageError("--fault-drop needs --light (the light robots drop messages) and no --executors")
     if getattr(a, "executors", None):
         return _cli_executors(a, per_process)
     runs, bad_runs = [], 0
@@ -393,8 +372,9 @@ def cli(a) -> int:
         res = run_fleet_live(Path(a.out), robots=a.robots, duration=a.duration, per_process=per_process,
                              config=a.config, lost_after_s=a.lost_after, trace_server=a.trace_server, light=a.light,
                              image_transport=a.image_transport, flame=a.flame,
-                             refresh_topic=REFRESH_TOPIC if a.refresh_topic else "", metrics_check=a.metrics_check)
-        print("\n".join(summary_lines(res)))
+                             refresh_topic=REFRESH_TOPIC if a.refresh_topic else "", metrics_check=a.metrics_check,
+                             fault_drop=a.fault_drop, fault_seed=a.fault_seed)
+        print("\n".join(summary_lines(res) + fault_lines(res)))
         bad = res["lost_chunks"] or res["duplicate_chunks"] or res["mismatched_chunks"] or res["processes_failed_during_run"]
         if a.metrics_check:  # the scraped figures against the Runner's own
             bad = not verdict(res["metrics_check"]) or bad
@@ -403,7 +383,7 @@ def cli(a) -> int:
             "lost_chunks", "duplicate_chunks", "mismatched_chunks", "chunks_served", "requests", "resent_requests",
             "resent_share", "replies_replayed", "lateness_p50_ms", "lateness_p99_ms", "engine_utilization_when_backlogged",
             "in_flight_at_stop", "settle_s", "errors", "processes_failed_during_run", "lost_requests_where",
-            "lost_requests_sample")}
+            "lost_requests_sample", "fault_drop", "lost_rounds")}
             | {"loadavg_at_start": res["machine"].get("loadavg_at_start"),
                "machine_busy_fraction_mean": res["cpu"].get("machine_busy_fraction_mean")})
     print(f"wrote {a.out}")

@@ -1,6 +1,7 @@
 """The processes of a live fleet run (`robotserve bench fleet-live`, mixed fleet, chaos), as
-this process watches them: the server's /diagnostics (`_Listener`), the settle before the stop,
-CPU time and memory read from /proc, and py-spy's flame graph of the server."""
+this process watches them: the params file they run with, the server's /diagnostics
+(`_Listener`), the settle before the stop, CPU time and memory read from /proc, and py-spy's
+flame graph of the server."""
 from __future__ import annotations
 
 import os
@@ -11,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Optional
+
+import yaml
 
 from ..live.processes import DomainContext, server_diagnostics
 from ..machine import proc_cpu_s
@@ -110,3 +113,43 @@ class _Listener:
             self.node.destroy_node()
         finally:
             self._domain.close()
+
+
+LIGHT_INFER_DEPTH = 1000  # --light: srv/Infer's DDS depth unless the config sets it
+
+
+def _params_file(base: str, stats_pattern: str, out: Path, stage_trace_file: str = "", image_transport: str = "",
+                 executor: str = "", refresh_topic: str = "", light: bool = False) -> tuple[str, dict]:
+    cfg = yaml.safe_load(Path(base).read_text())
+    cfg.setdefault("/**/robot_client", {}).setdefault("ros__parameters", {})["stats_file"] = stats_pattern
+    if image_transport:  # how the robots send their cameras (robot_client's image_transport)
+        cfg["/**/robot_client"]["ros__parameters"]["image_transport"] = image_transport
+    if stage_trace_file:
+        cfg.setdefault("inference_server", {}).setdefault("ros__parameters", {})["stage_trace_file"] = stage_trace_file
+    if executor:
+        cfg.setdefault("inference_server", {}).setdefault("ros__parameters", {})["executor"] = executor
+    if refresh_topic:
+        cfg.setdefault("inference_server", {}).setdefault("ros__parameters", {})["refresh_topic"] = refresh_topic
+    if light:  # one host's client carries 150 robots' calls: a depth of 10 drops its burst of round 0s (docs/scale.md)
+        cfg.setdefault("inference_server", {}).setdefault("ros__parameters", {}).setdefault(
+            "infer_queue", {}).setdefault("depth", LIGHT_INFER_DEPTH)
+    out.write_text(yaml.safe_dump(cfg))
+    return str(out), cfg
+
+
+def engine_profile_ms(srv_cfg: dict) -> dict:
+    """batch -> ms of the server's engine as the node reads its parameters (its config
+    dataclass: the explicit engine.batch_sizes/engine.latency_ms, else engine.profile)."""
+    from ..config import from_tree
+    from ..nodes.server_config import InferenceServerConfig
+
+    prof = from_tree(InferenceServerConfig, srv_cfg).engine.engine_profile()
+    return {int(b): float(ms) for b, ms in prof.to_dict().items()}
+
+
+def infer_depth(srv_cfg: dict) -> int:
+    """srv/Infer's DDS depth the server runs with (its config dataclass: given, else default)."""
+    from ..config import from_tree
+    from ..nodes.server_config import InferenceServerConfig
+
+    return from_tree(InferenceServerConfig, srv_cfg).infer_queue.depth

@@ -76,6 +76,7 @@ def aggregate(accounts: list[dict], t_ready: float, t_stop: float, lost_after_s:
     errors = Counter()
     late_all, late_after0, late_win, reply, reply_win = [], [], [], [], []
     unanswered_ages = []
+    resent_rounds = Counter()  # rounds asked for more than once: the first round of a task, or a later one
     tick_hist = Counter()
     idle_per_robot = []
     win_ticks = win_late = 0
@@ -93,6 +94,7 @@ def aggregate(accounts: list[dict], t_ready: float, t_stop: float, lost_after_s:
                 late_win.append(late)
                 reply_win.append(ms)
         unanswered_ages += [age for _, _, age in a["unanswered"]]
+        resent_rounds.update("round_0" if k == 0 else "later_rounds" for k in a.get("resent_rounds", ()))
         tick_hist.update({int(k): v for k, v in a["tick_interval_ms"].items()})
         tk = a["ticks"]
         in_task = tk.get("commanded", 0) + tk.get("holding", 0)
@@ -122,6 +124,7 @@ def aggregate(accounts: list[dict], t_ready: float, t_stop: float, lost_after_s:
         "mismatched_chunks": tot["mismatched"],
         "resent_requests": tot["resent"],
         "resent_share": round(tot["resent"] / tot["requests"], 4) if tot["requests"] else None,  # issue 38's <= 5 %
+        "resent_rounds": {"round_0": resent_rounds["round_0"], "later_rounds": resent_rounds["later_rounds"]},
         "answers_to_resent_requests": tot["answers_to_resent"],  # a round sent twice, answered twice, used once
         "answers_for_left_tasks": tot["left_task_answers"],
         "errors": dict(errors),

@@ -154,6 +154,11 @@ class RobotLoop:
         self.outstanding = True
         self.open_round.sent(now)
 
+    def heard_queued(self) -> None:
+        """An earlier call of the open round was answered `duplicate_request`: it reached the
+        server (the re-send interval may learn from the round's first send)."""
+        self.open_round.heard_queued()
+
     def answered(self, now: float) -> None:
         """The round's chunk joined the queue: a new execution phase starts, the next round is next."""
         self.outstanding = False

@@ -18,6 +18,11 @@ When the server answers unknown_task or task_dropped (it restarted, or reaped th
 the robot continues its motion under a new task id from round 0 (counted as
 tasks_continued), as robot_client does.
 
+With --fault-drop P (live/fault.py) a fraction P of the requests is never sent and a fraction
+P of the replies to a robot's open round is discarded on arrival, as if lost on the wire
+(seeded by --fault-seed); the robot's re-send timer must find them. No drops once draining:
+the settle sees the open rounds through. Each robot's account lists its lost rounds.
+
 Run: python -m robotserve_ros.live.light_fleet --robots N --first-index I --params FILE
 --stats-dir DIR; SIGINT writes one account per robot to DIR/{robot}.json.
 """
@@ -136,13 +141,14 @@ class LightFleetNode:
     config_class = None  # RobotClientConfig
 
     def __init__(self, names: list, params: Optional[str], stats_dir: Optional[str], context=None,
-                 refresh_topic: str = "", refresh_hz: float = 4.0) -> None:
+                 refresh_topic: str = "", refresh_hz: float = 4.0, fault_drop: float = 0.0, fault_seed: int = 0) -> None:
         from rclpy.node import Node
         from rclpy.qos import QoSProfile, ReliabilityPolicy
 
         from ..msg import ExecutionProgress
         from ..nodes.common import NodeClock, lean_node_kwargs, queue_hint, service_qos
         from ..srv import FetchObservation, Infer
+        from .fault import FaultDrop
 
         self.c = c = _robot_config(params, self.config_class, self.config_section)
         self.hz = c.control_hz
@@ -150,6 +156,7 @@ class LightFleetNode:
         self.resend_after = c.resend_after_s or max(2.0, 20 * c.expected_latency_s)
         self.draining = False  # SIGUSR1: no new rounds, the open ones seen through (robot_client.drain)
         self.stats_dir = stats_dir
+        self.fault = FaultDrop(fault_drop, fault_seed) if fault_drop > 0 else None
         first = names[0] if names else "light"
         self.node = Node(f"{self.node_prefix}_{first.replace('/', '_')}", context=context, **lean_node_kwargs())
         self.clock = NodeClock(self.node)
@@ -254,9 +261,22 @@ class LightFleetNode:
         r.loop.sent(now)
         key = (r.task_id, r.round)
         r.acct.on_send(key)
+        n = r.acct.requests  # this request's number: the fault decisions of it and its reply
+        if self._lost_on_wire("request", r, key, n, now):
+            r.fut = None
+            return
         r.fut = self.cli.call_async(q)
         r.futs.append(r.fut)
-        r.fut.add_done_callback(lambda f, r=r, key=key: self._on_reply(r, key, f))
+        r.fut.add_done_callback(lambda f, r=r, key=key, n=n: self._on_reply(r, key, f, n))
+
+    def _lost_on_wire(self, kind: str, r: LightRobot, key: tuple, n: int, now: float) -> bool:
+        """Fault injection: whether the robot's n-th request (or its reply) is lost; the account
+        notes what the robot expected then (the server's queue wait, its re-send interval)."""
+        if self.fault is None or self.draining or not self.fault.drops(kind, r.name, n):
+            return False
+        hint = self.loop_kw["hint"]
+        r.acct.on_drop(key, kind, hint.wait(now) if hint is not None else 0.0, r.loop.resend_timer.interval(now))
+        return True
 
     def _drop_calls(self, r: LightRobot) -> None:
         for f in r.futs:
@@ -264,11 +284,15 @@ class LightFleetNode:
                 self.cli.remove_pending_request(f)
         r.futs = []
 
-    def _on_reply(self, r: LightRobot, key: tuple, fut) -> None:
+    def _on_reply(self, r: LightRobot, key: tuple, fut, n: int = 0) -> None:
         resp = fut.result()
         if key == (r.task_id, r.round) and fut is not r.fut and resp is not None \
                 and resp.status.reason == "duplicate_request":
+            r.loop.heard_queued()
             return  # an earlier call of a round sent again: the newer call gets the answer
+        if resp is not None and key == (r.task_id, r.round) and not r.done \
+                and self._lost_on_wire("reply", r, key, n, self.clock.now()):
+            return  # (only a reply the open round waits for: every drop is a lost round)
         reply_ms = r.acct.on_answer(key, resp)
         if key != (r.task_id, r.round) or r.done:  # (done: every task finished; a late answer must not restart one)
             r.acct.left_task_answers += 1
@@ -375,6 +399,9 @@ def main(argv=None, fleet_class=None, prog: str = "light_fleet", doc: str = __do
     ap.add_argument("--refresh-topic", default="", help="publish waiting robots' newest observations here "
                     "(the server's refresh_topic) instead of serving srv/FetchObservation")
     ap.add_argument("--refresh-hz", type=float, default=4.0, help="per waiting robot, with --refresh-topic")
+    ap.add_argument("--fault-drop", type=float, default=0.0, help="fraction of requests never sent and of replies "
+                    "discarded, as if lost on the wire (live/fault.py)")
+    ap.add_argument("--fault-seed", type=int, default=0, help="seed of --fault-drop's decisions")
     a, rest = ap.parse_known_args(sys.argv[1:] if argv is None else argv)
     import rclpy
     from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
@@ -384,7 +411,8 @@ def main(argv=None, fleet_class=None, prog: str = "light_fleet", doc: str = __do
     prepare_process()
     rclpy.init(args=[sys.argv[0]] + rest)
     fleet = fleet_class([f"robot_{a.first_index + i}" for i in range(a.robots)], a.params, a.stats_dir,
-                        refresh_topic=a.refresh_topic, refresh_hz=a.refresh_hz)
+                        refresh_topic=a.refresh_topic, refresh_hz=a.refresh_hz, fault_drop=a.fault_drop,
+                        fault_seed=a.fault_seed)
     signal.signal(signal.SIGUSR1, lambda *_: setattr(fleet, "draining", True))
     ex = SingleThreadedExecutor()
     ex.add_node(fleet.node)

@@ -31,6 +31,10 @@ class ClientAccount:
         self.tick_s = Counter()  # ticks per second of time.monotonic()
         self.late_tick_s = Counter()  # ticks more than 1.5 periods after the previous one, per second
         self.first_tick = self.last_tick = None
+        # Fault injection (live/fault.py): messages dropped by kind, and per round lost while open
+        # [kind, drop time, expected queue wait s, re-send interval s, first re-send, served, drops]
+        self.dropped = Counter()
+        self.lost: dict = {}
 
     def tick(self, commanded: bool, in_task: bool) -> None:
         now = time.monotonic()
@@ -53,7 +57,21 @@ class ClientAccount:
             self.resent += 1
             self.resent_keys.add(key)
         self.keys.add(key)
-        self.sent.setdefault(key, time.monotonic())  # a round's reply time runs from its first send
+        now = time.monotonic()
+        self.sent.setdefault(key, now)  # a round's reply time runs from its first send
+        lost = self.lost.get(key)
+        if lost is not None and lost[4] is None:
+            lost[4] = now  # the lost round asked for again
+
+    def on_drop(self, key: tuple, kind: str, wait_s: float, interval_s: float) -> None:
+        """A request of the open round `key` never sent, or its reply discarded (kind): the round
+        is lost until answered; its recovery is timed from the first drop."""
+        self.dropped[kind] += 1
+        lost = self.lost.get(key)
+        if lost is None:
+            self.lost[key] = [kind, time.monotonic(), wait_s, interval_s, None, None, 1]
+        else:
+            lost[6] += 1
 
     def on_answer(self, key: tuple, resp) -> float:
         """Any answer (chunk or error) to the request of `key`; returns its round trip in ms."""
@@ -79,6 +97,9 @@ class ClientAccount:
         now = time.monotonic()
         late = now - self.dry_since if self.dry_since is not None else 0.0
         self.log.append([key[0], key[1], round(now, 4), round(reply_ms, 3), round(1000 * late, 3)])
+        lost = self.lost.get(key)
+        if lost is not None and lost[5] is None:
+            lost[5] = now
         if queue_left > 0:
             self.dry_since = None
 
@@ -94,7 +115,9 @@ class ClientAccount:
             "ticks_per_s": {str(k): v for k, v in sorted(self.tick_s.items())},
             "late_ticks_per_s": {str(k): v for k, v in sorted(self.late_tick_s.items())},
             "first_tick": self.first_tick, "last_tick": self.last_tick, "closed_at": now,
-            "holding_now_s": now - self.dry_since if self.dry_since is not None else 0.0, **extra,
+            "holding_now_s": now - self.dry_since if self.dry_since is not None else 0.0,
+            "resent_rounds": sorted(k[1] for k in self.resent_keys),  # which rounds were asked for again
+            "dropped": dict(self.dropped), "lost_rounds": [[k[0], k[1], *v] for k, v in self.lost.items()], **extra,
         }
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         tmp = f"{path}.tmp{os.getpid()}"

@@ -257,6 +257,7 @@ class RobotClientNode(RobotSensors, JointCommands, RunTaskGoals, ManagedNode):
         resp = fut.result()
         if (task, rnd) == (self.task_id, self.round) and fut is not self.fut and resp is not None \
                 and resp.status.reason == "duplicate_request":
+            self.robot_loop.heard_queued()  # its first call got through: the wait may be learnt from it
             return  # an earlier call of the round we sent again: the newer call gets the answer
         reply_ms = self.acct.on_answer((task, rnd), resp)
         if resp is not None and math.isfinite(reply_ms):
