@@ -155,3 +155,27 @@ def test_before_its_first_answer_a_robot_waits_as_long_as_the_server_says_its_qu
     hint.heard(float("nan"), 9.0)
     hint.heard(-1.0, 9.0)  # (nonsense is not heard)
     assert timer.interval(9.0) == 2.0
+
+
+def test_a_wait_the_server_announced_is_not_learnt_as_margin_and_a_wait_it_keeps_missing_is():
+    from robotserve_ros.core.robot_timing import OpenRound, QueueHint, ResendTimer
+
+    hint = QueueHint(fresh_s=100.0)
+    timer = ResendTimer.for_robot(2.0, 10.0, hint)
+    hint.heard(6.0, 0.0)  # start-up: 100 robots behind one queue, the server says 6 s
+    r = OpenRound(timer)
+    r.sent(0.0)
+    r.answered(6.3)  # as announced, 0.3 s more
+    hint.heard(0.1, 7.0)  # the queue has drained
+    # RFC 6298 on the whole 6.3 s would re-send no sooner than 6.3 + 4 x 3.15 = 18.9 s
+    assert timer.interval(7.0) < 1.5
+    r.sent(7.0)
+    assert r.check(8.6, 99.0, 60.0) == "resend"  # lost: asked again within ~1.5 s
+    # a server whose word is 2 s short every time: its rounds are not asked for again
+    late = ResendTimer.for_robot(2.0, 10.0, hint)
+    for k in range(12):
+        hint.heard(1.0, 10.0 * k)
+        r = OpenRound(late)
+        r.sent(10.0 * k)
+        r.answered(10.0 * k + 3.0)
+    assert late.interval(120.0) > 3.0

@@ -101,8 +101,15 @@ class ResendTimer:
     re-sent sample (RFC 6298 §3). Sampled, one lost round of a 75 ms robot raised its interval
     to 21 s (fault injection, bench fleet-live --fault-drop).
 
-    With a QueueHint the interval is at least the server's expected wait + one granularity
-    + 100 ms: before a robot's first answer (all robots starting at once behind one queue)
+    With a QueueHint the timer learns what the server's word does not explain: each sample is
+    the reply time less the wait the server expected when the round was first sent, and the
+    interval is the wait it expects now + that learnt margin. A plain RFC 6298 timer on reply
+    times that include the queue carries a start-up queue for dozens of rounds (a real robot
+    whose round 0 waited 6.2 s behind 100 robots had a 20 s interval for the rest of the run,
+    so a round lost at the end was not asked for again before the bench's settle ended); a
+    server word that is too short every time is learnt as margin, so those rounds are not
+    asked for again either. Before a robot's first answer (all robots starting at once behind
+    one queue) the interval is at least the server's expected wait + one granularity + 100 ms:
     the server's word is all it knows."""
 
     __slots__ = ("initial_s", "floor_s", "max_s", "granularity_s", "srtt", "rttvar", "rto", "samples", "hint")
@@ -124,16 +131,26 @@ class ResendTimer:
         of the first guess (<= 1 s): a reply a tick late is not lost."""
         return cls(initial_s, floor_s=min(initial_s / 10, 1.0), granularity_s=1.0 / control_hz, hint=hint)
 
+    def expected_wait(self, now: float) -> float:
+        """The server's word on a round sent now (0 without one)."""
+        return self.hint.wait(now) if self.hint is not None and not math.isinf(self.initial_s) else 0.0
+
     def interval(self, now: float) -> float:
         """Seconds after a send that its re-send is due (before doubling per re-send)."""
         if self.hint is None or math.isinf(self.initial_s):
             return self.rto
-        return min(self.max_s, max(self.rto, self.hint.wait(now) + self.granularity_s + 0.1))
+        wait, least = self.hint.wait(now), self.granularity_s + 0.1
+        if self.samples == 0:
+            return min(self.max_s, max(self.rto, wait + least))
+        return min(self.max_s, wait + max(self.rto, least))
 
-    def sample(self, rtt_s: float) -> None:
-        """A round answered rtt_s after its first send (RFC 6298 §2.2-2.3)."""
+    def sample(self, rtt_s: float, expected_wait_s: float = 0.0) -> None:
+        """A round answered rtt_s after its first send, when the server expected it to wait
+        expected_wait_s: the timer learns the rest (RFC 6298 §2.2-2.3 on it)."""
         if math.isinf(self.initial_s) or not math.isfinite(rtt_s) or rtt_s < 0:
             return
+        if math.isfinite(expected_wait_s) and expected_wait_s > 0:
+            rtt_s = max(0.0, rtt_s - expected_wait_s)
         if self.srtt is None:
             self.srtt, self.rttvar = rtt_s, rtt_s / 2
         else:
@@ -149,10 +166,11 @@ class OpenRound:
     due. robot_client and light_fleet each keep one per robot. With a ResendTimer (kept across
     the robot's rounds) the re-send interval is the timer's, and an answered round samples it."""
 
-    __slots__ = ("sent_at", "first_sent_at", "resends", "overdue_told", "resending", "timer", "first_arrived")
+    __slots__ = ("sent_at", "first_sent_at", "resends", "overdue_told", "resending", "timer", "first_arrived",
+                 "expected_wait")
 
     def __init__(self, timer: Optional[ResendTimer] = None) -> None:
-        self.sent_at = self.first_sent_at = 0.0
+        self.sent_at = self.first_sent_at = self.expected_wait = 0.0
         self.resends = 0
         self.overdue_told = self.resending = self.first_arrived = False
         self.timer = timer
@@ -164,6 +182,7 @@ class OpenRound:
             self.resends += 1
         else:
             self.first_sent_at, self.resends, self.overdue_told, self.first_arrived = now, 0, False, False
+            self.expected_wait = self.timer.expected_wait(now) if self.timer is not None else 0.0
         self.resending = False
 
     def heard_queued(self) -> None:
@@ -175,7 +194,7 @@ class OpenRound:
         """The round's chunk came: the timer learns how long the queue made it wait (a re-sent
         round only if its first call got through: ResendTimer)."""
         if self.timer is not None and (self.resends == 0 or self.first_arrived):
-            self.timer.sample(now - self.first_sent_at)
+            self.timer.sample(now - self.first_sent_at, self.expected_wait)
 
     def check(self, now: float, resend_after_s: float, request_timeout_s: float) -> Optional[str]:
         """unanswered_action for this round (its interval the timer's when there is one);
