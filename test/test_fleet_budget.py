@@ -77,3 +77,47 @@ def test_the_fleets_control_rate_passes_the_default_rate_budget():
     t0 = time.monotonic()
     for k in range(int(10 * HZ)):
         ep._rate(c, t0 + k / HZ)  # raises Refusal past the budget
+
+
+def test_srv_infer_defaults_take_the_fleets_requests_and_waiting_calls():
+    """srv/Infer: a request of 3 raw 224x224 rgb8 frames passes the default request budget
+    (max_request_bytes, max_images) through the node's own conversion; the 100 robots' calls
+    waiting at once (one round each, the engine held) pass the default infer_queue.max_waiting
+    through the Fleet, all answered, none refused."""
+    pytest.importorskip("rclpy")
+    from sensor_msgs.msg import Image
+
+    from robotserve_ros.nodes.convert import request_from_msg
+    from robotserve_ros.nodes.server_config import InferenceServerConfig
+    from robotserve_ros.srv import Infer
+
+    cfg = InferenceServerConfig()
+    spec = cfg.observation_spec(ObservationSpec(cameras=CAMERAS, width=SIDE, height=SIDE, joints=6))
+    r = Infer.Request()
+    r.task_id, r.round_id = "robot_0/task0", 0
+    for _ in range(CAMERAS):
+        im = Image()
+        im.width = im.height = SIDE
+        im.encoding, im.step, im.data = "rgb8", SIDE * 3, bytes(SIDE * SIDE * 3)
+        r.observation.images.append(im)
+    r.observation.joint_state.position = [0.0] * 6
+    r.horizon.name, r.horizon.has_param, r.horizon.param = "static", True, 8.0
+    assert len(request_from_msg(r, spec).observation.images) == CAMERAS
+
+    from robotserve_ros.core.types import HorizonChoice, InferenceRequest
+
+    gate = threading.Event()
+    engine = SimulatedEngine(EngineProfile({1: 1.0, 128: 2.0}), chunk_size=8, action_dim=6)
+    real = engine.infer
+    engine.infer = lambda batch: (gate.wait(30), real(batch))[1]
+    fleet = fleet_over(engine, SchedulerConfig(name="remaining").build(), WallClock(), slots=1,
+                       max_waiting=cfg.max_waiting).start()
+    try:
+        s = fleet.session("ros")
+        calls = [s.submit(InferenceRequest(f"robot_{i}/task0", 0, horizon=HorizonChoice("static", 8.0)))
+                 for i in range(ROBOTS)]
+        gate.set()
+        assert all(f.result(30).task_id == f"robot_{i}/task0" for i, f in enumerate(calls))
+        assert not fleet.core_stats()["errors"]
+    finally:
+        fleet.close()
