@@ -121,3 +121,95 @@ def test_srv_infer_defaults_take_the_fleets_requests_and_waiting_calls():
         assert not fleet.core_stats()["errors"]
     finally:
         fleet.close()
+
+
+def test_a_100_robot_fleet_of_3_cameras_is_served_by_lerobot_with_no_refusal():
+    """The LeRobot endpoint under its defaults: 100 connections (LeRobot's RobotClient, one
+    process each), each with a GetActions call always open (its receiver thread) while it
+    sends an observation of 3 x 224x224 images: every robot gets its chunk, no call refused
+    (grpc's maximum_concurrent_rpcs, the call guard's caps, the session and payload budgets)."""
+    grpc = pytest.importorskip("grpc")
+    pytest.importorskip("lerobot")
+    import pickle
+
+    from robotserve_ros.engines.torch_env import import_lerobot_policies
+
+    import_lerobot_policies()
+    from lerobot.async_inference.helpers import RemotePolicyConfig, TimedObservation
+    from lerobot.transport import services_pb2 as pb
+    from lerobot.transport import services_pb2_grpc as pb_grpc
+    from lerobot.transport.utils import send_bytes_in_chunks
+
+    from robotserve_ros.transport.lerobot.config import CompatConfig
+    from robotserve_ros.transport.lerobot.protocol import LeRobotCompatServer
+
+    cams = [f"cam{i}" for i in range(CAMERAS)]
+    features = {"observation.state": {"dtype": "float32", "shape": (6,), "names": [f"j{i}.pos" for i in range(6)]},
+                **{f"observation.images.{c}": {"dtype": "image", "shape": (SIDE, SIDE, 3),
+                                               "names": ["height", "width", "channels"]} for c in cams}}
+    setup = pb.PolicySetup(data=pickle.dumps(RemotePolicyConfig("diffusion", "/policies/dp", features, 4, "cpu")))
+    srv = LeRobotCompatServer(CompatConfig(port=0, engine="simulated", engine_params={"chunk_size": 8},
+                                           profile_ms={1: 5.0, 32: 20.0}, policy_dirs=("/policies",)))
+    go, got, failed = threading.Barrier(ROBOTS), [], []
+
+    def robot(i: int) -> None:
+        channel = grpc.insecure_channel(f"127.0.0.1:{srv.port}", options=[("grpc.use_local_subchannel_pool", 1)])
+        stub = pb_grpc.AsyncInferenceStub(channel)
+        rng = np.random.default_rng(i)
+        raw = {**{f"j{k}.pos": 0.0 for k in range(6)}, "task": "pick up the cube",
+               **{c: rng.integers(0, 255, (SIDE, SIDE, 3), dtype=np.uint8) for c in cams}}
+        try:
+            stub.Ready(pb.Empty())
+            stub.SendPolicyInstructions(setup)
+            go.wait()
+            held = stub.GetActions.future(pb.Empty())  # the receiver thread's call, open meanwhile
+            obs = pickle.dumps(TimedObservation(timestamp=time.time(), timestep=0, observation=raw, must_go=True))
+            stub.SendObservations(send_bytes_in_chunks(obs, pb.Observation, silent=True))
+            reply, deadline = held.result(), time.monotonic() + 60
+            while not reply.data and time.monotonic() < deadline:
+                reply = stub.GetActions(pb.Empty())
+            got.append(len(pickle.loads(reply.data)) if reply.data else 0)
+        except grpc.RpcError as e:
+            failed.append(f"{e.code()}: {e.details()}")
+        finally:
+            channel.close()
+
+    try:
+        threads = [threading.Thread(target=robot, args=(i,)) for i in range(ROBOTS)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert failed == [] and got == [4] * ROBOTS
+        calls = srv.servicer.stats()["calls"]
+        assert not any(calls.get(k) for k in ("receive_slots_full", "receive_timeouts", "peer_calls_refused"))
+    finally:
+        srv.stop(0)
+
+
+@pytest.mark.parametrize("transport", ["raw", "jpeg"])
+def test_the_gpu_server_takes_the_fleets_batch_under_its_defaults(transport):
+    """The GPU server under its defaults (a token, 64 MiB messages, 128 MiB decoded per call):
+    one InferBatch carrying all 100 robots' rounds of 3 x 224x224 frames, raw (45 MB on the
+    wire) or JPEG (45 MB decoded), is served whole; nothing refused."""
+    grpc = pytest.importorskip("grpc")
+    from robotserve_ros.core.observation import Observation
+    from robotserve_ros.core.types import InferenceRequest
+    from robotserve_ros.transport import DEFAULT_MAX_MESSAGE, channel_options, stubs
+    from robotserve_ros.transport.gpu_server import GpuServer
+    from robotserve_ros.transport.tensors import request_to_pb
+
+    pb, pb_grpc = stubs()
+    rng = np.random.default_rng(0)
+    frames = [rng.integers(0, 255, (SIDE, SIDE, 3), dtype=np.uint8) for _ in range(CAMERAS)]
+    reqs = [InferenceRequest(f"robot_{i}/t", 0, observation=Observation(images=frames, joints=np.zeros(6, np.float32)))
+            for i in range(ROBOTS)]
+    eng = SimulatedEngine(EngineProfile({1: 1.0, 128: 2.0}), chunk_size=8, action_dim=6)
+    with GpuServer(eng, "127.0.0.1:0", token="fleet-token") as srv, \
+            grpc.insecure_channel(srv.address, options=channel_options(DEFAULT_MAX_MESSAGE)) as ch:
+        msg = pb.InferBatchRequest(requests=[request_to_pb(pb, r, transport) for r in reqs])
+        reply = pb_grpc.GpuServerStub(ch).InferBatch(msg, timeout=60, metadata=[("authorization", "Bearer fleet-token")])
+        assert [c.task_id for c in reply.chunks] == [r.task_id for r in reqs]
+        assert srv.counts["requests"] == ROBOTS
+        assert not any(srv.counts[k] for k in ("bad_request", "internal", "token_overloaded", "engine_failure", "expired",
+                                               "unauthenticated", "peer_calls_refused", "token_calls_refused"))
