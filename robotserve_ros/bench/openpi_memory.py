@@ -4,7 +4,7 @@ one address each send `--frames` frames of `--frame-mb` MB without waiting for r
 close. The server's RSS is sampled from /proc: before, its peak (VmHWM) and `--settle` s after
 every connection closed. Linux only. Not a test: RSS depends on the allocator and the machine.
 
-    python -m robotserve_ros.bench.openpi_memory [--connections 16 --frames 5 --frame-mb 15]
+    python -m robotserve_ros.bench.openpi_memory [--connections 16 --frames 5 --frame-mb 15] [--no-heap]
 """
 from __future__ import annotations
 
@@ -18,6 +18,9 @@ import time
 
 SERVE = """
 import sys, time
+if sys.argv[2] == "no-heap":  # to see what the allocator settings alone do
+    from robotserve_ros.transport import heap
+    heap.return_large_frees = heap.trim = lambda *a: False
 from robotserve_ros.transport.openpi.config import EndpointConfig, OpenPiConfig
 from robotserve_ros.transport.openpi.server import OpenPiServer
 srv = OpenPiServer(OpenPiConfig(engine="simulated", engine_params={"chunk_size": 8, "action_dim": 6},
@@ -55,11 +58,11 @@ def _client(port: int, frames: int, frame: bytes, out: list) -> None:
 
 
 def probe(connections: int = 16, frames: int = 5, frame_mb: float = 15.0, settle: float = 3.0,
-          endpoint: dict | None = None) -> dict:
+          endpoint: dict | None = None, use_heap: bool = True) -> dict:
     import msgpack
 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))}
-    srv = subprocess.Popen([sys.executable, "-c", SERVE, repr(endpoint or {})], stdin=subprocess.PIPE,
+    srv = subprocess.Popen([sys.executable, "-c", SERVE, repr(endpoint or {}), "heap" if use_heap else "no-heap"], stdin=subprocess.PIPE,
                            stdout=subprocess.PIPE, text=True, env=env)
     try:
         port = int(srv.stdout.readline())
@@ -87,7 +90,7 @@ def probe(connections: int = 16, frames: int = 5, frame_mb: float = 15.0, settle
     for got in out:
         for g in got:
             outcomes[g] = outcomes.get(g, 0) + 1
-    return {"connections": connections, "frames": frames, "frame_mb": frame_mb, "rss_before_mb": round(before, 1),
+    return {"connections": connections, "heap_settings": use_heap, "frames": frames, "frame_mb": frame_mb, "rss_before_mb": round(before, 1),
             "rss_peak_mb": round(max(peak, hwm), 1), "rss_after_close_mb": round(after, 1), "seconds": round(took, 2),
             "outcomes": outcomes, "endpoint_stats": stats}
 
@@ -99,10 +102,11 @@ def main(argv=None) -> int:
     p.add_argument("--frame-mb", type=float, default=15.0)
     p.add_argument("--settle", type=float, default=3.0, help="seconds after the last connection closed")
     p.add_argument("--endpoint", default="{}", help="EndpointConfig fields as a Python dict literal")
+    p.add_argument("--no-heap", action="store_true", help="without the endpoint's glibc settings (transport/heap.py)")
     a = p.parse_args(argv)
     import ast
 
-    print(json.dumps(probe(a.connections, a.frames, a.frame_mb, a.settle, ast.literal_eval(a.endpoint)), indent=1))
+    print(json.dumps(probe(a.connections, a.frames, a.frame_mb, a.settle, ast.literal_eval(a.endpoint), not a.no_heap), indent=1))
     return 0
 
 
