@@ -458,3 +458,22 @@ def test_authenticated_robots_are_budgeted_per_key_not_per_address(tmp_path):
         assert held[0].infer(obs())["actions"].shape == (8, 6)
     finally:
         srv.stop()
+
+
+def test_a_message_in_small_fragments_is_held_within_the_budget_too():
+    """Frames of <= 125 bytes are read before they can be reserved (a control frame's size):
+    a message sent in such fragments is still held against the budget until answered, to the
+    byte, and a ping's bytes are not."""
+    srv = sim_server()
+    srv.engine.infer = slow(srv.engine.infer, 0.5)
+    try:
+        with connect(f"ws://127.0.0.1:{srv.port}", compression=None) as ws:
+            ws.recv()
+            frame = _frame(prompt="f" * 3000)
+            ws.ping(b"p" * 100)
+            ws.send([frame[i:i + 100] for i in range(0, len(frame), 100)])  # a fragmented message
+            assert _until(lambda: srv.endpoint.budgets.held_total == len(frame))
+            assert isinstance(ws.recv(), bytes)
+        assert _until(lambda: srv.endpoint.budgets.held_total == 0) and not srv.endpoint.refused
+    finally:
+        srv.stop()

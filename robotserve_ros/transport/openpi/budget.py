@@ -87,6 +87,11 @@ class Budgets:
             self.waiting.append(t)
         return t
 
+    def take(self, peer: tuple, n: int) -> None:
+        """n bytes already read (a small frame): held, past the caps if need be; later frames wait."""
+        self.held_total += n
+        self.held[peer] += n
+
     def cancel(self, t: _Ticket) -> None:
         """A waiting ticket whose connection went away (a granted one is released instead)."""
         if not t.granted:
@@ -111,8 +116,7 @@ class Budgets:
 
     def _take(self, t: _Ticket) -> None:
         t.granted = True
-        self.held_total += t.n
-        self.held[t.peer] += t.n
+        self.take(t.peer, t.n)
 
     def _grant(self) -> None:
         """In arrival order; a ticket its own peer's cap holds back is skipped, one the total

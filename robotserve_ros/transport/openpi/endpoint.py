@@ -82,8 +82,12 @@ class _Gated(ServerConnection):
             return (yield from read_exact(n))
 
         def recv_frame(frame) -> None:
-            if frame.opcode not in (OP_CONT, OP_BINARY, OP_TEXT):  # ping/pong/close: not held
-                self.release(len(frame.data))
+            n = len(frame.data)
+            if 0 < n <= 125 and self.peer is not None and frame.opcode in (OP_CONT, OP_BINARY, OP_TEXT):
+                # a small piece of a data message, read unreserved: held until answered all the
+                # same, so a message in small fragments is budgeted too (ping/pong/close are not held)
+                self.endpoint.budgets.take(self.peer, n)
+                self.reserved += n
             handle_frame(frame)
 
         self.protocol.reader.read_exact, self.protocol.recv_frame = budgeted_read_exact, recv_frame
