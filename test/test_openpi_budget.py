@@ -57,3 +57,16 @@ def test_a_frame_that_can_never_fit_is_refused_and_a_leaver_gives_its_turn_up():
     b.release(KEY, 80)
     b.release(ADDR, 10)
     assert b.held_total == 0 and not b.held
+
+
+def test_the_budget_parameters_are_typed():
+    from robotserve_ros.transport.openpi.config import EndpointConfig
+
+    for name in ("max_connections_per_key", "max_pending_bytes_per_key"):
+        with pytest.raises(ValueError, match=name):
+            EndpointConfig(**{name: 0})
+    with pytest.raises(ValueError, match="heap_mmap_threshold"):
+        EndpointConfig(heap_mmap_threshold=-1)
+    d = EndpointConfig()
+    assert (d.max_connections, d.max_connections_per_key, d.max_connections_per_peer) == (512, 256, 16)
+    assert d.budgets().per_key == Caps(256, 128 << 20) and d.heap_mmap_threshold == 0

@@ -4,8 +4,10 @@ glibc serves a block of at least M_MMAP_THRESHOLD with its own mmap, returned on
 raises that threshold to the size of each such block freed (up to 32 MiB): after the first
 15 MB websocket frame is freed, the next ones come from the heap and its arenas, which keep
 the pages after a burst (an openpi server stayed at its 640-860 MB peak after its
-connections closed). A fixed threshold turns that adjustment off (mallopt(3)); `trim()`
-returns what the arenas hold free (malloc_trim(3))."""
+connections closed). A fixed threshold turns that adjustment off (mallopt(3)), at a price for
+whatever else allocates large blocks often (a CPU engine's tensors: each one mmapped and
+faulted in anew), so it is the endpoint's `heap_mmap_threshold`, off by default; `trim()`
+returns what the arenas hold free (malloc_trim(3)), run only after connections close."""
 from __future__ import annotations
 
 import ctypes
@@ -16,7 +18,6 @@ import threading
 
 log = logging.getLogger("robotserve.heap")
 M_MMAP_THRESHOLD = -3  # <malloc.h>
-FRAME_MMAP_THRESHOLD = 1 << 20  # blocks of 1 MiB and more: a frame, never a small object
 _lock = threading.Lock()
 _libc = None
 _set = False
@@ -34,8 +35,8 @@ def _glibc():
     return _libc or None
 
 
-def return_large_frees(threshold: int = FRAME_MMAP_THRESHOLD) -> bool:
-    """Fix glibc's mmap threshold (once per process); True when set."""
+def return_large_frees(threshold: int) -> bool:
+    """Fix glibc's mmap threshold (once per process: the first caller's); True when set."""
     global _set
     with _lock:
         libc = _glibc()

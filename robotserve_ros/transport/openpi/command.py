@@ -46,6 +46,9 @@ def add_arguments(p) -> None:
     p.add_argument("--max-rate-hz", type=positive(), default=e.max_rate_hz, help="infer calls per second per robot")
     p.add_argument("--max-message-bytes", type=positive(int), default=e.max_message_bytes,
                    help="largest message a client may send")
+    p.add_argument("--heap-mmap-threshold", type=positive(int, zero_ok=True), default=e.heap_mmap_threshold,
+                   help="glibc: blocks of this many bytes and more are returned to the OS when freed, process-wide "
+                   "(e.g. 4194304 where the engine is not on the CPU); 0: glibc's own threshold")
     p.add_argument("--stats-every", type=positive(zero_ok=True), default=0.0, help="print stats as JSON every N s")
     p.add_argument("--rtc", action="store_true", help="real-time chunking: each round's leftover rebuilt from the "
                    "robot's last chunk and the time since (an engine that inpaints; docs/rtc_serving.md)")
@@ -70,7 +73,8 @@ def config_from_args(a) -> OpenPiConfig:
                         max_pending_bytes_per_peer=a.max_pending_bytes_per_peer,
                         max_connections_per_key=a.max_connections_per_key,
                         max_pending_bytes_per_key=a.max_pending_bytes_per_key,
-                        max_rate_hz=a.max_rate_hz, max_message_bytes=a.max_message_bytes, rtc=a.rtc)
+                        max_rate_hz=a.max_rate_hz, max_message_bytes=a.max_message_bytes, rtc=a.rtc,
+                        heap_mmap_threshold=a.heap_mmap_threshold)
     ep.api_keys()  # an empty or unreadable key file stops the server here, before the model loads
     return OpenPiConfig(policy=a.policy, endpoint=ep, policy_dirs=tuple(a.policy_dir or ()),
                         allow_hub=hub_patterns(a.allow_hub), revision=a.revision, scheduler=a.scheduler,

@@ -218,7 +218,8 @@ class OpenPiEndpoint:
 
     async def _main(self) -> None:
         self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
-        heap.return_large_frees()  # a freed frame buffer goes back to the OS (glibc; heap.py)
+        if self.cfg.heap_mmap_threshold:  # a freed frame buffer goes back to the OS at once (glibc; heap.py)
+            heap.return_large_frees(self.cfg.heap_mmap_threshold)
         try:
             # max_size: websockets refuses a larger frame from its header, before reading it.
             server = await serve(self._handle, self.cfg.host, self.cfg.port, process_request=self._http,
@@ -286,6 +287,7 @@ class OpenPiEndpoint:
         """Its handler is done: its slot and frame bytes go back (_Gated.stop_reading)."""
         ws.stop_reading()
         self._release(ws)
+        self.heap_after_close()
 
     def heap_after_close(self) -> None:
         """A connection closed: once no frame is held, the arenas' free pages go back to the OS
@@ -294,7 +296,8 @@ class OpenPiEndpoint:
         if self.budgets.held_total or self._trim_due:
             return
         self._trim_due = True
-        self._loop.call_at(max(self._loop.time(), self._trim_at), self._trim)
+        # a moment later: what the handler and the connection held is freed as they unwind
+        self._loop.call_at(max(self._loop.time() + 0.2, self._trim_at), self._trim)
 
     def _trim(self) -> None:
         self._trim_due = False
