@@ -100,6 +100,8 @@ class _Gated(ServerConnection):
             msg = (f"a frame of {n} bytes can never fit {e.name} ({e.cap}): send smaller observations")
             self.protocol.send_text(msg.encode())
             raise PayloadTooBig(n, e.cap) from None  # the parser closes with 1009
+        if t.granted:
+            self.reserved += n
         while not t.granted:
             if self.done:
                 raise EOFError("the connection's handler has ended")
@@ -107,12 +109,13 @@ class _Gated(ServerConnection):
             self.transport.pause_reading()  # again after every resume by websockets' own flow control
             yield
         self.ticket = None
-        self.reserved += n
 
     def _granted(self, t) -> None:
-        if self.ticket is t:
-            self.transport.resume_reading()
-            self.endpoint._loop.call_soon(self._redrive)
+        """Counted as this connection's at once: released with it even if it is lost before
+        the parser runs again."""
+        self.reserved += t.n
+        self.transport.resume_reading()
+        self.endpoint._loop.call_soon(self._redrive)
 
     def _redrive(self) -> None:
         """The parser waits in _reserve until data comes: bring it on with what is buffered."""
