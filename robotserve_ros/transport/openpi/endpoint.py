@@ -109,6 +109,8 @@ class _Gated(ServerConnection):
             self.transport.pause_reading()  # again after every resume by websockets' own flow control
             yield
         self.ticket = None
+        if self.done:  # granted, then its handler ended before the body was read: not read
+            raise EOFError("the connection's handler has ended")
 
     def _granted(self, t) -> None:
         """Counted as this connection's at once: released with it even if it is lost before
