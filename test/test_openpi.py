@@ -310,7 +310,7 @@ def _from(port: int, address: str = "127.0.0.2"):
     """A raw websocket from another loopback address, its metadata read."""
     import socket
 
-    sock = socket.create_connection(("127.0.0.1", port), timeout=5, source_address=(address, 0))
+    sock = socket.create_connection(("127.0.0.1", port), timeout=30, source_address=(address, 0))
     ws = connect(f"ws://127.0.0.1:{port}", sock=sock, compression=None)
     ws.recv()
     return ws
@@ -330,7 +330,7 @@ def test_one_address_waits_for_its_pending_share_while_others_are_served():
     bytes); a robot at another address is served meanwhile; then the waiting frame is read
     and answered, nothing refused."""
     srv = sim_server(max_pending_bytes_per_peer=100_000, max_string_bytes=60_000, rate_burst=10)
-    srv.engine.infer = slow(srv.engine.infer, 1.0)
+    srv.engine.infer = slow(srv.engine.infer, 2.0)
     try:
         other = [_from(srv.port), _from(srv.port)]
         other[0].send(_frame(prompt="p" * 55_000))  # held while the engine is slow
@@ -378,7 +378,7 @@ def test_frames_past_the_total_budget_wait_and_are_served_in_turn():
     """Two addresses, a total budget one frame fits: the second frame waits unread until the
     first is answered, then is served; nothing refused, nothing left held."""
     srv = sim_server(max_pending_bytes=70_000, max_string_bytes=60_000)
-    srv.engine.infer = slow(srv.engine.infer, 0.5)
+    srv.engine.infer = slow(srv.engine.infer, 2.0)  # long enough to look while it is held, on a loaded machine too
     try:
         a, b = _from(srv.port, "127.0.0.2"), _from(srv.port, "127.0.0.3")
         a.send(_frame(prompt="a" * 55_000))
@@ -465,7 +465,7 @@ def test_a_message_in_small_fragments_is_held_within_the_budget_too():
     a message sent in such fragments is still held against the budget until answered, to the
     byte, and a ping's bytes are not."""
     srv = sim_server()
-    srv.engine.infer = slow(srv.engine.infer, 0.5)
+    srv.engine.infer = slow(srv.engine.infer, 2.0)  # long enough to look while it is held, on a loaded machine too
     try:
         with connect(f"ws://127.0.0.1:{srv.port}", compression=None) as ws:
             ws.recv()
