@@ -5,6 +5,7 @@ on the tiny SmolVLA the LeRobot tests use."""
 from __future__ import annotations
 
 import http.client
+import platform
 import threading
 
 import msgpack
@@ -479,7 +480,7 @@ def test_a_message_in_small_fragments_is_held_within_the_budget_too():
         srv.stop()
 
 
-@pytest.mark.skipif(__import__("platform").libc_ver()[0] != "glibc", reason="malloc_trim is glibc's")
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="malloc_trim is glibc's")
 def test_memory_of_a_burst_of_large_frames_goes_back_after_the_connections_close():
     """8 connections from one address each queue three 15 MB frames, then close: the server
     process (its own, measured from /proc) is back within 150 MB of where it started (before
