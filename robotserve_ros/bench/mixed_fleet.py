@@ -42,7 +42,7 @@ from ..live.processes import ProcessGroup, pct, pick_free_domain, ros_env
 from ..machine import machine_info
 from .fleet_live import _Listener, engine_profile_ms, settle
 from .fleet_live_report import _num
-from .openpi import run_fleet
+from .openpi import FLEET_KEY, run_fleet
 
 LEROBOT_FPS = 30
 
@@ -69,8 +69,9 @@ def _params(tmp: Path, openpi_port: int, lerobot_port: int, policies: Path) -> t
     cfg = yaml.safe_load(Path(default_config()).read_text())
     srv = cfg["inference_server"]["ros__parameters"]
     srv.update({"services": ["openpi", "lerobot"], "task_timeout_s": 10.0, "diagnostics_hz": 5.0})
-    srv["openpi"] = {**srv.get("openpi", {}), "port": openpi_port, "host": "127.0.0.1",
-                     "max_connections_per_peer": 64}  # every robot on loopback: one address
+    key = tmp / "openpi.key"  # every robot on loopback is one address: the fleet presents a key,
+    key.write_text(FLEET_KEY + "\n")  # budgeted per key, not per address (docs/security.md)
+    srv["openpi"] = {**srv.get("openpi", {}), "port": openpi_port, "host": "127.0.0.1", "api_key_file": str(key)}
     srv["lerobot"] = {**srv.get("lerobot", {}), "port": lerobot_port, "host": "127.0.0.1",
                       "policy_dirs": [str(policies)]}
     cfg["/**/robot_client"]["ros__parameters"].update({"tasks": 100000,

@@ -39,6 +39,7 @@ from ..cli_types import positive
 from ..machine import machine_info
 
 ROBOTS_PER_PROCESS = 4
+FLEET_KEY = "bench-openpi-fleet"  # a loopback-only bench server's key, not a secret
 MIN_ROWS_TO = 16  # sizes up to this run even after a hungry one (latency and throughput still show batching)
 FED_MEAN, FED_MAX = 0.10, 0.25
 STAGES = ("submit", "dispatch", "engine_start", "engine_end", "reply")  # the "kept fed": mean idle <= 10 % of task time, none above 25 %
@@ -61,7 +62,9 @@ def _robot(port: int, horizon: int, hz: float, start: float, end: float, obs: di
     from openpi_client.action_chunk_broker import ActionChunkBroker
     from openpi_client.websocket_client_policy import WebsocketClientPolicy
 
-    policy = WebsocketClientPolicy("127.0.0.1", port)
+    # every robot on loopback is one address: they present the fleet's key, budgeted per key
+    # (the reference server ignores it)
+    policy = WebsocketClientPolicy("127.0.0.1", port, api_key=FLEET_KEY)
     broker = ActionChunkBroker(policy, action_horizon=horizon)
     broker.infer(obs)  # the first chunk: connection and warm-up, not measured
     broker.reset()
@@ -218,7 +221,7 @@ def added_latency(srv, obs: dict, rounds: int = 60) -> dict:
 
     trace = StageTrace(time.monotonic_ns)
     srv.fleet.observe(trace)
-    c = WebsocketClientPolicy("127.0.0.1", srv.port)
+    c = WebsocketClientPolicy("127.0.0.1", srv.port, api_key=FLEET_KEY)
     samples = []
     for i in range(rounds + 5):
         t = time.monotonic_ns()
@@ -255,9 +258,10 @@ def cli(a) -> int:
         # The profile of record's engine (reports/profiles/README.md, smolvla_tiny): 64x64, chunk 50.
         pdir = make_policy_dir("smolvla", Path(tmp) / "smolvla", image_hw=(64, 64), steps=a.steps, chunk_size=50,
                                n_action_steps=50)
+        key = Path(tmp) / "key"
+        key.write_text(FLEET_KEY + "\n")
         srv = OpenPiServer(OpenPiConfig(policy=str(pdir), engine_params={"profile_file": "smolvla_tiny"},
-                                        endpoint=EndpointConfig(port=0, max_connections=256, max_rate_hz=1000.0,
-                                                                max_connections_per_peer=256)))  # all on loopback
+                                        endpoint=EndpointConfig(port=0, max_rate_hz=1000.0, api_key_file=str(key))))
         try:
             meta = srv.endpoint.metadata
             rng = np.random.default_rng(0)

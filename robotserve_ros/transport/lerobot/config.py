@@ -41,7 +41,9 @@ class CompatConfig:
     upload_timeout_s: float = 10.0  # a stream still open after this is cancelled
     max_upload_pieces: int = 1024  # transfer pieces in one stream (LeRobot sends 2 MiB pieces)
     max_uploads: Optional[int] = None  # streams open at once; None: half the threads
-    threads: int = 32  # gRPC handler threads; each client holds about two
+    # gRPC handler threads: each robot holds about two (GetActions waiting up to get_actions_timeout_s,
+    # an observation stream), so 100 robots hold 200 (test_fleet_budget.py); idle ones cost no CPU
+    threads: int = 256
     # Calls (transport/call_guard.py): no client can hold the handler threads.
     receive_timeout_s: float = 5.0  # a unary call's request must arrive by then (LeRobot sends it at once)
     max_calls_per_peer: int = 8  # calls in flight from one connection (LeRobot's client has at most three)
