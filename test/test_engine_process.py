@@ -67,7 +67,8 @@ def served(tmp_path):
     fleet = fleet_over(eng, make_scheduler("fifo"), WallClock()).start()
     addr = f"ipc://{tmp_path}/core.sock"
     fp = hashlib.sha256(json.dumps(tree, sort_keys=True).encode()).hexdigest()
-    srv = CoreServer(fleet, addr, fp, {"spec": None}, ctx=zmq.Context())
+    ctx = zmq.Context()
+    srv = CoreServer(fleet, addr, fp, {"spec": None}, ctx=ctx)
     th = threading.Thread(target=srv.serve, daemon=True)
     th.start()
     lines = []
@@ -76,6 +77,8 @@ def served(tmp_path):
     remote.close()
     th.join(5)
     fleet.close()
+    srv.close()  # its socket closed before its context goes: a context collected with a socket open blocks
+    ctx.term()
 
 
 def test_rounds_go_through_the_core_server_and_come_back(served):

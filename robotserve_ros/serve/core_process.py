@@ -234,6 +234,11 @@ class CoreServer:
     def close(self) -> None:
         self.stopping.set()
         self.sock.close(0)
+        if self.address.startswith("ipc://"):  # a clean stop leaves no socket file behind
+            try:
+                os.unlink(self.address[len("ipc://"):])
+            except OSError:
+                pass
         self._out.close()
 
 

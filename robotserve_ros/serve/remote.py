@@ -150,8 +150,11 @@ class RemoteFleet:
             waiting, self._waiting, self._reqs = self._waiting, {}, {}
         for fut, _ in waiting.values():
             _settle(fut, error=Refused("engine_failure", f"the engine core process {why}; send the round again"))
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                self.proc.kill()
+            self.proc.wait()
+            self.proc = None
         self.sock.close(0)
         while not self._stop.is_set():
             try:
