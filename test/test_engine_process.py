@@ -111,3 +111,26 @@ def test_bad_ipc_input_is_refused_and_counted_not_fatal(served):
     assert remote.session("ros", "/r").submit(full_request("c", max_age=None)).result(timeout=10).task_id == "c"
     st = remote.load_stats(None, {})
     assert st["ipc_refused"] == 2 and st["errors"]["bad_request"] == 2
+
+
+def test_the_core_refreshes_a_stale_observation_through_its_front_end(served):
+    """Seed 000 Algorithm 1 lines 20-21 across the process line: the core asks the front end
+    that sent the round, whose refresher (the robots' services) answers with a fresher one."""
+    srv, remote, _ = served
+    eng = srv.fleet.engine
+    eng.open.clear()  # the round stays queued while the core asks
+    asked = []
+
+    def refresher(reqs):
+        asked.extend((r.task_id, r.round_id) for r in reqs)
+        return [(Observation([], np.array([9.0, 9.0]), "fresh", 8, 99.0), 99.0) for _ in reqs]
+
+    remote.refresher = refresher
+    fut = remote.session("ros", "/r").submit(full_request("s", max_age=None))
+    assert remote.knows("s")
+    got = srv.refresh([full_request("s", max_age=None), full_request("unknown", max_age=None)])
+    assert asked == [("s", 0)]
+    assert got[1] is None and got[0][1] == 99.0
+    assert got[0][0].instruction == "fresh" and got[0][0].joints.tolist() == [9.0, 9.0]
+    eng.open.set()
+    assert fut.result(timeout=10).task_id == "s"
