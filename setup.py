@@ -20,6 +20,7 @@ setup(
         # compressed camera frames (transport/images.py): OpenCV decodes, Pillow reads headers
         "opencv-python-headless>=4.11,<4.13", "pillow>=10",
         "prometheus-client>=0.20,<1",  # the inference server's metrics endpoint (serve/metrics.py)
+        "pyzmq>=26,<28", "msgspec>=0.19,<1",  # the engine core in its own process (serve/core_process.py)
     ],
     # openpi's client for tests and `bench openpi`: the Makefile installs it --no-deps (it pins numpy<2).
     extras_require={"test": ["pytest>=7", "hypothesis>=6", "py-spy==0.4.3"],  # py-spy: bench fleet-live --flame

@@ -57,6 +57,23 @@ def busy_fraction(a: tuple[float, float], b: tuple[float, float]) -> float:
     return (b[0] - a[0]) / dt if dt > 0 else float("nan")
 
 
+def tree_cpu_s(pid: int) -> Optional[float]:
+    """CPU seconds of a process and every process under it: its own, its children's that
+    exited (cutime + cstime), and each live descendant's, so a server whose engine core runs
+    in a child process (engine_process: separate) is counted whole; None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        own = sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+        kids = set()
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                kids.update(int(k) for k in f.read().split())
+    except (OSError, IndexError, ValueError):
+        return None
+    return own + sum(filter(None, (tree_cpu_s(k) for k in kids)))
+
+
 def proc_cpu_s(pid: int) -> Optional[float]:
     """utime + stime of a process (its threads included), seconds; None once it is gone."""
     try:

@@ -53,7 +53,7 @@ from ..launch_description import default_config, robots as robot_specs, server a
 from ..live.processes import (ModuleSpec, ProcessGroup, foreign_nodes, pct, pick_free_domain, read_stage_trace,
                               ros_env)
 from ..nodes.server_config import executor_kind
-from ..machine import busy_fraction, cpu_times, machine_info, proc_cpu_s
+from ..machine import busy_fraction, cpu_times, machine_info, proc_cpu_s, tree_cpu_s
 # (_Listener, settle, engine_profile_ms, compare_executors, server_profile: imported from here too)
 from .fleet_live_procs import (_Listener, _flame, _params_file, engine_profile_ms, infer_depth,  # noqa: F401
                                proc_status, settle, thread_cpu_s)
@@ -145,7 +145,8 @@ def run_fleet_live(out: Path, robots: int = 100, duration: float = 60.0, per_pro
 
     def sample(rss_only: bool = False):
         if not rss_only:  # the CPU window ends at the stop
-            procs = {s.name: proc_cpu_s(p.pid) for g in (base_group, client_group) for s, p in g.procs}
+            # (each process with its children: the server's engine core process, engine_process: separate)
+            procs = {s.name: tree_cpu_s(p.pid) for g in (base_group, client_group) for s, p in g.procs}
             procs["bench_listener"] = proc_cpu_s(os.getpid())
             samples.append((time.monotonic(), cpu_times(), procs, os.getloadavg()[0]))
         srv_pid = next((p.pid for s, p in base_group.procs if s.name == "inference_server"), None)

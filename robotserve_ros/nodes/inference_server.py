@@ -11,6 +11,7 @@ A lifecycle node (nodes/managed.py): configure builds the fleet from the paramet
 offers srv/Infer; deactivate withdraws it and drops every task (waiting calls answered
 SHUTTING_DOWN); cleanup frees the engines. `autostart` (default true) walks configure + activate.
 Parameters: InferenceServerConfig (server_config.py, docs/parameters.md; a bad one: one line, exit 2).
+`engine_process: separate` puts the core, scheduler and engine in a process of their own (server_fleet.py).
 """
 from __future__ import annotations
 
@@ -23,20 +24,18 @@ from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallb
 from rclpy.qos import QoSProfile, ReliabilityPolicy
 from diagnostic_msgs.msg import DiagnosticArray
 
-from ..config import ConfigError
 from ..core.errors import RequestError
-from ..core.task_auth import NotTaskOwner, TaskBinder
-from ..core.types import ExecInfo
 from ..msg import ExecutionProgress
-from ..serve import StageTrace, build_fleet, build_tiers
+from ..serve import StageTrace
 from ..srv import Infer
-from .common import exit_process, NodeClock, ParamError, publish_queue_wait, run_nodes, service_qos, to_sec
+from .common import exit_process, NodeClock, ParamError, publish_queue_wait, run_nodes, service_qos
 from .managed import ManagedNode
 from .deferred import DeferredReplies, serve_queued, with_queued
 from .convert import check_robot_id, check_service_name, fill_status
 from .infer_call import InferCall, proof_of
 from .refresh import ObservationRefresher
 from .server_config import executor_kind, InferenceServerConfig
+from .server_fleet import engine_side, node_fleet, on_progress
 from .server_diagnostics import (MemoryTrace, RecentErrors, check_interfaces, diagnostic_array, server_stats,
                                  start_metrics, trim_heap)
 from .services import SERVICES
@@ -57,24 +56,20 @@ class InferenceServerNode(ManagedNode):
         c.check_executor(self.executor)  # a reconfigure adding services to a process that runs the single one
         self.clock = NodeClock(self)
         scheduler = c.scheduler.build()  # a wrong knob is its one line before anything is built
-        try:
-            tiers = build_tiers(c, self.clock)
-        except ConfigError:
-            raise
-        except ValueError as e:  # a bad tier, an unreachable server or a bad placement knob
-            where, what = e.args if len(e.args) == 2 else ("remote_tiers", str(e))
-            raise ParamError(where, f"cannot build it: {what}") from e
-        self.engine = tiers.engine
+        built, self.engine = engine_side(self, c)  # this process's engines, or the engine core process's facts
         self.spec = c.observation_spec(self.engine.observation_spec)
         dim = self.engine.action_dim
         if c.joint_names and dim is not None and len(c.joint_names) != dim:
-            tiers.close()
+            built.close()
             raise ParamError("joint_names", f"{len(c.joint_names)} names for the engine's {dim} action columns")
         self._group = ReentrantCallbackGroup()
         self.refresher = ObservationRefresher(self, self.spec, c.refresh_timeout_s, self._group, topic=c.refresh_topic,
                                               verify=self._check_owner)
         self.trace = StageTrace(time.monotonic_ns) if c.stage_trace_file else None
-        self.fleet = self._build_fleet(c, tiers, scheduler)
+        self.fleet = node_fleet(self, c, built, scheduler)
+        if not c.task_auth.key_dir:
+            self.get_logger().warning("task_auth.key_dir is not set: any node on this ROS domain can end or take "
+                                      "another robot's task (docs/security.md)")
         self.lock, self.engines = self.fleet.lock, self.fleet.engines
         self.robots: dict = {}  # task id -> its robot's namespace ('' anonymous): /diagnostics keys robots by it
         self.progress_refused, self.finished = Counter(), Counter()  # progress not applied, by reason; tasks ended
@@ -98,27 +93,6 @@ class InferenceServerNode(ManagedNode):
         self.metrics = start_metrics(self, c)  # before activate: its histograms see every round
         self.get_logger().info(f"configured for {c.service}: scheduler {c.scheduler.name}, engine {c.engine.name}, "
                                f"engine profile saturation batch {self.engine.profile.saturation_batch}")
-
-    def _build_fleet(self, c: InferenceServerConfig, tiers, scheduler):
-        try:
-            binder = TaskBinder(c.task_auth.key_dir, c.task_auth.max_skew_s) if c.task_auth.key_dir else None
-        except ValueError as e:
-            tiers.close()
-            raise ParamError("task_auth.key_dir", str(e)) from None
-        try:  # refresh ahead: the next batch's stale observations are fetched while the current one generates
-            fleet = build_fleet(
-                c, self.clock, tiers=tiers, scheduler=scheduler, refresher=self.refresher, binder=binder,
-                rtc_shape=(self.engine.action_dim, self.engine.chunk_len), max_waiting=c.max_waiting,
-                task_timeout_s=c.task_timeout_s, now=time.monotonic, observer=self.trace,
-                prefresh_lead_s=min(0.5 * c.stale_obs_s, 2 * c.refresh_timeout_s),
-                on_error=lambda d, e: self.get_logger().error(
-                    f"tier {d.tier} failed a batch of {len(d.requests)}: {e!r}; requeued"))
-        except ValueError as e:  # a horizon knob the policy does not take: say which
-            raise ParamError(*e.args) from e
-        if binder is None:
-            self.get_logger().warning("task_auth.key_dir is not set: any node on this ROS domain can end or take "
-                                      "another robot's task (docs/security.md)")
-        return fleet
 
     def _wire(self, c: InferenceServerConfig) -> None:
         """Progress in (a burst of messages: one executor wake-up), diagnostics out, the reaper, memory tools."""
@@ -191,21 +165,7 @@ class InferenceServerNode(ManagedNode):
         self.fleet.check_owner(m.task_id, m.robot_id, proof_of(m, m.auth_stamp, "refresh"))
 
     def _on_progress(self, m) -> None:
-        with self.lock:
-            if not self.fleet.knows(m.task_id):
-                self.progress_refused["unknown_task"] += 1
-                return
-            try:  # another node ending or keeping alive a task not its own
-                self.fleet.check_owner(m.task_id, m.robot_id, proof_of(m, m.header.stamp, "progress"))
-            except NotTaskOwner:  # a topic has no reply: counted (progress_refused on /diagnostics)
-                self.progress_refused["not_task_owner"] += 1
-                return
-            self.fleet.touch(m.task_id)
-            if m.task_done:
-                rec = self.fleet.finish(m.task_id, ExecInfo(to_sec(m.exec_start), 0, float(m.control_hz) or 1.0))
-                self.finished["tasks"] += 1
-                self.finished["wait_sum"] += rec.closed_wait
-                self._forget(m.task_id)
+        on_progress(self, m)
 
     def _reap(self) -> None:
         """A robot gone silent: its queued round and its task are dropped after task_timeout_s."""

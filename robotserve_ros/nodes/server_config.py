@@ -133,6 +133,7 @@ class PlacementConfig(PluginConfig):
 
 
 EXECUTORS = ("auto", "multithreaded", "single")  # rclpy's; its EventsExecutor cannot send a deferred reply (docs/scale.md)
+ENGINE_PROCESSES = ("inline", "separate")  # where the core, scheduler and engine run (serve/core_process.py)
 
 
 def executor_kind(executor: str, services) -> str:
@@ -266,6 +267,9 @@ class InferenceServerConfig(Config):
     memory_trace_file: str = param("", "trace Python allocations (tracemalloc) and write the 30 sites that grew "
                                    "most from memory_trace_after_s to shutdown here as JSON; '' = off")
     memory_trace_after_s: float = param(120.0, "when the memory trace's baseline is taken, s after start, > 0")
+    engine_process: str = param("inline", "inline: the core, scheduler and engine run in this process (the faster "
+                                "one on a CPU-only machine: docs/nodes.md); separate: in an engine core process of "
+                                "their own that this node starts and talks to over local ZMQ (serve/core_process.py)")
     stage_trace_file: str = param("", "write per-round stage times (CLOCK_MONOTONIC ns: received, submit, dispatch, "
                                   "engine_start, engine_end, reply, answered) here as JSON on shutdown; '' = off")
 
@@ -315,6 +319,11 @@ class InferenceServerConfig(Config):
         check(self.max_obs_age_s >= 0, "max_obs_age_s", self.max_obs_age_s, "is not >= 0 (0: off)")
         check(self.threads >= 4, "threads", self.threads, "is not >= 4")
         check_one_of("executor", self.executor, EXECUTORS)
+        check_one_of("engine_process", self.engine_process, ENGINE_PROCESSES)
+        check(self.engine_process == "inline" or not self.services, "engine_process", self.engine_process,
+              "cannot serve `services` (they run on this process's engine): use inline")
+        check(self.engine_process == "inline" or not self.stage_trace_file, "engine_process", self.engine_process,
+              "cannot write a stage_trace_file (the rounds' stages are in the core process): use inline")
         check(self.executor != "single" or not self.services, "executor", self.executor,
               "cannot serve `services` (their calls wait in an executor thread): use multithreaded")
 

@@ -15,10 +15,14 @@ from .common import ParamError
 
 
 def server_stats(node) -> dict:
-    """What /diagnostics shows of an InferenceServerNode (and what benches read)."""
-    out = load_stats(node.fleet, node.started_at, node.robots)
+    """What /diagnostics shows of an InferenceServerNode (and what benches read). With the
+    engine core in its own process its figures come from there, the node's added where the
+    core has none."""
+    remote = getattr(node.fleet, "remote", False)
+    out = node.fleet.load_stats(node.started_at, node.robots) if remote else load_stats(node.fleet, node.started_at,
+                                                                                        node.robots)
     with node.fleet.lock:
-        out.update({
+        local = {
             "served_by_tier": dict(node.served_by_tier),
             "finished_tasks": node.finished["tasks"], "reaped_tasks": node.finished["reaped"],
             **pcts("refresh", node.refresher.durations_s), **pcts("in_server", node.in_server_s),
@@ -28,7 +32,8 @@ def server_stats(node) -> dict:
             "progress_refused": dict(node.progress_refused),
             "protocols": node.fleet.protocol_stats(),
             "metrics_port": node.metrics.port if getattr(node, "metrics", None) is not None else -1,
-        })
+        }
+    out.update({k: v for k, v in local.items() if not remote or k not in out})
     out["services"] = {n: svc.stats() for n, svc in node.side_services.items()}
     return out
 
@@ -36,7 +41,7 @@ def server_stats(node) -> dict:
 def start_metrics(node, c):
     """The node's Prometheus endpoint (serve/metrics.py) per its `metrics` section; None when off.
     Beside the fleet's figures: tasks the node finished and reaped, progress it refused."""
-    if c.metrics.port < 0:
+    if c.metrics.port < 0 or c.engine_process == "separate":  # separate: the core process serves them
         return None
     from ..serve.metrics import PROGRESS_REFUSED, TASKS_ENDED, MetricsServer
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from ..core.runner import STAGES, StageTrace  # the stage observer's vocabulary, for front ends
 from ..core.serving import Tier  # a place batches run: what a fleet is built over
+from . import wire  # noqa: F401  (the engine core process's messages)
 from .build import TierSet, build_fleet, build_tiers, fleet_of, fleet_over
 from .fleet import REFUSALS, Fleet, Proof, Refused, Session
 
