@@ -21,7 +21,7 @@ def robot(idle_s=0.0, task_s=10.0, rts=(0.03,) * 20):
 def row(n, rep, fed, valid=True, busy=0.1, server="robotserve"):
     return {"server": server, "protocol": "openpi", "curve": "gpu_like", "robots": n, "repeat": rep, "fed": fed,
             "rt_p50_ms": 30.0, "rt_p95_ms": 40.0, "idle_fraction": 0.0, "mean_batch": 1.0, "valid": valid,
-            "client_core_busy": busy}
+            "client_core_busy": busy, "refusals": 0}
 
 
 def test_fed_is_idle_within_five_points_of_batch_one_and_p95_within_the_leftover():
@@ -44,6 +44,37 @@ def test_a_row_is_fed_only_when_every_robot_is():
     idle = [robot(idle_s=0.6), robot(idle_s=0.6)]
     assert rules.make_row("robotserve", "openpi", "gpu_like", 2, 0, idle, 0.02, BUDGET, calls, 0.2)["fed"]
     assert not rules.make_row("robotserve", "openpi", "gpu_like", 2, 0, idle, 0.0, BUDGET, calls, 0.2)["fed"]
+
+
+def test_a_row_whose_server_refused_anything_is_unfed_and_counted():
+    calls = [(2, rules.gpu_like_ms(2))] * 10
+    kw = dict(per_robot=[robot(), robot()], idle_b1=0.0, budget_s=BUDGET, calls=calls, client_busy=0.2)
+    assert rules.make_row("robotserve", "openpi", "gpu_like", 2, 0, refusals=0, **kw)["fed"]
+    refused = rules.make_row("robotserve", "openpi", "gpu_like", 2, 0, refusals=3, **kw)
+    assert not refused["fed"] and refused["refusals"] == 3
+    assert rules.capacity_of([{**row(1, 0, True), "refusals": 0}, {**row(2, 0, False), "refusals": 1}])[
+        "rows_with_refusals"] == 1
+
+
+def test_openpi_robots_present_the_api_key_and_a_robot_without_it_is_refused(tmp_path):
+    pytest.importorskip("openpi_client")
+    import numpy as np
+    from websockets.exceptions import InvalidStatus
+
+    from robotserve_ros.bench.rpe_clients import openpi_caller
+    from robotserve_ros.bench.rpe_servers import ServerProcess
+
+    key = tmp_path / "api.key"
+    key.write_text("sesame\n")
+    srv = ServerProcess("robotserve", "openpi", str(tmp_path / "lock"), "gpu_like", 10, 50.0, None, str(key))
+    try:
+        rng = np.random.default_rng(0)
+        assert openpi_caller(srv.port, rng, "sesame")(0)["actions"].shape[0] == 10
+        with pytest.raises(InvalidStatus, match="401"):
+            openpi_caller(srv.port, rng)
+        assert srv.refused() == {"openpi:bad_api_key": 1}
+    finally:
+        srv.close()
 
 
 def test_engine_time_more_than_twice_off_its_curve_marks_the_row_invalid():
@@ -118,7 +149,8 @@ def test_bench_at_a_tiny_size_writes_the_report_of_record(tmp_path):
                  "--seconds", "1", "--latency-rounds", "5"]) == 0
     rep = json.loads(out.read_text())
     rules.check_report(rep)
-    keys = {f"{k}_gpu_like" for k in ("robotserve_openpi", "openpi_serial_openpi", "lerobot_lerobot", "robotserve_lerobot")}
+    keys = {f"{k}_gpu_like" for k in ("robotserve_ros", "robotserve_openpi", "openpi_serial_openpi", "lerobot_lerobot",
+                                      "robotserve_lerobot")}
     assert set(rep["capacity"]) == keys and set(rep["added_latency_ms"]) == keys
     assert rep["engine"]["round_trip_budget_ms"] == 100.0 and rep["engine"]["batch_ms"]["1"] == 28.0
     for k, cap in rep["capacity"].items():
@@ -130,6 +162,7 @@ def test_bench_at_a_tiny_size_writes_the_report_of_record(tmp_path):
             if r["fed"]:
                 assert r["rt_p95_ms"] is not None and r["rt_p50_ms"] <= r["rt_p95_ms"]
         assert all(r["mean_batch"] == 1.0 for r in mine if r["robots"] == 1 and r["mean_batch"] is not None)
+        assert all(r["refusals"] == 0 for r in mine)  # every cap at its default, the openpi robots with the key
     meta = json.loads((tmp_path / "rpe.json.meta.json").read_text())
     assert meta["command"].startswith("robotserve bench robots-per-engine") and meta["predicted"]
     assert len(meta["runs"]) == len(rep["rows"]) and meta["server_rss_mb"]["lerobot_lerobot"]

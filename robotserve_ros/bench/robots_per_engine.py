@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
 import statistics
 import tempfile
 import time
@@ -31,10 +32,10 @@ import numpy as np
 from ..cli_types import UsageError, comma_list, positive, scratch, seed
 from ..machine import machine_info
 from . import rpe_rules as rules
-from .rpe_clients import core_busy, lerobot_caller, openpi_caller, run_fleet
+from .rpe_clients import core_busy, lerobot_caller, openpi_caller, ros_caller, run_fleet
 from .rpe_servers import ServerProcess
 
-KEYS = ("robotserve_openpi", "openpi_serial_openpi", "lerobot_lerobot", "robotserve_lerobot")
+KEYS = ("robotserve_ros", "robotserve_openpi", "openpi_serial_openpi", "lerobot_lerobot", "robotserve_lerobot")
 SERIAL = {"openpi_serial", "lerobot"}  # one request at a time: the simulator predicts them at max batch 1
 
 
@@ -73,8 +74,9 @@ class Servers:
     """The servers under test, started once; LeRobot's own server one process per robot, its
     pool grown as the fleet grows."""
 
-    def __init__(self, a, lock: str, policy_dir) -> None:
+    def __init__(self, a, lock: str, policy_dir, key_file: str) -> None:
         self.a, self.lock, self.policy_dir, self.procs = a, lock, policy_dir, {}
+        self.key_file, self.api_key = key_file, Path(key_file).read_text().strip()
         for k in a.servers:
             if k != "lerobot_lerobot":
                 self.procs[k] = [self._start(k)]
@@ -82,7 +84,8 @@ class Servers:
 
     def _start(self, k: str) -> ServerProcess:
         s, p = k.rsplit("_", 1)
-        return ServerProcess(s, p, self.lock, self.a.curve, self.a.horizon, self.a.control_hz, self.a.server_core)
+        return ServerProcess(s, p, self.lock, self.a.curve, self.a.horizon, self.a.control_hz, self.a.server_core,
+                             self.key_file)
 
     def for_fleet(self, k: str, n: int) -> list:
         pool = self.procs[k]
@@ -94,10 +97,20 @@ class Servers:
 
     def caller(self, k: str):
         pool, a = self.procs[k], self.a
-        if k.endswith("_openpi"):
-            return lambda i, rng: openpi_caller(pool[0].port, rng)
+        if k.endswith("_openpi"):  # every robot presents the API key (the serial reference ignores it)
+            return lambda i, rng: openpi_caller(pool[0].port, rng, self.api_key)
+        if k.endswith("_ros"):
+            return lambda i, rng: ros_caller(i, rng, horizon=a.horizon, trigger=a.trigger, hz=a.control_hz)
         one = k == "lerobot_lerobot"
         return lambda i, rng: lerobot_caller(pool[i if one else 0].port, rng, str(self.policy_dir), a.horizon, a.control_hz)
+
+    def refused(self, k: str, n: int) -> dict:
+        """Refusals so far of the servers a fleet of n uses, summed by reason."""
+        out: dict = {}
+        for srv in self.procs[k][:n]:
+            for why, v in srv.refused().items():
+                out[why] = out.get(why, 0) + v
+        return out
 
     def close(self) -> None:
         for pool in self.procs.values():
@@ -149,18 +162,21 @@ def one_run(servers: Servers, k: str, n: int, rep: int, a, b1_idle: dict) -> tup
     pool = servers.for_fleet(k, n)
     phases = rules.start_phases(n, a.horizon / a.control_hz, a.seed)
     make = servers.caller(k)
+    ref0 = servers.refused(k, n)
     sb0 = core_busy(a.server_core)
     got, busy, own = run_fleet(make, phases, per_process=a.per_process, core=a.client_core, horizon=a.horizon,
                           trigger=a.trigger, hz=a.control_hz, window_s=a.seconds)
     sb1 = core_busy(a.server_core)
     ok = [r for r in got if "error" not in r]
     calls = [c for srv in pool[:n] for c in srv.calls()]
+    refused = {why: v - ref0.get(why, 0) for why, v in servers.refused(k, n).items() if v > ref0.get(why, 0)}
     if n == 1 and ok:
         b1_idle[(k, rep)] = ok[0]["idle_s"] / ok[0]["task_s"]
     idle1 = b1_idle.get((k, rep), 0.0)
     row = rules.make_row(s, p, a.curve, n, rep, ok, idle1, rules.leftover_s(a.horizon, a.trigger, a.control_hz),
-                         calls, busy)
+                         calls, busy, sum(refused.values()))
     detail = {"key": k, "robots": n, "repeat": rep, "errors": sorted({r["error"] for r in got if "error" in r})[:3],
+              "refused_by_reason": refused,
               "client_processes_cpu_share": own, "server_core_busy": round((sb1[0] - sb0[0]) / max(1, sb1[1] - sb0[1]), 3),
               "client_late_ms_mean": round(1e3 * statistics.fmean(r["late_s"] / max(1, len(r["rt_s"])) for r in ok), 2)
               if ok else None, "device_calls": len(calls), "batch1_idle_share": round(idle1, 4),
@@ -237,6 +253,18 @@ def command(a) -> str:
     return " ".join(["robotserve bench robots-per-engine", *opts])
 
 
+def _ros_domain(a) -> dict:
+    """The ROS rows' own domain (one nobody on this machine uses, DDS on loopback), set in this
+    process's environment before any server or robot process starts, so they all inherit it;
+    returns the environment to restore."""
+    saved = dict(os.environ)
+    if "robotserve_ros" in a.servers:
+        from ..live.processes import pick_free_domain, ros_env
+
+        os.environ.update(ros_env(pick_free_domain(), log_dir=os.path.join(tempfile.gettempdir(), "rpe_ros_log")))
+    return saved
+
+
 def cli(a) -> int:
     _check(a)
     out = Path(a.out)
@@ -255,7 +283,11 @@ def cli(a) -> int:
 
             policy_dir = make_policy_dir("act", Path(tmp) / "act", image_hw=CAMERA_HW, chunk_size=a.horizon,
                                          n_action_steps=a.horizon)
-        servers = Servers(a, str(Path(tmp) / "device.lock"), policy_dir)
+        key_file = Path(tmp) / "api.key"
+        key_file.write_text(secrets.token_urlsafe(24) + "\n")
+        key_file.chmod(0o600)
+        saved_env = _ros_domain(a)
+        servers = Servers(a, str(Path(tmp) / "device.lock"), policy_dir, str(key_file))
         try:
             latency = {k: added_latency(servers, k, a) for k in a.servers}
             for k, v in latency.items():
@@ -264,13 +296,15 @@ def cli(a) -> int:
             rss = {k: [s.rss_mb() for s in pool] for k, pool in servers.procs.items() if pool}
         finally:
             servers.close()
+            os.environ.clear()
+            os.environ.update(saved_env)
     rep = build_report(a, rows, predicted, latency)
     meta = {"method": __doc__.split("\n\n")[1:], "command": command(a),
             "sizes": sizes, "predicted": predicted,
             "predicted_by": "sim.Simulator.run_fleet on the same curve, sizes, start phases and trigger "
                             "(remaining for robotserve; max batch 1 FIFO for the serial servers), the same fed rule",
             "targets": targets(rep, a.curve), "runs": details, "server_rss_mb": rss,
-            "not_built": ["robotserve through ROS srv/Infer", "the real tiny SmolVLA curve (smolvla_cpu)",
+            "not_built": ["the real tiny SmolVLA curve (smolvla_cpu)",
                           "LeRobot's RobotClient itself (its calls are made through LeRobot's own stubs)"],
             "cores": {"server": a.server_core, "client": a.client_core}, "load_avg_before": load0,
             "load_avg_after": os.getloadavg(), "elapsed_s": round(time.monotonic() - t0, 1), "machine": machine_info()}
