@@ -1,5 +1,5 @@
 """`robotserve bench robots-per-engine` (issue 40): how many robots one engine keeps fed, for
-robotserve (through its openpi and LeRobot endpoints) and for the servers labs run today
+robotserve (through ROS srv/Infer, its openpi and its LeRobot endpoints) and for the servers labs run today
 (openpi's serial serve_policy shape, LeRobot's own PolicyServer), on the same device, the same
 robots and the same rule.
 
@@ -8,16 +8,20 @@ published pi0.5 latency; the slope an assumption, the closed-loop fleet's), its 
 server process serialised by one lock (bench/rpe_servers.py). Servers run on one core, robots
 on another (os.sched_setaffinity); a run whose client core was over 80 % busy is client-bound.
 Robots start at seeded phases within a chunk period and ask with `trigger` actions left
-(bench/rpe_clients.py). A robot is fed when its idle share is <= its batch-1 idle share + 5
+(bench/rpe_clients.py; LeRobot's own RobotClient keeps its own timing, bench/rpe_robotclient.py).
+Every server cap stays at its default; openpi robots present the API key; what a server
+refused during a run is counted in its row (a row with refusals is unfed). A robot is fed when its idle share is <= its batch-1 idle share + 5
 points and its p95 round trip <= (H - trigger) x dt; capacity is the largest fleet with every
 robot fed (bench/rpe_rules.py). Sizes step by 1 to 16, then by <= 25 %; every size runs
 `--repeats` times, repeats interleaved across servers (repeat r of each server back to back,
 under the same load), every attempted run a row. The predicted capacity comes from the
 simulator on the same curve, sizes, phases and trigger, computed before the first run.
-Added latency: one robot alone, back-to-back calls, round trip minus the device time of that call.
+Added latency: one robot alone, back-to-back calls, round trip minus the device time of that call
+(LeRobot rows: through LeRobot's stubs, as RobotClient makes no back-to-back calls).
 """
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -57,6 +61,11 @@ def add_arguments(p) -> None:
                    help="the core every robot (client) process runs on")
     p.add_argument("--latency-rounds", type=positive(int), default=100, help="calls of the one-robot added-latency run")
     p.add_argument("--seed", type=seed, default=0, help="the robots' start phases")
+    p.add_argument("--lerobot-client", choices=("robotclient", "stubs"), default="robotclient",
+                   help="the LeRobot rows' robots: LeRobot's own RobotClient (a fake robot, its own timing), or the "
+                        "bench's robot loop making RobotClient's calls through LeRobot's stubs")
+    p.add_argument("--robotclients-per-process", type=positive(int), default=2,
+                   help="RobotClients per client process (each runs two threads of its own under one GIL)")
 
 
 def _check(a) -> None:
@@ -103,6 +112,16 @@ class Servers:
             return lambda i, rng: ros_caller(i, rng, horizon=a.horizon, trigger=a.trigger, hz=a.control_hz)
         one = k == "lerobot_lerobot"
         return lambda i, rng: lerobot_caller(pool[i if one else 0].port, rng, str(self.policy_dir), a.horizon, a.control_hz)
+
+    def worker(self, k: str):
+        """The client processes' body for key k: LeRobot's RobotClients for the LeRobot rows
+        (--lerobot-client robotclient), else the bench's robot loop (None)."""
+        if not k.endswith("_lerobot") or self.a.lerobot_client != "robotclient":
+            return None
+        from .rpe_robotclient import robotclient_worker
+
+        pool, one = self.procs[k], k == "lerobot_lerobot"
+        return functools.partial(robotclient_worker, lambda i: pool[i if one else 0].port, str(self.policy_dir))
 
     def refused(self, k: str, n: int) -> dict:
         """Refusals so far of the servers a fleet of n uses, summed by reason."""
@@ -164,8 +183,10 @@ def one_run(servers: Servers, k: str, n: int, rep: int, a, b1_idle: dict) -> tup
     make = servers.caller(k)
     ref0 = servers.refused(k, n)
     sb0 = core_busy(a.server_core)
-    got, busy, own = run_fleet(make, phases, per_process=a.per_process, core=a.client_core, horizon=a.horizon,
-                          trigger=a.trigger, hz=a.control_hz, window_s=a.seconds)
+    worker = servers.worker(k)
+    got, busy, own = run_fleet(make, phases, per_process=a.robotclients_per_process if worker else a.per_process,
+                               core=a.client_core, horizon=a.horizon, trigger=a.trigger, hz=a.control_hz,
+                               window_s=a.seconds, worker=worker)
     sb1 = core_busy(a.server_core)
     ok = [r for r in got if "error" not in r]
     calls = [c for srv in pool[:n] for c in srv.calls()]
@@ -249,7 +270,8 @@ def command(a) -> str:
     opts = [f"--out {a.out}", f"--servers {','.join(a.servers)}"] + [
         f"--{k.replace('_', '-')} {getattr(a, k)}" for k in ("curve", "seconds", "repeats", "max_robots", "horizon",
                                                              "control_hz", "trigger", "per_process", "server_core",
-                                                             "client_core", "latency_rounds", "seed")]
+                                                             "client_core", "latency_rounds", "seed", "lerobot_client",
+                                                             "robotclients_per_process")]
     return " ".join(["robotserve bench robots-per-engine", *opts])
 
 
@@ -304,8 +326,9 @@ def cli(a) -> int:
             "predicted_by": "sim.Simulator.run_fleet on the same curve, sizes, start phases and trigger "
                             "(remaining for robotserve; max batch 1 FIFO for the serial servers), the same fed rule",
             "targets": targets(rep, a.curve), "runs": details, "server_rss_mb": rss,
-            "not_built": ["the real tiny SmolVLA curve (smolvla_cpu)",
-                          "LeRobot's RobotClient itself (its calls are made through LeRobot's own stubs)"],
+            "not_built": ["the real tiny SmolVLA curve (smolvla_cpu)"],
+            "lerobot_added_latency_client": "LeRobot's stubs making RobotClient's calls back to back (RobotClient "
+                                            "itself sends on its own clock)",
             "cores": {"server": a.server_core, "client": a.client_core}, "load_avg_before": load0,
             "load_avg_after": os.getloadavg(), "elapsed_s": round(time.monotonic() - t0, 1), "machine": machine_info()}
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -4,14 +4,17 @@ for the next chunk when `trigger` actions are left, and holds position (idle) wh
 before the reply is back: the timing of core/robot_timing.py, the simulator's. It wakes once per
 round, not per action, so the client core measures the protocol, not a tick loop.
 
-Each protocol's client is the peer's own: openpi's unchanged `WebsocketClientPolicy`; for
-LeRobot, the calls its RobotClient makes (Ready, SendPolicyInstructions, SendObservations of a
-pickled TimedObservation in its own transfer pieces, GetActions until a chunk comes) through
-LeRobot's own stubs and classes -- not RobotClient itself, which needs a robot and measures no
-round trip.
+Each protocol's client is the peer's own: openpi's unchanged `WebsocketClientPolicy` (with
+the server's API key); for ROS, srv/Infer through rclpy's client with the project's request
+(live/light_fleet.py's recorded observations); for LeRobot, by default its RobotClient itself
+(bench/rpe_robotclient.py), else (`--lerobot-client stubs`, and the added-latency run) the calls
+RobotClient makes (Ready, SendPolicyInstructions, SendObservations of a pickled
+TimedObservation in its own transfer pieces, GetActions until a chunk comes) through LeRobot's
+own stubs and classes.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import multiprocessing as mp
 import os
@@ -216,17 +219,20 @@ def core_busy(core) -> tuple:
 
 
 def run_fleet(make_call, phases: list, *, per_process: int, core, horizon: int, trigger: int, hz: float,
-              window_s: float) -> tuple:
+              window_s: float, worker=None) -> tuple:
     """Robots (forked processes on `core`), started together once every robot made its warm-up
     call, for window_s; returns (per-robot results, the client core's busy share over the window
-    (/proc/stat: whatever ran there), the client processes' own CPU share)."""
+    (/proc/stat: whatever ran there), the client processes' own CPU share). worker: a client
+    process's body other than the bench's robot loop over make_call (rpe_robotclient's), called
+    as worker(phases, kw, core, q, ready, t_start)."""
     ctx = mp.get_context("fork")  # the parent imported the clients' modules once
     q, ready, t_start = ctx.Queue(), ctx.Value("i", 0), ctx.Value("d", 0.0)
     n = len(phases)
     kw = dict(horizon=horizon, trigger=trigger, hz=hz, window_s=window_s, max_phase=max(phases, default=0.0))
     idx = list(enumerate(phases))
-    procs = [ctx.Process(target=_worker, args=(make_call, idx[i:i + per_process], kw, core, q, ready, t_start),
-                         daemon=True) for i in range(0, n, per_process)]
+    body = worker or functools.partial(_worker, make_call)
+    procs = [ctx.Process(target=body, args=(idx[i:i + per_process], kw, core, q, ready, t_start), daemon=True)
+             for i in range(0, n, per_process)]
     ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     for p in procs:
         p.start()
