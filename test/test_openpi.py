@@ -142,7 +142,7 @@ def test_connections_at_once(server):
     assert held[0].infer(obs())["actions"].shape == (8, 6)
     held[1]._ws.close()  # one leaves: a slot frees
     for _ in range(50):
-        if server.endpoint.active < 4:
+        if server.endpoint.budgets.active < 4:
             break
         threading.Event().wait(0.02)
     assert Client("127.0.0.1", server.port).infer(obs())["actions"].shape == (8, 6)
@@ -290,13 +290,14 @@ def test_one_address_cannot_take_every_slot():
         with pytest.raises(InvalidStatus) as e:
             from_other_address()
         assert e.value.response.status_code == 503 and b"max_connections_per_peer" in e.value.response.body
+        assert b"from this address (no API key)" in e.value.response.body
         good = Client("127.0.0.1", srv.port)
         assert good.infer(obs())["actions"].shape == (8, 6)
         assert srv.endpoint.refused["too_many_connections_per_peer"] == 1
         assert srv.endpoint.stats()["peers"] == 2
         held[0].close()
         for _ in range(100):
-            if srv.endpoint.per_peer["127.0.0.2"] < 2:
+            if srv.endpoint.budgets.connections[("addr", "127.0.0.2")] < 2:
                 break
             threading.Event().wait(0.02)
         held.append(from_other_address())  # its slot came back
@@ -305,31 +306,42 @@ def test_one_address_cannot_take_every_slot():
         srv.stop()
 
 
-def test_one_address_cannot_take_the_pending_budget_from_others():
-    """max_pending_bytes_per_peer: while one address's frames wait for a slow engine, its next
-    frame past its share is refused `busy` in one line; a robot at another address is served."""
+def _from(port: int, address: str = "127.0.0.2"):
+    """A raw websocket from another loopback address, its metadata read."""
     import socket
 
+    sock = socket.create_connection(("127.0.0.1", port), timeout=5, source_address=(address, 0))
+    ws = connect(f"ws://127.0.0.1:{port}", sock=sock, compression=None)
+    ws.recv()
+    return ws
+
+
+def _until(cond, seconds: float = 5.0) -> bool:
+    for _ in range(int(seconds / 0.01)):
+        if cond():
+            return True
+        threading.Event().wait(0.01)
+    return cond()
+
+
+def test_one_address_waits_for_its_pending_share_while_others_are_served():
+    """max_pending_bytes_per_peer: while one address's frame waits for a slow engine, its next
+    frame past its share is not read (its connection waits for budget, TCP holding the
+    bytes); a robot at another address is served meanwhile; then the waiting frame is read
+    and answered, nothing refused."""
     srv = sim_server(max_pending_bytes_per_peer=100_000, max_string_bytes=60_000, rate_burst=10)
     srv.engine.infer = slow(srv.engine.infer, 1.0)
     try:
-        sock = socket.create_connection(("127.0.0.1", srv.port), timeout=5, source_address=("127.0.0.2", 0))
-        other = [connect(f"ws://127.0.0.1:{srv.port}", sock=sock, compression=None)]
-        sock = socket.create_connection(("127.0.0.1", srv.port), timeout=5, source_address=("127.0.0.2", 0))
-        other.append(connect(f"ws://127.0.0.1:{srv.port}", sock=sock, compression=None))
-        for ws in other:
-            ws.recv()
+        other = [_from(srv.port), _from(srv.port)]
         other[0].send(_frame(prompt="p" * 55_000))  # held while the engine is slow
-        for _ in range(100):
-            if srv.endpoint.pending_bytes:
-                break
-            threading.Event().wait(0.01)
+        assert _until(lambda: srv.endpoint.budgets.held_total)
         other[1].send(_frame(prompt="q" * 55_000))
-        said = other[1].recv()
-        assert isinstance(said, str) and "max_pending_bytes_per_peer (100000)" in said
+        assert _until(lambda: srv.endpoint.stats()["waiting_for_budget"] == 1)
+        assert srv.endpoint.budgets.held[("addr", "127.0.0.2")] < 100_000  # the second frame's body is not held
         assert Client("127.0.0.1", srv.port).infer(obs(prompt="g" * 55_000))["actions"].shape == (8, 6)
-        assert isinstance(other[0].recv(), bytes)  # its held frame was answered too
-        assert srv.endpoint.refused["busy"] == 1
+        assert isinstance(other[0].recv(), bytes) and isinstance(other[1].recv(), bytes)  # both answered
+        assert not srv.endpoint.refused and srv.endpoint.stats()["waiting_for_budget"] == 0
+        assert _until(lambda: srv.endpoint.budgets.held_total == 0)
     finally:
         srv.stop()
 
@@ -341,19 +353,42 @@ def slow(infer, seconds: float):
     return run
 
 
-def test_frames_held_past_the_pending_budget_are_refused_and_let_go():
-    """max_pending_bytes (all connections together): a frame that would pass it is refused at
-    once with one line naming it, nothing of it kept; a robot within it is served."""
+def test_a_frame_that_can_never_fit_the_pending_budget_is_refused_unread():
+    """max_pending_bytes (all connections together): a frame larger than it is refused from
+    its header with one line naming it (then closed 1009), its body never read, counted; a
+    robot within it is served."""
     srv = sim_server(max_pending_bytes=4096)
     try:
         with connect(f"ws://127.0.0.1:{srv.port}", compression=None) as ws:
             ws.recv()
             ws.send(_frame(pad=b"x" * 8192))
             said = ws.recv()
-        assert isinstance(said, str) and "max_pending_bytes (4096)" in said
-        assert srv.endpoint.refused["busy"] == 1 and srv.endpoint.pending_bytes == 0
+            with pytest.raises(ConnectionClosed) as closed:
+                ws.recv()
+        assert isinstance(said, str) and "can never fit max_pending_bytes (4096)" in said
+        assert closed.value.rcvd.code == 1009
+        assert srv.endpoint.refused["frame_over_budget"] == 1 and srv.endpoint.budgets.held_total == 0
         assert Client("127.0.0.1", srv.port).infer(obs())["actions"].shape == (8, 6)
-        assert srv.endpoint.pending_bytes == 0
+        assert _until(lambda: srv.endpoint.budgets.held_total == 0)
+    finally:
+        srv.stop()
+
+
+def test_frames_past_the_total_budget_wait_and_are_served_in_turn():
+    """Two addresses, a total budget one frame fits: the second frame waits unread until the
+    first is answered, then is served; nothing refused, nothing left held."""
+    srv = sim_server(max_pending_bytes=70_000, max_string_bytes=60_000)
+    srv.engine.infer = slow(srv.engine.infer, 0.5)
+    try:
+        a, b = _from(srv.port, "127.0.0.2"), _from(srv.port, "127.0.0.3")
+        a.send(_frame(prompt="a" * 55_000))
+        assert _until(lambda: srv.endpoint.budgets.held_total)
+        b.send(_frame(prompt="b" * 55_000))
+        assert _until(lambda: srv.endpoint.stats()["waiting_for_budget"] == 1)
+        assert srv.endpoint.budgets.held_total <= 70_000
+        assert isinstance(a.recv(), bytes) and isinstance(b.recv(timeout=10), bytes)
+        assert not srv.endpoint.refused
+        assert _until(lambda: srv.endpoint.budgets.held_total == 0)
     finally:
         srv.stop()
 
@@ -364,7 +399,7 @@ def test_failed_handshakes_give_their_slot_back(server):
         h.request("GET", "/")
         assert h.getresponse().status >= 400
         h.close()
-    assert server.endpoint.active == 0
+    assert server.endpoint.budgets.active == 0
     assert Client("127.0.0.1", server.port).infer(obs())["actions"].shape == (8, 6)
 
 
@@ -393,5 +428,33 @@ def test_a_round_the_engine_fails_on_ends_its_own_call_and_others_are_served():
         t.join(30)
         assert out == [(8, 6)] * 6
         assert Client("127.0.0.1", srv.port).infer(obs())["actions"].shape == (8, 6)  # and after
+    finally:
+        srv.stop()
+
+
+def test_authenticated_robots_are_budgeted_per_key_not_per_address(tmp_path):
+    """Many robots behind one address that present a key are all served under the defaults
+    (past max_connections_per_peer, which binds unauthenticated peers only); each key holder
+    has its own max_connections_per_key, refused with a 503 naming it and counted, while
+    another holder keeps connecting and being served."""
+    key = tmp_path / "keys"
+    key.write_text("fleet-a\nfleet-b\n")
+    srv = sim_server(api_key_file=str(key))  # the defaults otherwise
+    try:
+        many = [Client("127.0.0.1", srv.port, api_key="fleet-a") for _ in range(srv.cfg.endpoint.max_connections_per_peer + 8)]
+        assert all(c.infer(obs())["actions"].shape == (8, 6) for c in many)
+        assert srv.endpoint.budgets.connections[("key", 0)] == len(many) and not srv.endpoint.refused
+    finally:
+        srv.stop()
+    srv = sim_server(api_key_file=str(key), max_connections_per_key=3)
+    try:
+        held = [Client("127.0.0.1", srv.port, api_key="fleet-a") for _ in range(3)]
+        with pytest.raises(InvalidStatus) as e:
+            Client("127.0.0.1", srv.port, api_key="fleet-a")
+        assert e.value.response.status_code == 503 and b"with this API key" in e.value.response.body
+        assert b"max_connections_per_key" in e.value.response.body
+        assert srv.endpoint.refused["too_many_connections_per_key"] == 1
+        assert Client("127.0.0.1", srv.port, api_key="fleet-b").infer(obs())["actions"].shape == (8, 6)
+        assert held[0].infer(obs())["actions"].shape == (8, 6)
     finally:
         srv.stop()

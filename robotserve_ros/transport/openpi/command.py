@@ -17,7 +17,7 @@ def add_arguments(p) -> None:
     p.add_argument("--policy", required=True, help="a local policy directory, or a hub id allowed by --allow-hub")
     p.add_argument("--host", type=host, default=e.host, help="address to listen on (loopback unless you mean it)")
     p.add_argument("--port", type=int, default=e.port)
-    p.add_argument("--api-key-file", default="", help="file holding the key clients send as 'Authorization: Api-Key KEY'")
+    p.add_argument("--api-key-file", default="", help="file of keys clients send as 'Authorization: Api-Key KEY', one per line and holder")
     p.add_argument("--policy-dir", action="append", help="local policies only from under this directory (repeatable)")
     p.add_argument("--allow-hub", help="hub ids that may be served, e.g. lerobot/*,myorg/* (safetensors only, "
                    "through the hub cache; HF_HUB_OFFLINE honoured)")
@@ -34,11 +34,15 @@ def add_arguments(p) -> None:
                    help="e.g. observation/image=observation.images.cam0 (default: openpi's conventions)")
     p.add_argument("--max-connections", type=positive(int), default=e.max_connections, help="open websockets at most")
     p.add_argument("--max-connections-per-peer", type=positive(int), default=e.max_connections_per_peer,
-                   help="open websockets at most from one address")
+                   help="open websockets at most from one address without an API key")
+    p.add_argument("--max-connections-per-key", type=positive(int), default=e.max_connections_per_key,
+                   help="open websockets at most per API key holder (a line of --api-key-file)")
     p.add_argument("--max-pending-bytes", type=positive(int), default=e.max_pending_bytes,
                    help="bytes of frames received and not yet answered, all robots together")
     p.add_argument("--max-pending-bytes-per-peer", type=positive(int), default=e.max_pending_bytes_per_peer,
-                   help="bytes of frames received and not yet answered from one address")
+                   help="the same from one address without an API key")
+    p.add_argument("--max-pending-bytes-per-key", type=positive(int), default=e.max_pending_bytes_per_key,
+                   help="the same per API key holder")
     p.add_argument("--max-rate-hz", type=positive(), default=e.max_rate_hz, help="infer calls per second per robot")
     p.add_argument("--max-message-bytes", type=positive(int), default=e.max_message_bytes,
                    help="largest message a client may send")
@@ -64,8 +68,10 @@ def config_from_args(a) -> OpenPiConfig:
                         horizon=a.horizon, key_map=keys, max_connections=a.max_connections,
                         max_connections_per_peer=a.max_connections_per_peer, max_pending_bytes=a.max_pending_bytes,
                         max_pending_bytes_per_peer=a.max_pending_bytes_per_peer,
+                        max_connections_per_key=a.max_connections_per_key,
+                        max_pending_bytes_per_key=a.max_pending_bytes_per_key,
                         max_rate_hz=a.max_rate_hz, max_message_bytes=a.max_message_bytes, rtc=a.rtc)
-    ep.api_key()  # an empty or unreadable key file stops the server here, before the model loads
+    ep.api_keys()  # an empty or unreadable key file stops the server here, before the model loads
     return OpenPiConfig(policy=a.policy, endpoint=ep, policy_dirs=tuple(a.policy_dir or ()),
                         allow_hub=hub_patterns(a.allow_hub), revision=a.revision, scheduler=a.scheduler,
                         scheduler_params=parse_key_values(a.scheduler_param), engine=a.engine,

@@ -24,7 +24,9 @@ def _positive(name: str, v, kind=(int, float), zero_ok: bool = False) -> None:
 class EndpointConfig:
     host: str = "127.0.0.1"  # loopback unless asked: a robot fleet's server is not for the internet
     port: int = 8000  # openpi's default; 0: any free port (tests)
-    api_key_file: str = ""  # '' = no key; else clients send `Authorization: Api-Key <key>`
+    # '' = no key; else clients send `Authorization: Api-Key <key>`, one key per line, one line per
+    # holder: a key's connections are budgeted per key, not per address (docs/security.md)
+    api_key_file: str = ""
     control_hz: float = 50.0  # the robots' control rate, until a client's robotserve/exec says otherwise
     horizon: int = 0  # actions per reply; 0: the whole chunk (openpi's ActionChunkBroker slices it)
     # openpi observation key -> policy feature ('observation.images.<cam>', 'observation.state', 'task');
@@ -35,13 +37,21 @@ class EndpointConfig:
     max_nesting_depth: int = 16
     max_items: int = 100_000  # msgpack objects in one frame
     max_string_bytes: int = 64 << 10
-    max_connections: int = 64  # robots connected at once
-    # One address cannot take every slot (a robot is one connection; raise it for many robots behind one NAT).
+    # Budgets (transport/openpi/budget.py): a peer is an API key holder where keys are checked,
+    # else an IP address (unauthenticated); every peer within the totals. Sized for a real fleet:
+    # 100 robots of 3 cameras at 224x224 hold 45 MB of frames at once (test_openpi_fleet_budget.py).
+    max_connections: int = 512  # robots connected at once, all peers together
+    # One unauthenticated address cannot take every slot (a robot is one connection): many robots
+    # behind one NAT, or on loopback, present a key instead of raising this.
     max_connections_per_peer: int = 16
+    max_connections_per_key: int = 256  # ... of one API key holder
     # openpi sends one frame and waits for its reply: a second frame queued behind it is already one too many.
     max_queued_frames: int = 1  # frames websockets buffers per connection before it stops reading the socket
-    max_pending_bytes: int = 256 << 20  # frames received and not yet answered, all connections together
-    max_pending_bytes_per_peer: int = 64 << 20  # ... of one address: one peer cannot take the whole budget
+    # Bytes of frames held (being read, queued, being answered), reserved from each frame's header
+    # before its body is read: past a budget the connection waits (TCP back-pressure), not refused.
+    max_pending_bytes: int = 256 << 20  # all connections together
+    max_pending_bytes_per_peer: int = 64 << 20  # ... of one unauthenticated address
+    max_pending_bytes_per_key: int = 128 << 20  # ... of one API key holder: one holder cannot take the total
     max_rate_hz: float = 100.0  # infer calls per second per connection (token bucket)
     rate_burst: int = 10
     idle_timeout_s: float = 300.0  # a connection silent this long is closed
@@ -63,8 +73,8 @@ class EndpointConfig:
         if not isinstance(self.rtc, bool):
             raise ValueError(f"rtc must be true or false, got {self.rtc!r}")
         for name in ("max_message_bytes", "max_array_elements", "max_nesting_depth", "max_items", "max_string_bytes",
-                     "max_connections", "max_connections_per_peer", "max_queued_frames", "max_pending_bytes",
-                     "max_pending_bytes_per_peer", "rate_burst"):
+                     "max_connections", "max_connections_per_peer", "max_connections_per_key", "max_queued_frames",
+                     "max_pending_bytes", "max_pending_bytes_per_peer", "max_pending_bytes_per_key", "rate_burst"):
             _positive(name, getattr(self, name), kind=int)
         if not isinstance(self.key_map, dict) or not all(isinstance(k, str) and isinstance(v, str) and k and v
                                                          for k, v in self.key_map.items()):
@@ -76,19 +86,28 @@ class EndpointConfig:
                       max_nesting_depth=self.max_nesting_depth, max_items=self.max_items,
                       max_string_bytes=self.max_string_bytes)
 
-    def api_key(self) -> Optional[bytes]:
-        """The key from api_key_file (surrounding whitespace dropped); ValueError if the file
-        cannot be read or holds none: a server meant to check keys must not start open."""
+    def api_keys(self) -> tuple:
+        """The keys of api_key_file, one per line (surrounding whitespace dropped), each a
+        holder; () without a file. ValueError if the file cannot be read or holds none: a
+        server meant to check keys must not start open."""
         if not self.api_key_file:
-            return None
+            return ()
         try:
             with open(self.api_key_file, "rb") as f:
-                key = f.read(4096).strip()
+                text = f.read(1 << 20)
         except OSError as e:
             raise ValueError(f"api_key_file {self.api_key_file!r} cannot be read ({e.strerror or type(e).__name__})") from None
-        if not key:
+        keys = tuple(k.strip() for k in text.splitlines() if k.strip())
+        if not keys:
             raise ValueError(f"api_key_file {self.api_key_file!r} is empty")
-        return key
+        return keys
+
+    def budgets(self):
+        from .budget import Budgets, Caps
+
+        return Budgets(Caps(self.max_connections, self.max_pending_bytes),
+                       Caps(self.max_connections_per_key, self.max_pending_bytes_per_key),
+                       Caps(self.max_connections_per_peer, self.max_pending_bytes_per_peer))
 
 
 ENDPOINT_FIELDS = tuple(f.name for f in fields(EndpointConfig))
