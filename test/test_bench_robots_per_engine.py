@@ -77,6 +77,36 @@ def test_openpi_robots_present_the_api_key_and_a_robot_without_it_is_refused(tmp
         srv.close()
 
 
+def test_robotclient_round_trips_and_idle_are_read_off_the_client_it_runs(monkeypatch):
+    """LeRobot's RobotClient measures no round trip: the bench reads when each timestep's
+    observation first went out and when the chunk starting at that timestep arrived, and counts
+    the fake robot's executed actions; the client's own methods still run."""
+    from types import SimpleNamespace
+
+    from robotserve_ros.bench import rpe_robotclient
+
+    clock = [100.0]
+    monkeypatch.setattr(rpe_robotclient.time, "time", lambda: clock[0])
+    ran = []
+    robot = SimpleNamespace(send_action=lambda a: ran.append(("act", a)) or a)
+    client = SimpleNamespace(robot=robot, send_observation=lambda o: ran.append(("obs", o.get_timestep())) or True,
+                             _aggregate_action_queues=lambda acts, fn=None: ran.append(("chunk", len(acts))))
+    w = rpe_robotclient.Watched(client)
+    step = lambda t: SimpleNamespace(get_timestep=lambda: t)  # noqa: E731 - a TimedObservation/TimedAction stand-in
+    client.send_observation(step(5))
+    clock[0] = 100.01
+    client.send_observation(step(5))  # sent again for the same timestep: the first send counts
+    clock[0] = 100.04
+    client._aggregate_action_queues([step(5), step(6)])
+    for k in range(40):  # 40 actions at 50 Hz over the 1 s window: 0.2 s of it idle
+        clock[0] = 100.05 + 0.02 * k
+        client.robot.send_action({"j0.pos": 0.0})
+    assert ran[:3] == [("obs", 5), ("obs", 5), ("chunk", 2)] and len(ran) == 43  # the client's own calls ran
+    res = w.result(100.0, 101.0, 50.0)
+    assert res["rt_s"] == [pytest.approx(0.04)] and res["idle_s"] == pytest.approx(0.2) and res["task_s"] == 1.0
+    assert "error" in w.result(101.0, 102.0, 50.0)  # no chunk in that window: the robot's row is unfed
+
+
 def test_engine_time_more_than_twice_off_its_curve_marks_the_row_invalid():
     on = [(4, rules.gpu_like_ms(4))] * 40
     assert rules.engine_valid(on, rules.gpu_like_ms)
