@@ -89,8 +89,10 @@ def test_robotclient_round_trips_and_idle_are_read_off_the_client_it_runs(monkey
     monkeypatch.setattr(rpe_robotclient.time, "time", lambda: clock[0])
     ran = []
     robot = SimpleNamespace(send_action=lambda a: ran.append(("act", a)) or a)
+    queued = []
     client = SimpleNamespace(robot=robot, send_observation=lambda o: ran.append(("obs", o.get_timestep())) or True,
-                             _aggregate_action_queues=lambda acts, fn=None: ran.append(("chunk", len(acts))))
+                             _aggregate_action_queues=lambda acts, fn=None: ran.append(("chunk", len(acts))),
+                             actions_available=lambda: bool(queued))
     w = rpe_robotclient.Watched(client)
     step = lambda t: SimpleNamespace(get_timestep=lambda: t)  # noqa: E731 - a TimedObservation/TimedAction stand-in
     client.send_observation(step(5))
@@ -98,12 +100,16 @@ def test_robotclient_round_trips_and_idle_are_read_off_the_client_it_runs(monkey
     client.send_observation(step(5))  # sent again for the same timestep: the first send counts
     clock[0] = 100.04
     client._aggregate_action_queues([step(5), step(6)])
-    for k in range(40):  # 40 actions at 50 Hz over the 1 s window: 0.2 s of it idle
+    for k in range(45):  # control ticks every 20 ms from 100.05; the first 5 find nothing queued
         clock[0] = 100.05 + 0.02 * k
-        client.robot.send_action({"j0.pos": 0.0})
+        queued[:] = [1] if k >= 5 else []
+        if client.actions_available():
+            client.robot.send_action({"j0.pos": 0.0})
     assert ran[:3] == [("obs", 5), ("obs", 5), ("chunk", 2)] and len(ran) == 43  # the client's own calls ran
     res = w.result(100.0, 101.0, 50.0)
-    assert res["rt_s"] == [pytest.approx(0.04)] and res["idle_s"] == pytest.approx(0.2) and res["task_s"] == 1.0
+    assert res["rt_s"] == [pytest.approx(0.04)] and res["task_s"] == 1.0
+    assert res["idle_s"] == pytest.approx(0.1)  # 5 ticks held, 20 ms each (not the time before the first tick)
+    assert res["short_s"] == pytest.approx(0.2)  # 40 actions in 1 s at 50 Hz: 10 periods without one
     assert "error" in w.result(101.0, 102.0, 50.0)  # no chunk in that window: the robot's row is unfed
 
 

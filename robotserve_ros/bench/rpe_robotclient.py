@@ -8,8 +8,9 @@ RobotClient keeps its own timing: each control tick at fps it executes an action
 queued, and sends an observation on every tick while its queue is at or below
 chunk_size_threshold x chunk (threshold = trigger / H: it asks with `trigger` actions left, as
 the bench's robots do; the server keeps the newest). It reports no round trip, so the bench
-reads three of its calls on the client object (instance attributes, its code untouched): the
-fake robot's send_action (an action executed: the robot is not idle that tick),
+reads four of its calls on the client object (instance attributes, its code untouched):
+actions_available (once per control tick: a tick that finds nothing queued holds the robot
+until the next, the idle time), the fake robot's send_action (an action executed),
 send_observation (when the observation of each timestep first went out) and
 _aggregate_action_queues (a chunk arrived: its first action's timestep names the observation
 it answers; round trip = arrival - that observation's send). One thing is added to its
@@ -59,8 +60,14 @@ class Watched:
     """One RobotClient and what the bench reads off it (see the module docstring)."""
 
     def __init__(self, client) -> None:
-        self.c, self.acted, self.sent, self.rts = client, [], {}, []
+        self.c, self.acted, self.sent, self.rts, self.ticks = client, [], {}, [], []
         robot, send, agg = client.robot, client.send_observation, client._aggregate_action_queues
+        available = client.actions_available
+
+        def actions_available():  # asked once per control tick, before it executes one
+            got = available()
+            self.ticks.append((time.time(), got))
+            return got
 
         def send_action(action, _f=robot.send_action):
             self.acted.append(time.time())
@@ -79,14 +86,20 @@ class Watched:
 
         robot.send_action, client.send_observation, client._aggregate_action_queues = \
             send_action, send_observation, aggregate
+        client.actions_available = actions_available
 
     def result(self, start: float, end: float, hz: float) -> dict:
-        """Idle = the window's time without an executed action (one per control tick)."""
+        """Idle = the window's time holding position for want of an action: from each control
+        tick that found the queue empty to the next tick (the bench's robots' idle). A slow
+        control loop is not idle by this measure; `short_s` says how far the executed actions
+        fell short of one per period (the loop's own lateness and idle together)."""
+        ticks = [(t, ok) for t, ok in self.ticks if start <= t < end] + [(end, True)]
+        idle = sum(b[0] - a[0] for a, b in zip(ticks, ticks[1:]) if not a[1])
         n = sum(1 for t in self.acted if start <= t < end)
         rts = [rt for t, rt in self.rts if start <= t < end]
         task = end - start
-        return {"idle_s": max(0.0, task - n / hz), "task_s": task, "rt_s": rts, "late_s": 0.0} if rts else \
-            {"error": "no chunk arrived in the window"}
+        return {"idle_s": idle, "task_s": task, "rt_s": rts, "late_s": 0.0, "short_s": max(0.0, task - n / hz)} \
+            if rts else {"error": "no chunk arrived in the window"}
 
 
 def robotclient_worker(port_of, policy_dir: str, phases, kw, core, q, ready, t_start) -> None:
