@@ -203,6 +203,8 @@ def one_run(servers: Servers, k: str, n: int, rep: int, a, b1_idle: dict) -> tup
               if ok else None, "device_calls": len(calls), "batch1_idle_share": round(idle1, 4),
               "max_idle_share": round(max((r["idle_s"] / r["task_s"] for r in ok), default=float("nan")), 4),
               "load_avg_1m": round(os.getloadavg()[0], 2)}
+    if ok and "short_s" in ok[0]:  # RobotClient: executed actions' shortfall (its loop's lateness with the idle)
+        detail["max_action_shortfall_share"] = round(max(r["short_s"] / r["task_s"] for r in ok), 4)
     return row, detail
 
 
