@@ -21,7 +21,7 @@ def robot(idle_s=0.0, task_s=10.0, rts=(0.03,) * 20):
 def row(n, rep, fed, valid=True, busy=0.1, server="robotserve"):
     return {"server": server, "protocol": "openpi", "curve": "gpu_like", "robots": n, "repeat": rep, "fed": fed,
             "rt_p50_ms": 30.0, "rt_p95_ms": 40.0, "idle_fraction": 0.0, "mean_batch": 1.0, "valid": valid,
-            "client_core_busy": busy}
+            "client_core_busy": busy, "refusals": 0}
 
 
 def test_fed_is_idle_within_five_points_of_batch_one_and_p95_within_the_leftover():
@@ -44,6 +44,73 @@ def test_a_row_is_fed_only_when_every_robot_is():
     idle = [robot(idle_s=0.6), robot(idle_s=0.6)]
     assert rules.make_row("robotserve", "openpi", "gpu_like", 2, 0, idle, 0.02, BUDGET, calls, 0.2)["fed"]
     assert not rules.make_row("robotserve", "openpi", "gpu_like", 2, 0, idle, 0.0, BUDGET, calls, 0.2)["fed"]
+
+
+def test_a_row_whose_server_refused_anything_is_unfed_and_counted():
+    calls = [(2, rules.gpu_like_ms(2))] * 10
+    kw = dict(per_robot=[robot(), robot()], idle_b1=0.0, budget_s=BUDGET, calls=calls, client_busy=0.2)
+    assert rules.make_row("robotserve", "openpi", "gpu_like", 2, 0, refusals=0, **kw)["fed"]
+    refused = rules.make_row("robotserve", "openpi", "gpu_like", 2, 0, refusals=3, **kw)
+    assert not refused["fed"] and refused["refusals"] == 3
+    assert rules.capacity_of([{**row(1, 0, True), "refusals": 0}, {**row(2, 0, False), "refusals": 1}])[
+        "rows_with_refusals"] == 1
+
+
+def test_openpi_robots_present_the_api_key_and_a_robot_without_it_is_refused(tmp_path):
+    pytest.importorskip("openpi_client")
+    import numpy as np
+    from websockets.exceptions import InvalidStatus
+
+    from robotserve_ros.bench.rpe_clients import openpi_caller
+    from robotserve_ros.bench.rpe_servers import ServerProcess
+
+    key = tmp_path / "api.key"
+    key.write_text("sesame\n")
+    srv = ServerProcess("robotserve", "openpi", str(tmp_path / "lock"), "gpu_like", 10, 50.0, None, str(key))
+    try:
+        rng = np.random.default_rng(0)
+        assert openpi_caller(srv.port, rng, "sesame")(0)["actions"].shape[0] == 10
+        with pytest.raises(InvalidStatus, match="401"):
+            openpi_caller(srv.port, rng)
+        assert srv.refused() == {"openpi:bad_api_key": 1}
+    finally:
+        srv.close()
+
+
+def test_robotclient_round_trips_and_idle_are_read_off_the_client_it_runs(monkeypatch):
+    """LeRobot's RobotClient measures no round trip: the bench reads when each timestep's
+    observation first went out and when the chunk starting at that timestep arrived, and counts
+    the fake robot's executed actions; the client's own methods still run."""
+    from types import SimpleNamespace
+
+    from robotserve_ros.bench import rpe_robotclient
+
+    clock = [100.0]
+    monkeypatch.setattr(rpe_robotclient.time, "time", lambda: clock[0])
+    ran = []
+    robot = SimpleNamespace(send_action=lambda a: ran.append(("act", a)) or a)
+    queued = []
+    client = SimpleNamespace(robot=robot, send_observation=lambda o: ran.append(("obs", o.get_timestep())) or True,
+                             _aggregate_action_queues=lambda acts, fn=None: ran.append(("chunk", len(acts))),
+                             actions_available=lambda: bool(queued))
+    w = rpe_robotclient.Watched(client)
+    step = lambda t: SimpleNamespace(get_timestep=lambda: t)  # noqa: E731 - a TimedObservation/TimedAction stand-in
+    client.send_observation(step(5))
+    clock[0] = 100.01
+    client.send_observation(step(5))  # sent again for the same timestep: the first send counts
+    clock[0] = 100.04
+    client._aggregate_action_queues([step(5), step(6)])
+    for k in range(45):  # control ticks every 20 ms from 100.05; the first 5 find nothing queued
+        clock[0] = 100.05 + 0.02 * k
+        queued[:] = [1] if k >= 5 else []
+        if client.actions_available():
+            client.robot.send_action({"j0.pos": 0.0})
+    assert ran[:3] == [("obs", 5), ("obs", 5), ("chunk", 2)] and len(ran) == 43  # the client's own calls ran
+    res = w.result(100.0, 101.0, 50.0)
+    assert res["rt_s"] == [pytest.approx(0.04)] and res["task_s"] == 1.0
+    assert res["idle_s"] == pytest.approx(0.1)  # 5 ticks held, 20 ms each (not the time before the first tick)
+    assert res["short_s"] == pytest.approx(0.2)  # 40 actions in 1 s at 50 Hz: 10 periods without one
+    assert "error" in w.result(101.0, 102.0, 50.0)  # no chunk in that window: the robot's row is unfed
 
 
 def test_engine_time_more_than_twice_off_its_curve_marks_the_row_invalid():
@@ -118,7 +185,8 @@ def test_bench_at_a_tiny_size_writes_the_report_of_record(tmp_path):
                  "--seconds", "1", "--latency-rounds", "5"]) == 0
     rep = json.loads(out.read_text())
     rules.check_report(rep)
-    keys = {f"{k}_gpu_like" for k in ("robotserve_openpi", "openpi_serial_openpi", "lerobot_lerobot", "robotserve_lerobot")}
+    keys = {f"{k}_gpu_like" for k in ("robotserve_ros", "robotserve_openpi", "openpi_serial_openpi", "lerobot_lerobot",
+                                      "robotserve_lerobot")}
     assert set(rep["capacity"]) == keys and set(rep["added_latency_ms"]) == keys
     assert rep["engine"]["round_trip_budget_ms"] == 100.0 and rep["engine"]["batch_ms"]["1"] == 28.0
     for k, cap in rep["capacity"].items():
@@ -130,6 +198,7 @@ def test_bench_at_a_tiny_size_writes_the_report_of_record(tmp_path):
             if r["fed"]:
                 assert r["rt_p95_ms"] is not None and r["rt_p50_ms"] <= r["rt_p95_ms"]
         assert all(r["mean_batch"] == 1.0 for r in mine if r["robots"] == 1 and r["mean_batch"] is not None)
+        assert all(r["refusals"] == 0 for r in mine)  # every cap at its default, the openpi robots with the key
     meta = json.loads((tmp_path / "rpe.json.meta.json").read_text())
     assert meta["command"].startswith("robotserve bench robots-per-engine") and meta["predicted"]
     assert len(meta["runs"]) == len(rep["rows"]) and meta["server_rss_mb"]["lerobot_lerobot"]

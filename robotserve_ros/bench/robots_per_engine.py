@@ -1,5 +1,5 @@
 """`robotserve bench robots-per-engine` (issue 40): how many robots one engine keeps fed, for
-robotserve (through its openpi and LeRobot endpoints) and for the servers labs run today
+robotserve (through ROS srv/Infer, its openpi and its LeRobot endpoints) and for the servers labs run today
 (openpi's serial serve_policy shape, LeRobot's own PolicyServer), on the same device, the same
 robots and the same rule.
 
@@ -8,19 +8,24 @@ published pi0.5 latency; the slope an assumption, the closed-loop fleet's), its 
 server process serialised by one lock (bench/rpe_servers.py). Servers run on one core, robots
 on another (os.sched_setaffinity); a run whose client core was over 80 % busy is client-bound.
 Robots start at seeded phases within a chunk period and ask with `trigger` actions left
-(bench/rpe_clients.py). A robot is fed when its idle share is <= its batch-1 idle share + 5
+(bench/rpe_clients.py; LeRobot's own RobotClient keeps its own timing, bench/rpe_robotclient.py).
+Every server cap stays at its default; openpi robots present the API key; what a server
+refused during a run is counted in its row (a row with refusals is unfed). A robot is fed when its idle share is <= its batch-1 idle share + 5
 points and its p95 round trip <= (H - trigger) x dt; capacity is the largest fleet with every
 robot fed (bench/rpe_rules.py). Sizes step by 1 to 16, then by <= 25 %; every size runs
 `--repeats` times, repeats interleaved across servers (repeat r of each server back to back,
 under the same load), every attempted run a row. The predicted capacity comes from the
 simulator on the same curve, sizes, phases and trigger, computed before the first run.
-Added latency: one robot alone, back-to-back calls, round trip minus the device time of that call.
+Added latency: one robot alone, back-to-back calls, round trip minus the device time of that call
+(LeRobot rows: through LeRobot's stubs, as RobotClient makes no back-to-back calls).
 """
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
+import secrets
 import statistics
 import tempfile
 import time
@@ -31,10 +36,10 @@ import numpy as np
 from ..cli_types import UsageError, comma_list, positive, scratch, seed
 from ..machine import machine_info
 from . import rpe_rules as rules
-from .rpe_clients import core_busy, lerobot_caller, openpi_caller, run_fleet
+from .rpe_clients import core_busy, lerobot_caller, openpi_caller, ros_caller, run_fleet
 from .rpe_servers import ServerProcess
 
-KEYS = ("robotserve_openpi", "openpi_serial_openpi", "lerobot_lerobot", "robotserve_lerobot")
+KEYS = ("robotserve_ros", "robotserve_openpi", "openpi_serial_openpi", "lerobot_lerobot", "robotserve_lerobot")
 SERIAL = {"openpi_serial", "lerobot"}  # one request at a time: the simulator predicts them at max batch 1
 
 
@@ -56,6 +61,11 @@ def add_arguments(p) -> None:
                    help="the core every robot (client) process runs on")
     p.add_argument("--latency-rounds", type=positive(int), default=100, help="calls of the one-robot added-latency run")
     p.add_argument("--seed", type=seed, default=0, help="the robots' start phases")
+    p.add_argument("--lerobot-client", choices=("robotclient", "stubs"), default="robotclient",
+                   help="the LeRobot rows' robots: LeRobot's own RobotClient (a fake robot, its own timing), or the "
+                        "bench's robot loop making RobotClient's calls through LeRobot's stubs")
+    p.add_argument("--robotclients-per-process", type=positive(int), default=2,
+                   help="RobotClients per client process (each runs two threads of its own under one GIL)")
 
 
 def _check(a) -> None:
@@ -73,8 +83,9 @@ class Servers:
     """The servers under test, started once; LeRobot's own server one process per robot, its
     pool grown as the fleet grows."""
 
-    def __init__(self, a, lock: str, policy_dir) -> None:
+    def __init__(self, a, lock: str, policy_dir, key_file: str) -> None:
         self.a, self.lock, self.policy_dir, self.procs = a, lock, policy_dir, {}
+        self.key_file, self.api_key = key_file, Path(key_file).read_text().strip()
         for k in a.servers:
             if k != "lerobot_lerobot":
                 self.procs[k] = [self._start(k)]
@@ -82,7 +93,8 @@ class Servers:
 
     def _start(self, k: str) -> ServerProcess:
         s, p = k.rsplit("_", 1)
-        return ServerProcess(s, p, self.lock, self.a.curve, self.a.horizon, self.a.control_hz, self.a.server_core)
+        return ServerProcess(s, p, self.lock, self.a.curve, self.a.horizon, self.a.control_hz, self.a.server_core,
+                             self.key_file)
 
     def for_fleet(self, k: str, n: int) -> list:
         pool = self.procs[k]
@@ -94,10 +106,30 @@ class Servers:
 
     def caller(self, k: str):
         pool, a = self.procs[k], self.a
-        if k.endswith("_openpi"):
-            return lambda i, rng: openpi_caller(pool[0].port, rng)
+        if k.endswith("_openpi"):  # every robot presents the API key (the serial reference ignores it)
+            return lambda i, rng: openpi_caller(pool[0].port, rng, self.api_key)
+        if k.endswith("_ros"):
+            return lambda i, rng: ros_caller(i, rng, horizon=a.horizon, trigger=a.trigger, hz=a.control_hz)
         one = k == "lerobot_lerobot"
         return lambda i, rng: lerobot_caller(pool[i if one else 0].port, rng, str(self.policy_dir), a.horizon, a.control_hz)
+
+    def worker(self, k: str):
+        """The client processes' body for key k: LeRobot's RobotClients for the LeRobot rows
+        (--lerobot-client robotclient), else the bench's robot loop (None)."""
+        if not k.endswith("_lerobot") or self.a.lerobot_client != "robotclient":
+            return None
+        from .rpe_robotclient import robotclient_worker
+
+        pool, one = self.procs[k], k == "lerobot_lerobot"
+        return functools.partial(robotclient_worker, lambda i: pool[i if one else 0].port, str(self.policy_dir))
+
+    def refused(self, k: str, n: int) -> dict:
+        """Refusals so far of the servers a fleet of n uses, summed by reason."""
+        out: dict = {}
+        for srv in self.procs[k][:n]:
+            for why, v in srv.refused().items():
+                out[why] = out.get(why, 0) + v
+        return out
 
     def close(self) -> None:
         for pool in self.procs.values():
@@ -149,23 +181,30 @@ def one_run(servers: Servers, k: str, n: int, rep: int, a, b1_idle: dict) -> tup
     pool = servers.for_fleet(k, n)
     phases = rules.start_phases(n, a.horizon / a.control_hz, a.seed)
     make = servers.caller(k)
+    ref0 = servers.refused(k, n)
     sb0 = core_busy(a.server_core)
-    got, busy, own = run_fleet(make, phases, per_process=a.per_process, core=a.client_core, horizon=a.horizon,
-                          trigger=a.trigger, hz=a.control_hz, window_s=a.seconds)
+    worker = servers.worker(k)
+    got, busy, own = run_fleet(make, phases, per_process=a.robotclients_per_process if worker else a.per_process,
+                               core=a.client_core, horizon=a.horizon, trigger=a.trigger, hz=a.control_hz,
+                               window_s=a.seconds, worker=worker)
     sb1 = core_busy(a.server_core)
     ok = [r for r in got if "error" not in r]
     calls = [c for srv in pool[:n] for c in srv.calls()]
+    refused = {why: v - ref0.get(why, 0) for why, v in servers.refused(k, n).items() if v > ref0.get(why, 0)}
     if n == 1 and ok:
         b1_idle[(k, rep)] = ok[0]["idle_s"] / ok[0]["task_s"]
     idle1 = b1_idle.get((k, rep), 0.0)
     row = rules.make_row(s, p, a.curve, n, rep, ok, idle1, rules.leftover_s(a.horizon, a.trigger, a.control_hz),
-                         calls, busy)
+                         calls, busy, sum(refused.values()))
     detail = {"key": k, "robots": n, "repeat": rep, "errors": sorted({r["error"] for r in got if "error" in r})[:3],
+              "refused_by_reason": refused,
               "client_processes_cpu_share": own, "server_core_busy": round((sb1[0] - sb0[0]) / max(1, sb1[1] - sb0[1]), 3),
               "client_late_ms_mean": round(1e3 * statistics.fmean(r["late_s"] / max(1, len(r["rt_s"])) for r in ok), 2)
               if ok else None, "device_calls": len(calls), "batch1_idle_share": round(idle1, 4),
               "max_idle_share": round(max((r["idle_s"] / r["task_s"] for r in ok), default=float("nan")), 4),
               "load_avg_1m": round(os.getloadavg()[0], 2)}
+    if ok and "short_s" in ok[0]:  # RobotClient: executed actions' shortfall (its loop's lateness with the idle)
+        detail["max_action_shortfall_share"] = round(max(r["short_s"] / r["task_s"] for r in ok), 4)
     return row, detail
 
 
@@ -233,8 +272,21 @@ def command(a) -> str:
     opts = [f"--out {a.out}", f"--servers {','.join(a.servers)}"] + [
         f"--{k.replace('_', '-')} {getattr(a, k)}" for k in ("curve", "seconds", "repeats", "max_robots", "horizon",
                                                              "control_hz", "trigger", "per_process", "server_core",
-                                                             "client_core", "latency_rounds", "seed")]
+                                                             "client_core", "latency_rounds", "seed", "lerobot_client",
+                                                             "robotclients_per_process")]
     return " ".join(["robotserve bench robots-per-engine", *opts])
+
+
+def _ros_domain(a) -> dict:
+    """The ROS rows' own domain (one nobody on this machine uses, DDS on loopback), set in this
+    process's environment before any server or robot process starts, so they all inherit it;
+    returns the environment to restore."""
+    saved = dict(os.environ)
+    if "robotserve_ros" in a.servers:
+        from ..live.processes import pick_free_domain, ros_env
+
+        os.environ.update(ros_env(pick_free_domain(), log_dir=os.path.join(tempfile.gettempdir(), "rpe_ros_log")))
+    return saved
 
 
 def cli(a) -> int:
@@ -255,7 +307,11 @@ def cli(a) -> int:
 
             policy_dir = make_policy_dir("act", Path(tmp) / "act", image_hw=CAMERA_HW, chunk_size=a.horizon,
                                          n_action_steps=a.horizon)
-        servers = Servers(a, str(Path(tmp) / "device.lock"), policy_dir)
+        key_file = Path(tmp) / "api.key"
+        key_file.write_text(secrets.token_urlsafe(24) + "\n")
+        key_file.chmod(0o600)
+        saved_env = _ros_domain(a)
+        servers = Servers(a, str(Path(tmp) / "device.lock"), policy_dir, str(key_file))
         try:
             latency = {k: added_latency(servers, k, a) for k in a.servers}
             for k, v in latency.items():
@@ -264,14 +320,17 @@ def cli(a) -> int:
             rss = {k: [s.rss_mb() for s in pool] for k, pool in servers.procs.items() if pool}
         finally:
             servers.close()
+            os.environ.clear()
+            os.environ.update(saved_env)
     rep = build_report(a, rows, predicted, latency)
     meta = {"method": __doc__.split("\n\n")[1:], "command": command(a),
             "sizes": sizes, "predicted": predicted,
             "predicted_by": "sim.Simulator.run_fleet on the same curve, sizes, start phases and trigger "
                             "(remaining for robotserve; max batch 1 FIFO for the serial servers), the same fed rule",
             "targets": targets(rep, a.curve), "runs": details, "server_rss_mb": rss,
-            "not_built": ["robotserve through ROS srv/Infer", "the real tiny SmolVLA curve (smolvla_cpu)",
-                          "LeRobot's RobotClient itself (its calls are made through LeRobot's own stubs)"],
+            "not_built": ["the real tiny SmolVLA curve (smolvla_cpu)"],
+            "lerobot_added_latency_client": "LeRobot's stubs making RobotClient's calls back to back (RobotClient "
+                                            "itself sends on its own clock)",
             "cores": {"server": a.server_core, "client": a.client_core}, "load_avg_before": load0,
             "load_avg_after": os.getloadavg(), "elapsed_s": round(time.monotonic() - t0, 1), "machine": machine_info()}
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -4,14 +4,17 @@ for the next chunk when `trigger` actions are left, and holds position (idle) wh
 before the reply is back: the timing of core/robot_timing.py, the simulator's. It wakes once per
 round, not per action, so the client core measures the protocol, not a tick loop.
 
-Each protocol's client is the peer's own: openpi's unchanged `WebsocketClientPolicy`; for
-LeRobot, the calls its RobotClient makes (Ready, SendPolicyInstructions, SendObservations of a
-pickled TimedObservation in its own transfer pieces, GetActions until a chunk comes) through
-LeRobot's own stubs and classes -- not RobotClient itself, which needs a robot and measures no
-round trip.
+Each protocol's client is the peer's own: openpi's unchanged `WebsocketClientPolicy` (with
+the server's API key); for ROS, srv/Infer through rclpy's client with the project's request
+(live/light_fleet.py's recorded observations); for LeRobot, by default its RobotClient itself
+(bench/rpe_robotclient.py), else (`--lerobot-client stubs`, and the added-latency run) the calls
+RobotClient makes (Ready, SendPolicyInstructions, SendObservations of a pickled
+TimedObservation in its own transfer pieces, GetActions until a chunk comes) through LeRobot's
+own stubs and classes.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import multiprocessing as mp
 import os
@@ -27,10 +30,10 @@ STATE_DIM = 6
 CAMERA_HW = (32, 32)  # the tiny ACT's camera (the LeRobot peer's policy): every LeRobot robot sends one
 
 
-def openpi_caller(port: int, rng: np.random.Generator):
+def openpi_caller(port: int, rng: np.random.Generator, api_key: str = ""):
     from openpi_client.websocket_client_policy import WebsocketClientPolicy
 
-    policy = WebsocketClientPolicy("127.0.0.1", port)
+    policy = WebsocketClientPolicy("127.0.0.1", port, api_key=api_key or None)  # its own `Authorization: Api-Key`
     obs = {"observation/state": rng.standard_normal(STATE_DIM).astype(np.float32), "prompt": "pick up the cube"}
     return lambda step: policy.infer(obs)
 
@@ -65,6 +68,77 @@ def lerobot_caller(port: int, rng: np.random.Generator, policy_dir: str, chunk: 
             if got.data:
                 return got.data
         raise TimeoutError(f"no chunk for timestep {step} in 30 s")
+
+    return call
+
+
+_ROS: dict = {}  # this client process's rclpy context, node, Infer client and executor thread (one per process)
+_ROS_INIT = threading.Lock()  # its robots (threads) start together: one of them builds it
+
+
+def _ros_client():
+    """One Infer client per robot process, as the light fleet keeps one for all its robots
+    (live/light_fleet.py): calls in flight concurrently, answered on one executor thread."""
+    with _ROS_INIT:
+        return _ros_client_locked()
+
+
+def _ros_client_locked():
+    if "cli" not in _ROS:
+        import rclpy
+        from rclpy.executors import SingleThreadedExecutor
+
+        from ..nodes.common import lean_node_kwargs, service_qos
+        from ..srv import Infer
+
+        ctx = rclpy.Context()
+        rclpy.init(context=ctx, args=["rpe_robots", "--ros-args", "--log-level", "warn"])
+        node = rclpy.create_node(f"rpe_robots_{os.getpid()}", context=ctx, **lean_node_kwargs())
+        cli = node.create_client(Infer, "/robotserve/infer", qos_profile=service_qos())
+        ex = SingleThreadedExecutor(context=ctx)
+        ex.add_node(node)
+        threading.Thread(target=ex.spin, name="rpe-ros-robots", daemon=True).start()
+        if not cli.wait_for_service(timeout_sec=60.0):
+            raise TimeoutError("no /robotserve/infer on the bench's ROS domain in 60 s")
+        _ROS.update(ctx=ctx, node=node, cli=cli, Infer=Infer, lock=threading.Lock())
+    return _ROS
+
+
+def ros_caller(i: int, rng: np.random.Generator, *, horizon: int, trigger: int, hz: float):
+    """A robot on srv/Infer: the project's request as its light fleet fills it (recorded
+    observations: a camera and joint angles; exec info from round 1 on: the robot asks with
+    `trigger` actions left, so its chunk began (horizon - trigger) / hz ago)."""
+    from ..live.light_fleet import recorded_observations
+    from ..nodes.common import to_time
+
+    ros = _ros_client()
+    obs = recorded_observations(n=2, width=CAMERA_HW[1], height=CAMERA_HW[0], seed=int(rng.integers(1 << 16)))
+    task = f"rpe_{os.getpid()}_{i}_{time.monotonic_ns()}"  # a task per run: a past run's was reaped
+    rounds = [0]
+
+    def call(step: int):
+        q = ros["Infer"].Request()
+        q.task_id, q.round_id, q.robot_id = task, rounds[0], f"/rpe_robot_{i}"
+        src = obs[rounds[0] % len(obs)]
+        now = time.time()
+        o = q.observation
+        o.header.stamp, o.timestep = to_time(now), step
+        o.images, o.joint_state, o.instruction = src.images, src.joint_state, "pick up the cube"
+        q.has_exec_info = rounds[0] > 0
+        q.exec_info.exec_start = to_time(now - (horizon - trigger) / hz if rounds[0] else now)
+        q.exec_info.actions_left = trigger if rounds[0] else 0
+        q.exec_info.control_hz = float(hz)
+        done = threading.Event()
+        with ros["lock"]:  # rclpy's client is not safe from several threads at once
+            fut = ros["cli"].call_async(q)
+        fut.add_done_callback(lambda _f: done.set())
+        if not done.wait(30.0):
+            raise TimeoutError(f"no reply to round {rounds[0]} in 30 s")
+        resp = fut.result()
+        if resp is None or resp.status.code != 0:
+            raise RuntimeError(f"refused: {resp.status.reason if resp is not None else 'no response'}")
+        rounds[0] += 1
+        return resp
 
     return call
 
@@ -145,17 +219,20 @@ def core_busy(core) -> tuple:
 
 
 def run_fleet(make_call, phases: list, *, per_process: int, core, horizon: int, trigger: int, hz: float,
-              window_s: float) -> tuple:
+              window_s: float, worker=None) -> tuple:
     """Robots (forked processes on `core`), started together once every robot made its warm-up
     call, for window_s; returns (per-robot results, the client core's busy share over the window
-    (/proc/stat: whatever ran there), the client processes' own CPU share)."""
+    (/proc/stat: whatever ran there), the client processes' own CPU share). worker: a client
+    process's body other than the bench's robot loop over make_call (rpe_robotclient's), called
+    as worker(phases, kw, core, q, ready, t_start)."""
     ctx = mp.get_context("fork")  # the parent imported the clients' modules once
     q, ready, t_start = ctx.Queue(), ctx.Value("i", 0), ctx.Value("d", 0.0)
     n = len(phases)
     kw = dict(horizon=horizon, trigger=trigger, hz=hz, window_s=window_s, max_phase=max(phases, default=0.0))
     idx = list(enumerate(phases))
-    procs = [ctx.Process(target=_worker, args=(make_call, idx[i:i + per_process], kw, core, q, ready, t_start),
-                         daemon=True) for i in range(0, n, per_process)]
+    body = worker or functools.partial(_worker, make_call)
+    procs = [ctx.Process(target=body, args=(idx[i:i + per_process], kw, core, q, ready, t_start), daemon=True)
+             for i in range(0, n, per_process)]
     ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     for p in procs:
         p.start()

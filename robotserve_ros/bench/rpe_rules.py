@@ -19,7 +19,7 @@ IDLE_SLACK = 0.05  # "fed": idle share <= the batch-1 idle share + 5 points
 CLIENT_BOUND_BUSY = 0.80  # a client core busier than this limits what the run can show
 ENGINE_TOL = 2.0  # engine time more than 2x off its curve: the row is invalid
 ROW_KEYS = ("server", "protocol", "curve", "robots", "repeat", "fed", "rt_p50_ms", "rt_p95_ms", "idle_fraction",
-            "mean_batch", "valid", "client_core_busy")
+            "mean_batch", "valid", "client_core_busy", "refusals")  # the issue's keys, then the server's refusals
 REPORT_KEYS = ("engine", "rows", "capacity", "added_latency_ms")
 
 
@@ -57,19 +57,22 @@ def engine_valid(calls: Sequence, curve_ms) -> bool:
 
 
 def make_row(server, protocol, curve, robots, repeat, per_robot: list, idle_b1: float, budget_s: float,
-             calls: Sequence, client_busy: float) -> dict:
+             calls: Sequence, client_busy: float, refusals: int = 0) -> dict:
     """One attempted run. per_robot: {"idle_s", "task_s", "rt_s": [...]} for each robot that
-    reported; a robot that did not report makes the row unfed."""
+    reported; a robot that did not report makes the row unfed. refusals: what the server
+    refused during the run (connections, calls, requests; a cap the run hit): a row with any is
+    unfed, whatever its robots' figures (issue 40 wants zero under the default caps)."""
     rts = [x for r in per_robot for x in r["rt_s"]]
     idle = [r["idle_s"] / r["task_s"] for r in per_robot]
-    fed = len(per_robot) == robots and all(
+    fed = not refusals and len(per_robot) == robots and all(
         r["rt_s"] and robot_fed(i, float(np.percentile(r["rt_s"], 95)), idle_b1, budget_s)
         for r, i in zip(per_robot, idle))
     pct = (lambda q: round(float(np.percentile(rts, q)) * 1e3, 2)) if rts else (lambda q: None)
     row = {"server": server, "protocol": protocol, "curve": curve, "robots": robots, "repeat": repeat, "fed": fed,
            "rt_p50_ms": pct(50), "rt_p95_ms": pct(95), "idle_fraction": round(statistics.fmean(idle), 4) if idle else None,
            "mean_batch": round(statistics.fmean(b for b, _ in calls), 2) if calls else None,
-           "valid": engine_valid(calls, CURVES[curve]), "client_core_busy": round(client_busy, 3)}
+           "valid": engine_valid(calls, CURVES[curve]), "client_core_busy": round(client_busy, 3),
+           "refusals": int(refusals)}
     assert tuple(row) == ROW_KEYS
     return row
 
@@ -98,7 +101,8 @@ def capacity_of(rows: list) -> dict:
             "first_unfed": int(statistics.median(firsts)) if len(firsts) == len(per) and firsts else None,
             "client_bound": bound, "reported": f">= {measured}" if bound else str(measured),
             "per_repeat": [c for c in caps], "range": [min(caps), max(caps)] if caps else None,
-            "valid_rows_only": all(v for *_, v in per.values())}
+            "valid_rows_only": all(v for *_, v in per.values()),
+            "rows_with_refusals": sum(1 for r in rows if r.get("refusals"))}
 
 
 def paired_ratio(ours: dict, theirs: dict) -> Optional[dict]:

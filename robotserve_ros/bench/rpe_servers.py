@@ -3,8 +3,11 @@ server core, all on one device: a simulated engine that sleeps the batch-cost cu
 releases the GIL) under an exclusive file lock, so the calls of every server process are
 serialised as one GPU would serialise them (several LeRobot servers never get several devices).
 
+- robotserve/ros: the project's inference_server node (srv/Infer), its engine the device, on
+  the bench's own ROS domain.
 - robotserve/openpi, robotserve/lerobot: the project's openpi and LeRobot endpoints on one
-  fleet (serve/) over that engine: requests of every robot batched.
+  fleet (serve/) over that engine: requests of every robot batched. Every cap at its default;
+  the openpi endpoint asks for an API key, which the bench's robots present.
 - openpi_serial/openpi: the reference of openpi's serve_policy shape (bench/openpi.py's
   ReferenceServer: infer inside the asyncio handler, one request at a time), same engine.
 - lerobot/lerobot: LeRobot 0.4.4's own PolicyServer, unchanged, on its real gRPC socket, one
@@ -69,6 +72,12 @@ class DeviceEngine(SimulatedEngine):
         return self.device.run(len(batch), lambda: sup(batch))
 
 
+def _fleet_refusals(fleet) -> dict:
+    """The fleet's refusals so far, by protocol and reason (serve/fleet.py counts them)."""
+    with fleet.lock:
+        return {f"{p}:{k}": v for p, c in fleet.counts.items() for k, v in c.items() if k.startswith("refused:")}
+
+
 def _fleet(engine):
     from ..config import SchedulerConfig
     from ..core.clock import WallClock
@@ -77,35 +86,76 @@ def _fleet(engine):
     return fleet_over(engine, SchedulerConfig(name="remaining").build(), WallClock(), slots=1).start()
 
 
-def _robotserve_openpi(device: Device, chunk: int, hz: float):
+def _robotserve_openpi(device: Device, chunk: int, hz: float, key_file: str):
     from ..transport.openpi.config import EndpointConfig
     from ..transport.openpi.endpoint import OpenPiEndpoint
 
     fleet = _fleet(DeviceEngine(device, chunk))
-    ep = OpenPiEndpoint(EndpointConfig(port=0, control_hz=hz, max_connections=1024, max_rate_hz=1000.0, rate_burst=100),
-                        fleet, {"type": "simulated"}).start()
-    return ep.port, lambda: (ep.close(), fleet.close())
+    # Every cap at its default (issue 40: zero refusals under the defaults); the robots present
+    # the API key, so they are budgeted as its holder rather than as one loopback address.
+    ep = OpenPiEndpoint(EndpointConfig(port=0, control_hz=hz, api_key_file=key_file), fleet, {"type": "simulated"}).start()
+    return ep.port, lambda: (ep.close(), fleet.close()), lambda: {**{f"openpi:{k}": v for k, v in ep.refused.items()},
+                                                                  **_fleet_refusals(fleet)}
 
 
-def _robotserve_lerobot(device: Device, chunk: int, hz: float):
+def _robotserve_lerobot(device: Device, chunk: int, hz: float, key_file: str):
     from ..core.clock import WallClock
     from ..transport.lerobot.config import CompatConfig
     from ..transport.lerobot.fleet import Fleet
     from ..transport.lerobot.protocol import LeRobotCompatServer
 
     fleet = _fleet(DeviceEngine(device, chunk))
-    srv = LeRobotCompatServer(CompatConfig(port=0, fps=hz, engine="simulated", threads=64), WallClock(), Fleet(fleet))
-    return srv.port, lambda: (srv.stop(), fleet.close())
+    srv = LeRobotCompatServer(CompatConfig(port=0, fps=hz, engine="simulated"), WallClock(), Fleet(fleet))
+
+    def refused() -> dict:
+        st = srv.servicer.stats()
+        calls = {f"calls:{k}": v for k, v in st["calls"].items() if isinstance(v, int) and k.endswith("_refused")}
+        return {**{f"lerobot:{k}": v for k, v in st["protocol_errors"].items()}, **calls, **_fleet_refusals(fleet)}
+
+    return srv.port, lambda: (srv.stop(), fleet.close()), refused
 
 
-def _openpi_serial(device: Device, chunk: int, hz: float):
+def _robotserve_ros(device: Device, chunk: int, hz: float, key_file: str):
+    """The project's inference_server node, unchanged but for its engine: `rpe_device`, this
+    process's device engine, registered here only (the server process of this bench). The ROS
+    domain is the bench's own (its environment, set before this process was spawned)."""
+    import rclpy
+
+    from ..engines import ENGINES, ROLES
+    from rclpy.executors import SingleThreadedExecutor
+
+    from ..nodes.inference_server import InferenceServerNode
+
+    ENGINES.register("rpe_device", lambda profile=None, **kw: DeviceEngine(device, chunk))
+    ROLES["rpe_device"] = "action"
+    ctx = rclpy.Context()
+    rclpy.init(context=ctx, args=["rpe_server", "--ros-args", "-p", "engine.name:=rpe_device",
+                                  "--log-level", "error"])  # (a past run's tasks are reaped: said at warn)
+    node = InferenceServerNode(context=ctx)
+    if node.config_error is not None:
+        raise RuntimeError(f"inference_server did not configure: {node.config_error}")
+    ex = SingleThreadedExecutor(context=ctx)  # `executor: auto` without side services: the node's own choice
+    ex.add_node(node)
+    spin = threading.Thread(target=ex.spin, name="rpe-ros-server", daemon=True)
+    spin.start()
+
+    def stop():  # run_nodes' order: the node's own clean-up, the executor, then the handles
+        node.close()
+        ex.shutdown(timeout_sec=1.0)
+        node.destroy_node()
+        ctx.try_shutdown()
+
+    return 0, stop, lambda: _fleet_refusals(node.fleet)
+
+
+def _openpi_serial(device: Device, chunk: int, hz: float, key_file: str):
     from .openpi import ReferenceServer
 
     srv = ReferenceServer(DeviceEngine(device, chunk))
-    return srv.port, srv.stop
+    return srv.port, srv.stop, dict  # no caps: it refuses nothing
 
 
-def _lerobot_peer(device: Device, chunk: int, hz: float):
+def _lerobot_peer(device: Device, chunk: int, hz: float, key_file: str):
     """LeRobot's PolicyServer as its own `serve()` starts it (4 gRPC threads), on port 0."""
     from concurrent import futures
 
@@ -139,10 +189,10 @@ def _lerobot_peer(device: Device, chunk: int, hz: float):
     services_pb2_grpc.add_AsyncInferenceServicer_to_server(server, grpc_server)
     port = grpc_server.add_insecure_port("127.0.0.1:0")
     grpc_server.start()
-    return port, lambda: grpc_server.stop(0.5).wait()
+    return port, lambda: grpc_server.stop(0.5).wait(), dict  # no caps: it refuses nothing
 
 
-SERVES = {("robotserve", "openpi"): _robotserve_openpi, ("robotserve", "lerobot"): _robotserve_lerobot,
+SERVES = {("robotserve", "ros"): _robotserve_ros, ("robotserve", "openpi"): _robotserve_openpi, ("robotserve", "lerobot"): _robotserve_lerobot,
           ("openpi_serial", "openpi"): _openpi_serial, ("lerobot", "lerobot"): _lerobot_peer}
 
 
@@ -156,14 +206,15 @@ def rss_mb(pid: int) -> float:
     return float("nan")
 
 
-def _child(server: str, protocol: str, lock_path: str, curve: str, chunk: int, hz: float, core, conn) -> None:
+def _child(server: str, protocol: str, lock_path: str, curve: str, chunk: int, hz: float, core, key_file: str,
+           conn) -> None:
     if core is not None:
         os.sched_setaffinity(0, {core})
     os.chdir(os.environ.get("TMPDIR", "/tmp"))  # LeRobot's logger writes logs/ into the cwd
     logging.disable(logging.INFO)  # LeRobot's transport logs a line per observation received
     device = Device(lock_path, curve)
     try:
-        port, stop = SERVES[(server, protocol)](device, chunk, hz)
+        port, stop, refused = SERVES[(server, protocol)](device, chunk, hz, key_file)
     except Exception as e:  # noqa: BLE001 - said to the parent, which stops the bench with it
         conn.send(("error", f"{type(e).__name__}: {e}"))
         return
@@ -172,19 +223,24 @@ def _child(server: str, protocol: str, lock_path: str, curve: str, chunk: int, h
         cmd = conn.recv()
         if cmd == "calls":
             conn.send(device.take())
+        elif cmd == "refused":
+            conn.send(refused())
         elif cmd == "stop":
             stop()
             conn.send("stopped")
-            return
+            from ..nodes.common import exit_process
+
+            exit_process(0)  # no interpreter teardown: rclpy's and gRPC's threads may still hold handles
 
 
 class ServerProcess:
     """One server in a spawned process on `core`; `calls()` hands back its device calls so far."""
 
-    def __init__(self, server: str, protocol: str, lock_path: str, curve: str, chunk: int, hz: float, core) -> None:
+    def __init__(self, server: str, protocol: str, lock_path: str, curve: str, chunk: int, hz: float, core,
+                 key_file: str = "") -> None:
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_child, args=(server, protocol, lock_path, curve, chunk, hz, core, child),
+        self.proc = ctx.Process(target=_child, args=(server, protocol, lock_path, curve, chunk, hz, core, key_file, child),
                                 daemon=True)
         self.proc.start()
         if not self._conn.poll(180):
@@ -198,6 +254,11 @@ class ServerProcess:
 
     def calls(self) -> list:
         self._conn.send("calls")
+        return self._conn.recv()
+
+    def refused(self) -> dict:
+        """The server's refusals so far, by where and why (cumulative)."""
+        self._conn.send("refused")
         return self._conn.recv()
 
     def rss_mb(self) -> float:
