@@ -208,3 +208,50 @@ def test_bench_at_a_tiny_size_writes_the_report_of_record(tmp_path):
     meta = json.loads((tmp_path / "rpe.json.meta.json").read_text())
     assert meta["command"].startswith("robotserve bench robots-per-engine") and meta["predicted"]
     assert len(meta["runs"]) == len(rep["rows"]) and meta["server_rss_mb"]["lerobot_lerobot"]
+
+
+def test_a_measured_curve_is_linear_between_its_points_and_holds_rows_to_it():
+    pts = {1: 10.0, 2: 12.0, 4: 16.0}
+    ms = rules.curve_fn("smolvla_cpu", pts)
+    assert [ms(1), ms(3), ms(4)] == [10.0, 14.0, 16.0] and ms(8) == pytest.approx(24.0)  # last segment extended
+    assert rules.curve_fn("gpu_like") is rules.gpu_like_ms
+    with pytest.raises(ValueError, match="measured by the bench"):
+        rules.curve_fn("smolvla_cpu")
+    per = dict(per_robot=[robot(), robot()], idle_b1=0.0, budget_s=BUDGET, client_busy=0.2)
+    on = rules.make_row("robotserve", "openpi", "smolvla_cpu", 2, 0, calls=[(2, 12.5)] * 20, curve_ms=ms, **per)
+    off = rules.make_row("robotserve", "openpi", "smolvla_cpu", 2, 0, calls=[(2, 30.0)] * 20, curve_ms=ms, **per)
+    assert on["valid"] and not off["valid"] and off["curve"] == "smolvla_cpu"  # 30 ms is 2.5x its 12 ms: invalid, kept
+    # The simulator predicts on the measured curve: a slower curve fits fewer robots at one at a time.
+    kw = dict(curve="smolvla_cpu", horizon=10, trigger=5, control_hz=50.0, rounds=20, phases_seed=0, serial=True)
+    fast = rules.predicted_capacity(rules.fleet_sizes(30), points=pts, **kw)
+    slow = rules.predicted_capacity(rules.fleet_sizes(30), points={b: 4 * v for b, v in pts.items()}, **kw)
+    assert fast["per_size"][1]["max_rt_p95_ms"] == pytest.approx(10.0) and slow["predicted"] < fast["predicted"]
+
+
+@pytest.mark.skipif(not {0, 1} <= os.sched_getaffinity(0), reason="needs cores 0 and 1 (server and clients apart)")
+def test_bench_on_the_real_tiny_smolvla_device_measures_its_curve_and_keys_rows_by_it(tmp_path):
+    pytest.importorskip("torch")
+    pytest.importorskip("lerobot")
+    pytest.importorskip("openpi_client")
+    out = tmp_path / "rpe.json"
+    servers = ("robotserve_openpi", "openpi_serial_openpi", "lerobot_lerobot")
+    assert main(["bench", "robots-per-engine", "--out", str(out), "--curve", "smolvla_cpu", "--servers",
+                 ",".join(servers), "--max-robots", "2", "--repeats", "1", "--seconds", "1", "--latency-rounds", "5"]) == 0
+    rep = json.loads(out.read_text())
+    rules.check_report(rep)
+    keys = {f"{k}_smolvla_cpu" for k in servers}
+    assert set(rep["capacity"]) == keys and set(rep["added_latency_ms"]) == keys
+    eng = rep["engine"]
+    assert eng["curve"] == "smolvla_cpu" and eng["torch_threads"] == 1 and set(eng["measured_batch_ms"]) == {"1", "2"}
+    assert "measured in this bench" in eng["source"] or "profile of record" in eng["source"]
+    ms = rules.curve_fn("smolvla_cpu", {int(b): v for b, v in eng["curve_batch_ms"].items()})
+    assert eng["batch_ms"]["1"] == round(ms(1), 2) > 0 and ms(2) >= ms(1)
+    assert all(r["curve"] == "smolvla_cpu" for r in rep["rows"]) and {r["server"] for r in rep["rows"]} == {
+        "robotserve", "openpi_serial", "lerobot"}
+    for k, cap in rep["capacity"].items():  # validity judged against the measured curve, every row kept
+        mine = [r for r in rep["rows"] if f"{r['server']}_{r['protocol']}_smolvla_cpu" == k]
+        assert [r["robots"] for r in mine] == [1, 2] or not mine[-1]["fed"] or not mine[-1]["valid"]
+        assert cap["measured"] == rules.capacity_of(mine)["measured"] and cap["predicted"] in (0, 1, 2)
+    meta = json.loads((tmp_path / "rpe.json.meta.json").read_text())
+    assert "--curve smolvla_cpu" in meta["command"] and not any("smolvla_cpu" in x for x in meta["not_built"])
+    assert all(d["device_calls"] > 0 for d in meta["runs"])  # the servers called the device

@@ -3,9 +3,11 @@ robotserve (through ROS srv/Infer, its openpi and its LeRobot endpoints) and for
 (openpi's serial serve_policy shape, LeRobot's own PolicyServer), on the same device, the same
 robots and the same rule.
 
-Device: a simulated engine sleeping the curve L(b) = 28 ms x (1 + 0.08 (b - 1)) (batch 1 from a
-published pi0.5 latency; the slope an assumption, the closed-loop fleet's), its calls of every
-server process serialised by one lock (bench/rpe_servers.py). Servers run on one core, robots
+Device (--curve): gpu_like, a simulated engine sleeping the curve L(b) = 28 ms x (1 + 0.08 (b - 1))
+(batch 1 from a published pi0.5 latency; the slope an assumption, the closed-loop fleet's); or
+smolvla_cpu, the real tiny SmolVLA at one torch thread, its batch curve measured by the bench
+before the rows (bench/rpe_smolvla.py). Either way the calls of every server process are
+serialised by one lock (bench/rpe_servers.py). Servers run on one core, robots
 on another (os.sched_setaffinity); a run whose client core was over 80 % busy is client-bound.
 Robots start at seeded phases within a chunk period and ask with `trigger` actions left
 (bench/rpe_clients.py; LeRobot's own RobotClient keeps its own timing, bench/rpe_robotclient.py).
@@ -22,6 +24,7 @@ Added latency: one robot alone, back-to-back calls, round trip minus the device 
 from __future__ import annotations
 
 import functools
+import importlib.util
 import json
 import logging
 import os
@@ -48,7 +51,8 @@ def add_arguments(p) -> None:
                    help="report JSON (the record: reports/peers/robots_per_engine.json); FILE.meta.json beside it")
     p.add_argument("--servers", type=comma_list(KEYS), default=list(KEYS),
                    help="comma-separated <server>_<protocol> to run, of " + ", ".join(KEYS))
-    p.add_argument("--curve", choices=sorted(rules.CURVES), default="gpu_like", help="the device's batch-cost curve")
+    p.add_argument("--curve", choices=sorted(rules.CURVES), default="gpu_like", help="the device: gpu_like (a sleep of the GPU-like curve) or smolvla_cpu (the real tiny "
+                        "SmolVLA at one torch thread, its curve measured first)")
     p.add_argument("--seconds", type=positive(), default=6.0, help="measured time per run (after every robot started)")
     p.add_argument("--repeats", type=positive(int), default=3, help="interleaved repeats of every fleet size")
     p.add_argument("--max-robots", type=positive(int), default=64, help="largest fleet tried")
@@ -77,14 +81,18 @@ def _check(a) -> None:
             raise UsageError(f"{name} {c} is not a core this process may use ({sorted(cores)})")
     if a.server_core == a.client_core:
         raise UsageError("--server-core and --client-core must differ (clients on a core apart from the servers)")
+    if a.curve == "smolvla_cpu" and not all(importlib.util.find_spec(m) for m in ("torch", "lerobot")):
+        raise UsageError("--curve smolvla_cpu needs torch and lerobot installed (make ml)")
 
 
 class Servers:
     """The servers under test, started once; LeRobot's own server one process per robot, its
     pool grown as the fleet grows."""
 
-    def __init__(self, a, lock: str, policy_dir, key_file: str) -> None:
+    def __init__(self, a, lock: str, policy_dir, key_file: str, points=None, model_dir: str = "") -> None:
         self.a, self.lock, self.policy_dir, self.procs = a, lock, policy_dir, {}
+        self.points, self.model_dir = points, model_dir  # smolvla_cpu: its measured curve and the model
+        self.curve_ms = rules.curve_fn(a.curve, points)
         self.key_file, self.api_key = key_file, Path(key_file).read_text().strip()
         for k in a.servers:
             if k != "lerobot_lerobot":
@@ -94,7 +102,7 @@ class Servers:
     def _start(self, k: str) -> ServerProcess:
         s, p = k.rsplit("_", 1)
         return ServerProcess(s, p, self.lock, self.a.curve, self.a.horizon, self.a.control_hz, self.a.server_core,
-                             self.key_file)
+                             self.key_file, self.points, self.model_dir)
 
     def for_fleet(self, k: str, n: int) -> list:
         pool = self.procs[k]
@@ -195,7 +203,7 @@ def one_run(servers: Servers, k: str, n: int, rep: int, a, b1_idle: dict) -> tup
         b1_idle[(k, rep)] = ok[0]["idle_s"] / ok[0]["task_s"]
     idle1 = b1_idle.get((k, rep), 0.0)
     row = rules.make_row(s, p, a.curve, n, rep, ok, idle1, rules.leftover_s(a.horizon, a.trigger, a.control_hz),
-                         calls, busy, sum(refused.values()))
+                         calls, busy, sum(refused.values()), curve_ms=servers.curve_ms)
     detail = {"key": k, "robots": n, "repeat": rep, "errors": sorted({r["error"] for r in got if "error" in r})[:3],
               "refused_by_reason": refused,
               "client_processes_cpu_share": own, "server_core_busy": round((sb1[0] - sb0[0]) / max(1, sb1[1] - sb0[1]), 3),
@@ -228,13 +236,19 @@ def grow(servers: Servers, a, sizes: list) -> tuple:
     return rows, details
 
 
-def build_report(a, rows: list, predicted: dict, latency: dict) -> dict:
-    curve = rules.CURVES[a.curve]
-    engine = {"curve": a.curve, "formula": "L(b) = 28 ms x (1 + 0.08 (b - 1))",
-              "batch_ms": {str(b): round(curve(b), 2) for b in (1, 2, 4, 8, 16, 32, 64)},
-              "source": "batch 1: a published pi0.5 latency; the slope 0.08 is an assumption (the closed-loop fleet's)",
-              "device": "one simulated device: sleeps L(b), releases the GIL; every server process's calls under one "
-                        "file lock", "horizon": a.horizon, "control_hz": a.control_hz, "trigger_actions": a.trigger,
+def build_report(a, rows: list, predicted: dict, latency: dict, smolvla: dict = None) -> dict:
+    """smolvla: the smolvla_cpu device's engine block (rpe_smolvla.engine_block), its curve's points."""
+    if smolvla:
+        curve = rules.curve_fn(a.curve, {int(b): v for b, v in smolvla["curve_batch_ms"].items()})
+        head = {"curve": a.curve, "batch_ms": {str(b): round(curve(b), 2) for b in (1, 2, 4, 8, 16, 32, 64)}, **smolvla}
+    else:
+        curve = rules.CURVES[a.curve]
+        head = {"curve": a.curve, "formula": "L(b) = 28 ms x (1 + 0.08 (b - 1))",
+                "batch_ms": {str(b): round(curve(b), 2) for b in (1, 2, 4, 8, 16, 32, 64)},
+                "source": "batch 1: a published pi0.5 latency; the slope 0.08 is an assumption (the closed-loop fleet's)",
+                "device": "one simulated device: sleeps L(b), releases the GIL; every server process's calls under one "
+                          "file lock"}
+    engine = {**head, "horizon": a.horizon, "control_hz": a.control_hz, "trigger_actions": a.trigger,
               "round_trip_budget_ms": round(1e3 * rules.leftover_s(a.horizon, a.trigger, a.control_hz), 1),
               "idle_slack": rules.IDLE_SLACK, "seconds_per_run": a.seconds, "repeats": a.repeats}
     cap = {}
@@ -295,11 +309,20 @@ def cli(a) -> int:
     sizes = rules.fleet_sizes(a.max_robots)
     rounds = int(a.seconds * a.control_hz / a.horizon) + 1
     t0, load0 = time.monotonic(), os.getloadavg()
-    # Fixed before the first run: the simulator's prediction on the same curve, sizes, phases, trigger.
-    predicted = {k: rules.predicted_capacity(sizes, curve=a.curve, horizon=a.horizon, trigger=a.trigger,
-                                             control_hz=a.control_hz, rounds=rounds, phases_seed=a.seed,
-                                             serial=k.rsplit("_", 1)[0] in SERIAL) for k in a.servers}
     with tempfile.TemporaryDirectory(prefix="bench-rpe-") as tmp:
+        smolvla, points, model_dir = None, None, ""
+        if a.curve == "smolvla_cpu":  # the device's curve, measured on the server core before anything else
+            from . import rpe_smolvla
+
+            measured = rpe_smolvla.measure_curve(Path(tmp) / "smolvla", a.server_core, a.max_robots)
+            smolvla, model_dir = rpe_smolvla.engine_block(measured), measured["policy_dir"]
+            points = {int(b): v for b, v in smolvla["curve_batch_ms"].items()}
+            print(f"smolvla_cpu device, ms per batch: {smolvla['curve_batch_ms']}", flush=True)
+        # Fixed before the first run: the simulator's prediction on the same curve, sizes, phases, trigger.
+        predicted = {k: rules.predicted_capacity(sizes, curve=a.curve, horizon=a.horizon, trigger=a.trigger,
+                                                 control_hz=a.control_hz, rounds=rounds, phases_seed=a.seed,
+                                                 serial=k.rsplit("_", 1)[0] in SERIAL, points=points)
+                     for k in a.servers}
         policy_dir = None
         if any(k.endswith("_lerobot") for k in a.servers):
             from ..engines.tiny_policies import make_policy_dir
@@ -311,7 +334,7 @@ def cli(a) -> int:
         key_file.write_text(secrets.token_urlsafe(24) + "\n")
         key_file.chmod(0o600)
         saved_env = _ros_domain(a)
-        servers = Servers(a, str(Path(tmp) / "device.lock"), policy_dir, str(key_file))
+        servers = Servers(a, str(Path(tmp) / "device.lock"), policy_dir, str(key_file), points, model_dir)
         try:
             latency = {k: added_latency(servers, k, a) for k in a.servers}
             for k, v in latency.items():
@@ -322,13 +345,13 @@ def cli(a) -> int:
             servers.close()
             os.environ.clear()
             os.environ.update(saved_env)
-    rep = build_report(a, rows, predicted, latency)
+    rep = build_report(a, rows, predicted, latency, smolvla)
     meta = {"method": __doc__.split("\n\n")[1:], "command": command(a),
             "sizes": sizes, "predicted": predicted,
             "predicted_by": "sim.Simulator.run_fleet on the same curve, sizes, start phases and trigger "
                             "(remaining for robotserve; max batch 1 FIFO for the serial servers), the same fed rule",
             "targets": targets(rep, a.curve), "runs": details, "server_rss_mb": rss,
-            "not_built": ["the real tiny SmolVLA curve (smolvla_cpu)"],
+            "not_built": ["the real SmolVLA batch curve measured on a GPU (issue 40 item 2: when one is lent)"],
             "lerobot_added_latency_client": "LeRobot's stubs making RobotClient's calls back to back (RobotClient "
                                             "itself sends on its own clock)",
             "cores": {"server": a.server_core, "client": a.client_core}, "load_avg_before": load0,

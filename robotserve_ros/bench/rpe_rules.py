@@ -14,7 +14,9 @@ from ..sim.closed_loop import gpu_like_ms
 
 SERVERS = ("robotserve", "openpi_serial", "lerobot")
 PROTOCOLS = ("ros", "openpi", "lerobot")
-CURVES = {"gpu_like": gpu_like_ms}  # smolvla_cpu: not built yet (the report says so)
+# A curve by name: a fixed one, or None where the bench measures it on its own device before the
+# rows (smolvla_cpu: the real tiny SmolVLA at one torch thread, bench/rpe_smolvla.py).
+CURVES = {"gpu_like": gpu_like_ms, "smolvla_cpu": None}
 IDLE_SLACK = 0.05  # "fed": idle share <= the batch-1 idle share + 5 points
 CLIENT_BOUND_BUSY = 0.80  # a client core busier than this limits what the run can show
 ENGINE_TOL = 2.0  # engine time more than 2x off its curve: the row is invalid
@@ -41,6 +43,26 @@ def leftover_s(horizon: int, trigger: int, control_hz: float) -> float:
     return (horizon - trigger) / control_hz
 
 
+def curve_fn(name: str, points: Optional[dict] = None):
+    """The curve `name` as ms per batch size: the fixed one, or, for a measured curve, linear
+    between the measured batch sizes (points: {batch: ms}) and extended along its last segment
+    past the largest (never below the largest measured point)."""
+    if CURVES[name] is not None:
+        return CURVES[name]
+    if not points:
+        raise ValueError(f"curve {name!r} is measured by the bench: give its points")
+    bs = np.array(sorted(int(b) for b in points), dtype=float)
+    ms = np.array([float(points[int(b)]) for b in bs])
+    slope = (ms[-1] - ms[-2]) / (bs[-1] - bs[-2]) if len(bs) > 1 else 0.0
+
+    def ms_at(b: int) -> float:
+        if b > bs[-1]:
+            return float(ms[-1] + max(0.0, slope) * (b - bs[-1]))
+        return float(np.interp(b, bs, ms))
+
+    return ms_at
+
+
 def robot_fed(idle_share: float, rt_p95_s: float, idle_share_b1: float, budget_s: float) -> bool:
     """Issue 40 item 4: idle share <= its batch-1 idle share + 5 points, and p95 round trip
     within what the leftover covers at the trigger point."""
@@ -57,11 +79,12 @@ def engine_valid(calls: Sequence, curve_ms) -> bool:
 
 
 def make_row(server, protocol, curve, robots, repeat, per_robot: list, idle_b1: float, budget_s: float,
-             calls: Sequence, client_busy: float, refusals: int = 0) -> dict:
+             calls: Sequence, client_busy: float, refusals: int = 0, curve_ms=None) -> dict:
     """One attempted run. per_robot: {"idle_s", "task_s", "rt_s": [...]} for each robot that
     reported; a robot that did not report makes the row unfed. refusals: what the server
     refused during the run (connections, calls, requests; a cap the run hit): a row with any is
-    unfed, whatever its robots' figures (issue 40 wants zero under the default caps)."""
+    unfed, whatever its robots' figures (issue 40 wants zero under the default caps).
+    curve_ms: the curve the engine time is held to (a measured curve's; else CURVES[curve])."""
     rts = [x for r in per_robot for x in r["rt_s"]]
     idle = [r["idle_s"] / r["task_s"] for r in per_robot]
     fed = not refusals and len(per_robot) == robots and all(
@@ -71,7 +94,7 @@ def make_row(server, protocol, curve, robots, repeat, per_robot: list, idle_b1: 
     row = {"server": server, "protocol": protocol, "curve": curve, "robots": robots, "repeat": repeat, "fed": fed,
            "rt_p50_ms": pct(50), "rt_p95_ms": pct(95), "idle_fraction": round(statistics.fmean(idle), 4) if idle else None,
            "mean_batch": round(statistics.fmean(b for b, _ in calls), 2) if calls else None,
-           "valid": engine_valid(calls, CURVES[curve]), "client_core_busy": round(client_busy, 3),
+           "valid": engine_valid(calls, curve_ms or CURVES[curve]), "client_core_busy": round(client_busy, 3),
            "refusals": int(refusals)}
     assert tuple(row) == ROW_KEYS
     return row
@@ -117,15 +140,18 @@ def paired_ratio(ours: dict, theirs: dict) -> Optional[dict]:
 
 
 def predicted_capacity(sizes: Sequence, *, curve: str, horizon: int, trigger: int, control_hz: float,
-                       rounds: int, phases_seed: int, scheduler: str = "remaining", serial: bool = False) -> dict:
+                       rounds: int, phases_seed: int, scheduler: str = "remaining", serial: bool = False,
+                       points: Optional[dict] = None) -> dict:
     """The simulator's capacity on the same curve, fleet sizes, chunking and start phases, by
     the same rule as the bench: the largest size whose robots all keep idle share <= the
     one-robot share + 5 points and p95 round trip <= (H - trigger) x dt.
-    serial: one request at a time (max_batch 1, FIFO), the serial servers' shape."""
+    serial: one request at a time (max_batch 1, FIFO), the serial servers' shape.
+    points: a measured curve's {batch: ms} (curve_fn)."""
     from ..sim.simulator import Simulator
     from ..sim.workload import TaskSpec, Workload
 
-    prof = {b: CURVES[curve](b) for b in (1, 2, 4, 8, 16, 32, 64, 128)}
+    curve_ms = curve_fn(curve, points)
+    prof = {b: curve_ms(b) for b in (1, 2, 4, 8, 16, 32, 64, 128)}
     if serial:
         prof = {1: prof[1]}
     rnds = {"static": (horizon,) * rounds, "dynamic": (horizon,) * rounds}

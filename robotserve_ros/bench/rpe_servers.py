@@ -2,6 +2,8 @@
 server core, all on one device: a simulated engine that sleeps the batch-cost curve (sleep
 releases the GIL) under an exclusive file lock, so the calls of every server process are
 serialised as one GPU would serialise them (several LeRobot servers never get several devices).
+With --curve smolvla_cpu the device's work is the real tiny SmolVLA instead of the sleep, under
+the same lock (bench/rpe_smolvla.py).
 
 - robotserve/ros: the project's inference_server node (srv/Infer), its engine the device, on
   the bench's own ROS domain.
@@ -26,17 +28,23 @@ import time
 from pathlib import Path
 
 from ..engines.simulated import SimulatedEngine
-from .rpe_rules import CURVES
+from .rpe_rules import curve_fn
 
 ACTION_DIM = 6
 
 
 class Device:
     """One device shared by processes: an flock around each call; each process keeps the
-    (batch, ms) of its own calls, measured while it held the device."""
+    (batch, ms) of its own calls, measured while it held the device. Its work: sleeping the
+    curve, or (policy_dir given: smolvla_cpu) the real tiny SmolVLA's forward (bench/rpe_smolvla.py)."""
 
-    def __init__(self, lock_path: str, curve: str) -> None:
-        self.lock_path, self.curve = lock_path, CURVES[curve]
+    def __init__(self, lock_path: str, curve: str, points=None, policy_dir: str = "") -> None:
+        self.lock_path, self.curve = lock_path, curve_fn(curve, points)
+        self.model = None
+        if policy_dir:
+            from .rpe_smolvla import SmolVLAWork
+
+            self.model = SmolVLAWork(policy_dir)
         self._fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
         self._mutex = threading.Lock()  # flock is per open file: threads of one process queue here first
         self.calls: list = []
@@ -52,24 +60,34 @@ class Device:
                 fcntl.flock(self._fd, fcntl.LOCK_UN)
         return out
 
+    def busy(self, batch: int) -> None:
+        """What one call of `batch` does on the device (the caller holds it: run())."""
+        if self.model is not None:
+            self.model(batch)
+        else:
+            time.sleep(self.curve(batch) / 1e3)
+
     def take(self) -> list:
         out, self.calls = self.calls, []
         return out
 
 
 class DeviceEngine(SimulatedEngine):
-    """The simulated engine (realtime: it sleeps the curve's L(b)) run on the shared device."""
+    """The simulated engine run on the shared device: realtime (it sleeps the curve's L(b)), or
+    its chunks made at once while the device runs the real model for the batch."""
 
     def __init__(self, device: Device, chunk: int) -> None:
         from ..core.profile import EngineProfile
 
         prof = EngineProfile({b: device.curve(b) for b in (1, 2, 4, 8, 16, 32, 64, 128)})
-        super().__init__(prof, chunk_size=chunk, action_dim=ACTION_DIM, realtime=True)
+        super().__init__(prof, chunk_size=chunk, action_dim=ACTION_DIM, realtime=device.model is None)
         self.device = device
 
     def infer(self, batch):
         sup = super().infer
-        return self.device.run(len(batch), lambda: sup(batch))
+        if self.device.model is None:
+            return self.device.run(len(batch), lambda: sup(batch))
+        return self.device.run(len(batch), lambda: (self.device.busy(len(batch)), sup(batch))[1])
 
 
 def _fleet_refusals(fleet) -> dict:
@@ -179,7 +197,7 @@ def _lerobot_peer(device: Device, chunk: int, hz: float, key_file: str):
         out = load(request, context)
 
         def predict_action_chunk(batch, **kw):
-            return device.run(1, lambda: (time.sleep(device.curve(1) / 1e3), torch.zeros(1, chunk, ACTION_DIM))[1])
+            return device.run(1, lambda: (device.busy(1), torch.zeros(1, chunk, ACTION_DIM))[1])
 
         server.policy.predict_action_chunk = predict_action_chunk
         return out
@@ -207,13 +225,13 @@ def rss_mb(pid: int) -> float:
 
 
 def _child(server: str, protocol: str, lock_path: str, curve: str, chunk: int, hz: float, core, key_file: str,
-           conn) -> None:
+           conn, points=None, policy_dir: str = "") -> None:
     if core is not None:
         os.sched_setaffinity(0, {core})
     os.chdir(os.environ.get("TMPDIR", "/tmp"))  # LeRobot's logger writes logs/ into the cwd
     logging.disable(logging.INFO)  # LeRobot's transport logs a line per observation received
-    device = Device(lock_path, curve)
     try:
+        device = Device(lock_path, curve, points, policy_dir)
         port, stop, refused = SERVES[(server, protocol)](device, chunk, hz, key_file)
     except Exception as e:  # noqa: BLE001 - said to the parent, which stops the bench with it
         conn.send(("error", f"{type(e).__name__}: {e}"))
@@ -234,13 +252,15 @@ def _child(server: str, protocol: str, lock_path: str, curve: str, chunk: int, h
 
 
 class ServerProcess:
-    """One server in a spawned process on `core`; `calls()` hands back its device calls so far."""
+    """One server in a spawned process on `core`; `calls()` hands back its device calls so far.
+    points, policy_dir: a measured curve's {batch: ms} and the model the device runs (smolvla_cpu)."""
 
     def __init__(self, server: str, protocol: str, lock_path: str, curve: str, chunk: int, hz: float, core,
-                 key_file: str = "") -> None:
+                 key_file: str = "", points=None, policy_dir: str = "") -> None:
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_child, args=(server, protocol, lock_path, curve, chunk, hz, core, key_file, child),
+        self.proc = ctx.Process(target=_child, args=(server, protocol, lock_path, curve, chunk, hz, core, key_file, child,
+                                                     points, policy_dir),
                                 daemon=True)
         self.proc.start()
         if not self._conn.poll(180):
