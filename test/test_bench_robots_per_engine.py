@@ -178,17 +178,20 @@ def test_bad_options_are_one_line_and_exit_2(tmp_path, capsys):
     assert "must differ" in err and len(err.strip().splitlines()) == 1
 
 
+def run_bench(args: list) -> None:
+    """The bench as a user runs it, in a process of its own: it forks its robots, and a fork of this
+    test process (threads and an rclpy context left by earlier tests) hung in the full suite."""
+    p = subprocess.run([sys.executable, "-m", "robotserve_ros.cli", "bench", "robots-per-engine", *args],
+                       capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+
+
 @pytest.mark.skipif(not {0, 1} <= os.sched_getaffinity(0), reason="needs cores 0 and 1 (server and clients apart)")
 def test_bench_at_a_tiny_size_writes_the_report_of_record(tmp_path):
     pytest.importorskip("openpi_client")
     pytest.importorskip("lerobot")
     out = tmp_path / "rpe.json"
-    # As a user runs it, in a process of its own: the bench forks its robots, and a fork of this test
-    # process (threads and an rclpy context left by earlier tests) hung in the full suite.
-    p = subprocess.run([sys.executable, "-m", "robotserve_ros.cli", "bench", "robots-per-engine", "--out", str(out),
-                        "--max-robots", "2", "--repeats", "2", "--seconds", "1", "--latency-rounds", "5"],
-                       capture_output=True, text=True, timeout=900)
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    run_bench(["--out", str(out), "--max-robots", "2", "--repeats", "2", "--seconds", "1", "--latency-rounds", "5"])
     rep = json.loads(out.read_text())
     rules.check_report(rep)
     keys = {f"{k}_gpu_like" for k in ("robotserve_ros", "robotserve_openpi", "openpi_serial_openpi", "lerobot_lerobot",
@@ -235,8 +238,8 @@ def test_bench_on_the_real_tiny_smolvla_device_measures_its_curve_and_keys_rows_
     pytest.importorskip("openpi_client")
     out = tmp_path / "rpe.json"
     servers = ("robotserve_openpi", "openpi_serial_openpi", "lerobot_lerobot")
-    assert main(["bench", "robots-per-engine", "--out", str(out), "--curve", "smolvla_cpu", "--servers",
-                 ",".join(servers), "--max-robots", "2", "--repeats", "1", "--seconds", "1", "--latency-rounds", "5"]) == 0
+    run_bench(["--out", str(out), "--curve", "smolvla_cpu", "--servers", ",".join(servers), "--max-robots", "2",
+               "--repeats", "1", "--seconds", "1", "--latency-rounds", "5"])
     rep = json.loads(out.read_text())
     rules.check_report(rep)
     keys = {f"{k}_smolvla_cpu" for k in servers}
