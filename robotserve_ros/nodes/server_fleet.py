@@ -5,13 +5,12 @@ The node is the same ROS front end either way: srv/Infer, progress, diagnostics.
 from __future__ import annotations
 
 import os
-import time
 from types import SimpleNamespace
 
 from ..config import ConfigError, flatten, unflatten
 from ..core.observation import ObservationSpec
 from ..core.types import ExecInfo
-from ..serve import build_fleet, build_tiers
+from ..serve import build_tiers, server_fleet
 from ..serve.progress import apply_progress
 from .common import ParamError, to_sec
 from .infer_call import proof_of
@@ -71,11 +70,8 @@ def node_fleet(node, c, built, scheduler):
         built.close()
         raise ParamError("task_auth.key_dir", str(e)) from None
     try:
-        return build_fleet(
-            c, node.clock, tiers=built, scheduler=scheduler, refresher=node.refresher, binder=binder,
-            rtc_shape=(node.engine.action_dim, node.engine.chunk_len), max_waiting=c.max_waiting,
-            task_timeout_s=c.task_timeout_s, now=time.monotonic, observer=node.trace,
-            prefresh_lead_s=min(0.5 * c.stale_obs_s, 2 * c.refresh_timeout_s),
+        return server_fleet(
+            c, node.clock, built, scheduler=scheduler, refresher=node.refresher, binder=binder, observer=node.trace,
             on_error=lambda d, e: node.get_logger().error(
                 f"tier {d.tier} failed a batch of {len(d.requests)}: {e!r}; requeued"))
     except ValueError as e:  # a horizon knob the policy does not take: say which

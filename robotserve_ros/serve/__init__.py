@@ -7,8 +7,8 @@ from __future__ import annotations
 from ..core.runner import STAGES, StageTrace  # the stage observer's vocabulary, for front ends
 from ..core.serving import Tier  # a place batches run: what a fleet is built over
 from . import wire  # noqa: F401  (the engine core process's messages)
-from .build import TierSet, build_fleet, build_tiers, fleet_of, fleet_over
+from .build import TierSet, build_fleet, build_tiers, fleet_of, fleet_over, server_fleet
 from .fleet import REFUSALS, Fleet, Proof, Refused, Session
 
 __all__ = ["REFUSALS", "STAGES", "Fleet", "Proof", "Refused", "Session", "StageTrace", "Tier", "TierSet",
-           "build_fleet", "build_tiers", "fleet_of", "fleet_over"]
+           "build_fleet", "build_tiers", "fleet_of", "fleet_over", "server_fleet"]

@@ -10,6 +10,8 @@ A config error comes out as ValueError(where, what) (the parameter and the probl
 config's own ConfigError; the caller turns it into its one line."""
 from __future__ import annotations
 
+import time
+
 import os
 from dataclasses import dataclass, field
 from typing import Optional
@@ -84,6 +86,16 @@ def build_fleet(c, clock, *, tiers: Optional[TierSet] = None, scheduler=None, re
     fleet = Fleet(core, ts.engines, **fleet_kw)
     fleet.engine, fleet.pools = ts.engine, ts.pools
     return fleet
+
+
+def server_fleet(c, clock, tiers: TierSet, *, refresher, binder, on_error, scheduler=None, **fleet_kw) -> Fleet:
+    """An inference server's fleet (InferenceServerConfig `c`), the same whether its core runs in
+    the node's process or in a core process of its own (serve/core_process.py): the RTC shape of
+    its engine, its waiting-call and task limits, refresh ahead of the next batch."""
+    return build_fleet(c, clock, tiers=tiers, scheduler=scheduler, refresher=refresher, binder=binder,
+                       rtc_shape=(tiers.engine.action_dim, tiers.engine.chunk_len), max_waiting=c.max_waiting,
+                       task_timeout_s=c.task_timeout_s, now=time.monotonic, on_error=on_error,
+                       prefresh_lead_s=min(0.5 * c.stale_obs_s, 2 * c.refresh_timeout_s), **fleet_kw)
 
 
 def fleet_over(engine, scheduler, clock, *, tier: str = "edge", max_batch: Optional[int] = None,

@@ -263,19 +263,16 @@ def build_server(tree: dict, address: str, fingerprint: str, orphan_s: float):
     from ..config import from_tree
     from ..core.task_auth import TaskBinder
     from ..nodes.server_config import InferenceServerConfig
-    from .build import build_fleet, build_tiers
+    from .build import build_tiers, server_fleet
 
     c = from_tree(InferenceServerConfig, tree)
     clock = SystemClock()
     tiers = build_tiers(c, clock)
     binder = TaskBinder(c.task_auth.key_dir, c.task_auth.max_skew_s) if c.task_auth.key_dir else None
     holder: list = []  # the server, once built: the core's refresher asks through it
-    fleet = build_fleet(c, clock, tiers=tiers, refresher=lambda reqs: holder[0].refresh(reqs), binder=binder,
-                        rtc_shape=(tiers.engine.action_dim, tiers.engine.chunk_len), max_waiting=c.max_waiting,
-                        task_timeout_s=c.task_timeout_s, now=time.monotonic,
-                        prefresh_lead_s=min(0.5 * c.stale_obs_s, 2 * c.refresh_timeout_s),
-                        on_error=lambda d, e: log.error("tier %s failed a batch of %d: %r; requeued",
-                                                        d.tier, len(d.requests), e))
+    fleet = server_fleet(c, clock, tiers, refresher=lambda reqs: holder[0].refresh(reqs), binder=binder,
+                         on_error=lambda d, e: log.error("tier %s failed a batch of %d: %r; requeued",
+                                                         d.tier, len(d.requests), e))
     srv = CoreServer(fleet, address, fingerprint, engine_facts(tiers.engine, tiers.engine.observation_spec),
                      orphan_s=orphan_s, refresh_timeout_s=c.refresh_timeout_s,
                      reap_every_s=min(1.0, c.task_timeout_s / 4))
