@@ -222,6 +222,33 @@ def test_oversized_and_malformed_transfers_refused(sim_server):
     stranger.close()
 
 
+def test_an_upload_the_client_cancels_is_abandoned_never_a_bad_transfer(sim_server):
+    """A client that stops mid-upload (LeRobot's RobotClient closing its channel) is its own doing:
+    counted as abandoned, not refused as a bad transfer, even when the cancel reaches the read as
+    the stream's end before grpc marks the call cancelled (it did in about one upload in ten)."""
+    import threading
+
+    piece = pb.Observation(transfer_state=pb.TRANSFER_BEGIN, data=pickle.dumps(timed_obs(0))[:100])
+    for i in range(30):
+        c = Client(sim_server.port)
+        c.start()
+        hold = threading.Event()
+
+        def pieces():  # the first piece, then the client stops before the last
+            yield piece
+            hold.wait(2)
+
+        call = c.stub.SendObservations.future(pieces())
+        time.sleep(0.02 + 0.001 * (i % 10))
+        c.close() if i % 2 else call.cancel()
+        hold.set()
+    deadline = time.time() + 5
+    while sim_server.servicer.stats()["uploads_abandoned"] < 30 and time.time() < deadline:
+        time.sleep(0.05)
+    st = sim_server.servicer.stats()
+    assert st["uploads_abandoned"] == 30 and "bad_transfer" not in st["protocol_errors"]
+
+
 def test_policy_instructions_checked(sim_server):
     c = Client(sim_server.port)
     c.stub.Ready(pb.Empty())
