@@ -115,6 +115,49 @@ def test_robotclient_round_trips_and_idle_are_read_off_the_client_it_runs(monkey
     assert "error" in w.result(101.0, 102.0, 50.0)  # no chunk in that window: the robot's row is unfed
 
 
+def test_the_arm_moves_at_its_stated_speed_along_one_path_never_still_to_lerobots_filter():
+    """Every server's actions follow one arm path in time: at most the stated peak joint speed,
+    the same path whatever the chunk's start, and a joint state that moves more than LeRobot's
+    similarity tolerance (L2 1.0) in every 20 ms tick, so no observation is skipped as "too similar"."""
+    import numpy as np
+
+    hz = 50.0
+    path = rules.arm_chunk(3.7, 2000, hz, 6)  # 40 s: whole swings
+    step = np.diff(path, axis=0)
+    assert np.abs(step).max() <= rules.ARM_PEAK_SPEED_DEG_S / hz + 1e-3
+    assert np.abs(step).max() >= 0.95 * rules.ARM_PEAK_SPEED_DEG_S / hz  # it does reach its speed
+    assert np.abs(path).max() == pytest.approx(rules.ARM_SWING_DEG, rel=1e-3)
+    assert np.linalg.norm(step, axis=1).min() > 1.0
+    np.testing.assert_allclose(rules.arm_chunk(3.7 + 7 / hz, 10, hz, 6), path[7:17], atol=1e-3)
+
+
+def test_every_server_sends_the_arm_path(tmp_path):
+    """robotserve's device engine and LeRobot's own server (through its postprocessor's
+    unnormalising) hand out the same arm path, read at the time the chunk is made."""
+    import time as _time
+
+    import numpy as np
+    torch = pytest.importorskip("torch")
+    from robotserve_ros.bench.rpe_servers import Device, DeviceEngine, normalised_arm
+    from robotserve_ros.core.observation import Observation
+    from robotserve_ros.core.types import InferenceRequest
+
+    eng = DeviceEngine(Device(str(tmp_path / "lock"), "gpu_like", hz=50.0), 10)
+    t0 = _time.monotonic()
+    (res,) = eng.infer([InferenceRequest("robot0", 3, observation=Observation(joints=np.zeros(6, np.float32)))])
+    t1 = _time.monotonic()
+    assert t1 - t0 >= 0.028  # the device's batch-1 time was slept
+    assert res.actions.shape == (10, 6)
+    # the path at some moment of the call: within the arm's speed x the call's time of where it was at t0
+    off = np.abs(res.actions - rules.arm_chunk(t0, 10, 50.0, 6)).max()
+    assert off <= rules.ARM_PEAK_SPEED_DEG_S * (t1 - t0) + 1e-3
+    mean, std = torch.linspace(-0.5, 0.5, 6), torch.linspace(0.5, 2.0, 6)
+    post = lambda x: x * std + mean  # noqa: E731 - an unnormaliser (the tiny ACT's stats)
+    out = normalised_arm(post, torch, 10, 50.0)(12.5)
+    assert out.shape == (1, 10, 6)
+    np.testing.assert_allclose(post(out[0]).numpy(), rules.arm_chunk(12.5, 10, 50.0, 6), atol=1e-4)
+
+
 def test_engine_time_more_than_twice_off_its_curve_marks_the_row_invalid():
     on = [(4, rules.gpu_like_ms(4))] * 40
     assert rules.engine_valid(on, rules.gpu_like_ms)

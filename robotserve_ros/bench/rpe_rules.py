@@ -12,6 +12,25 @@ import numpy as np
 
 from ..sim.closed_loop import gpu_like_ms
 
+# The arm's motion in every server's actions (robotserve's endpoints and LeRobot's own server
+# alike): a swing of +-30 degrees per joint at a peak of 60 deg/s (about 2 s per swing), joints a
+# radian apart in phase. LeRobot's servers skip an observation whose joint state lies within L2
+# 1.0 of the last one they predicted on unless the client's queue ran dry (must_go); SO-101
+# joints are in degrees and an arm doing a task moves several degrees per 100 ms, so an arm
+# that barely moves (the sine of 0.5 the simulator draws, or zeros) would make every early
+# observation "too similar" and each robot run dry once per chunk: LeRobot's semantics on a
+# robot that does not exist. At this speed the state moves >= 2 (L2) per 20 ms tick.
+ARM_SWING_DEG = 30.0
+ARM_PEAK_SPEED_DEG_S = 60.0
+
+
+def arm_chunk(t_s: float, n: int, hz: float, dim: int) -> np.ndarray:
+    """n actions (degrees) of the arm's motion from time t_s (s, any one clock of the machine),
+    one per control period: the same path for every server, whatever its rounds."""
+    t = t_s + np.arange(n, dtype=np.float64)[:, None] / hz
+    w = ARM_PEAK_SPEED_DEG_S / ARM_SWING_DEG  # rad/s: peak speed = swing x w
+    return (ARM_SWING_DEG * np.sin(w * t + np.arange(dim))).astype(np.float32)
+
 SERVERS = ("robotserve", "openpi_serial", "lerobot")
 PROTOCOLS = ("ros", "openpi", "lerobot")
 # A curve by name: a fixed one, or None where the bench measures it on its own device before the
