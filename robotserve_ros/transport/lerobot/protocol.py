@@ -263,7 +263,8 @@ class LeRobotCompatServicer(Sessions):
             return obs, obs.stamp
 
     def _on_reply(self, c: Client, rid: int, fut) -> None:
-        """Under the lock (the fleet answers under it): a chunk is ready; a held observation goes next."""
+        """Under the lock (the fleet answers under it): a chunk is ready; the observation held
+        while it generated is answered by it (replan_held: predicted next, as LeRobot's server does)."""
         if fut.exception() is not None or self.clients.get(c.key) is not c:  # dropped, failed or gone: it asks again
             return
         meta = c.rounds.get(rid)
@@ -272,7 +273,11 @@ class LeRobotCompatServicer(Sessions):
         if c.held is not None:
             step, stamp, obs = c.held
             c.held = None
-            if step not in c.predicted:
+            if not self.cfg.replan_held:
+                # Sent before the robot had this chunk: the chunk answers it. The robot asks again
+                # itself once its queue is back at its threshold (must_go when it ran dry).
+                c.counts["answered"] += 1
+            elif step not in c.predicted:
                 try:
                     self._submit(c, step, stamp, obs)
                 except Refused as f:
