@@ -115,6 +115,49 @@ def test_robotclient_round_trips_and_idle_are_read_off_the_client_it_runs(monkey
     assert "error" in w.result(101.0, 102.0, 50.0)  # no chunk in that window: the robot's row is unfed
 
 
+def test_the_arm_moves_at_its_stated_speed_along_one_path_never_still_to_lerobots_filter():
+    """Every server's actions follow one arm path in time: at most the stated peak joint speed,
+    the same path whatever the chunk's start, and a joint state that moves more than LeRobot's
+    similarity tolerance (L2 1.0) in every 20 ms tick, so no observation is skipped as "too similar"."""
+    import numpy as np
+
+    hz = 50.0
+    path = rules.arm_chunk(3.7, 2000, hz, 6)  # 40 s: whole swings
+    step = np.diff(path, axis=0)
+    assert np.abs(step).max() <= rules.ARM_PEAK_SPEED_DEG_S / hz + 1e-3
+    assert np.abs(step).max() >= 0.95 * rules.ARM_PEAK_SPEED_DEG_S / hz  # it does reach its speed
+    assert np.abs(path).max() == pytest.approx(rules.ARM_SWING_DEG, rel=1e-3)
+    assert np.linalg.norm(step, axis=1).min() > 1.0
+    np.testing.assert_allclose(rules.arm_chunk(3.7 + 7 / hz, 10, hz, 6), path[7:17], atol=1e-3)
+
+
+def test_every_server_sends_the_arm_path(tmp_path):
+    """robotserve's device engine and LeRobot's own server (through its postprocessor's
+    unnormalising) hand out the same arm path, read at the time the chunk is made."""
+    import time as _time
+
+    import numpy as np
+    torch = pytest.importorskip("torch")
+    from robotserve_ros.bench.rpe_servers import Device, DeviceEngine, normalised_arm
+    from robotserve_ros.core.observation import Observation
+    from robotserve_ros.core.types import InferenceRequest
+
+    eng = DeviceEngine(Device(str(tmp_path / "lock"), "gpu_like", hz=50.0), 10)
+    t0 = _time.monotonic()
+    (res,) = eng.infer([InferenceRequest("robot0", 3, observation=Observation(joints=np.zeros(6, np.float32)))])
+    t1 = _time.monotonic()
+    assert t1 - t0 >= 0.028  # the device's batch-1 time was slept
+    assert res.actions.shape == (10, 6)
+    # the path at some moment of the call: within the arm's speed x the call's time of where it was at t0
+    off = np.abs(res.actions - rules.arm_chunk(t0, 10, 50.0, 6)).max()
+    assert off <= rules.ARM_PEAK_SPEED_DEG_S * (t1 - t0) + 1e-3
+    mean, std = torch.linspace(-0.5, 0.5, 6), torch.linspace(0.5, 2.0, 6)
+    post = lambda x: x * std + mean  # noqa: E731 - an unnormaliser (the tiny ACT's stats)
+    out = normalised_arm(post, torch, 10, 50.0)(12.5)
+    assert out.shape == (1, 10, 6)
+    np.testing.assert_allclose(post(out[0]).numpy(), rules.arm_chunk(12.5, 10, 50.0, 6), atol=1e-4)
+
+
 def test_engine_time_more_than_twice_off_its_curve_marks_the_row_invalid():
     on = [(4, rules.gpu_like_ms(4))] * 40
     assert rules.engine_valid(on, rules.gpu_like_ms)
@@ -146,7 +189,7 @@ def test_fleet_sizes_step_by_one_to_16_then_by_at_most_25_percent():
 
 
 def test_the_simulator_predicts_more_robots_for_batching_than_for_one_at_a_time():
-    kw = dict(curve="gpu_like", horizon=10, trigger=5, control_hz=50.0, rounds=20, phases_seed=0)
+    kw = dict(curve="gpu_like", horizon=10, trigger=5, control_hz=50.0, rounds=20, phases_seed=0, budget_s=BUDGET)
     sizes = rules.fleet_sizes(40)
     batched, serial = rules.predicted_capacity(sizes, **kw), rules.predicted_capacity(sizes, serial=True, **kw)
     # Serial: one robot needs 28 ms of a 200 ms period, so at most 7 fit; batching fits many more.
@@ -156,6 +199,33 @@ def test_the_simulator_predicts_more_robots_for_batching_than_for_one_at_a_time(
     assert batched["per_size"][1]["max_rt_p95_ms"] == pytest.approx(rules.gpu_like_ms(1))
     unfed = serial["per_size"][serial["first_unfed"]]
     assert unfed["max_rt_p95_ms"] > 100.0 or unfed["max_idle_share"] > serial["per_size"][1]["max_idle_share"] + 0.05
+
+
+def test_a_robotclient_asks_once_per_h_minus_1_minus_trigger_ticks_and_the_prediction_follows():
+    """LeRobot's RobotClient (latest_only): a chunk replaces its queue, aligned to its observation's
+    timestep (an action already run), and it asks again with `trigger` left: one request per
+    H - 1 - trigger = 4 ticks (80 ms at 50 Hz), each answered within trigger ticks (100 ms)."""
+    from robotserve_ros.sim.simulator import Simulator
+    from robotserve_ros.sim.workload import TaskSpec, Workload
+
+    l1 = rules.gpu_like_ms(1) / 1e3
+    prof = {b: rules.gpu_like_ms(b) for b in (1, 2, 4)}
+    wl = Workload("rc", prof, (TaskSpec("rc-0", 50.0, {"static": (10,) * 20, "dynamic": (10,) * 20}),))
+    slack = (5 - 0.5) / (l1 * 50.0)  # asks with 5 actions left, as predicted_capacity sets it
+    (alone,) = Simulator(wl, "remaining", trigger_slack=slack, latest_only=True).run_fleet(1).outcomes
+    # asks at 0, 0.08, ..., 19 x 0.08 s; the last chunk's 9 actions end 0.18 s after its ask
+    assert alone.latency == pytest.approx(19 * 0.08 + 0.18)
+    assert alone.round_trips == pytest.approx([l1] * 20) and alone.idle_s == pytest.approx(l1)  # dry only at first
+    (queue,) = Simulator(wl, "remaining", trigger_slack=slack).run_fleet(1).outcomes
+    assert queue.latency == pytest.approx(l1 + 20 * 10 / 50.0)  # the bench's own robot: all H actions per round
+    assert rules.round_trip_budget_s(10, 3, 50.0, latest_only=True) == pytest.approx(0.06)
+    assert rules.round_trip_budget_s(10, 3, 50.0) == pytest.approx(0.14)  # leftover_s
+    kw = dict(curve="gpu_like", horizon=10, trigger=5, control_hz=50.0, rounds=20, phases_seed=0, budget_s=BUDGET)
+    sizes = rules.fleet_sizes(40)
+    own, rc = rules.predicted_capacity(sizes, **kw), rules.predicted_capacity(sizes, latest_only=True, **kw)
+    rc_serial = rules.predicted_capacity(sizes, latest_only=True, serial=True, **kw)
+    # 12.5 requests per robot per second instead of 5: fewer robots fit, batched or one at a time
+    assert 1 <= rc_serial["predicted"] < rc["predicted"] < own["predicted"]
 
 
 def test_check_report_names_what_is_off():
@@ -225,7 +295,8 @@ def test_a_measured_curve_is_linear_between_its_points_and_holds_rows_to_it():
     off = rules.make_row("robotserve", "openpi", "smolvla_cpu", 2, 0, calls=[(2, 30.0)] * 20, curve_ms=ms, **per)
     assert on["valid"] and not off["valid"] and off["curve"] == "smolvla_cpu"  # 30 ms is 2.5x its 12 ms: invalid, kept
     # The simulator predicts on the measured curve: a slower curve fits fewer robots at one at a time.
-    kw = dict(curve="smolvla_cpu", horizon=10, trigger=5, control_hz=50.0, rounds=20, phases_seed=0, serial=True)
+    kw = dict(curve="smolvla_cpu", horizon=10, trigger=5, control_hz=50.0, rounds=20, phases_seed=0, serial=True,
+              budget_s=BUDGET)
     fast = rules.predicted_capacity(rules.fleet_sizes(30), points=pts, **kw)
     slow = rules.predicted_capacity(rules.fleet_sizes(30), points={b: 4 * v for b, v in pts.items()}, **kw)
     assert fast["per_size"][1]["max_rt_p95_ms"] == pytest.approx(10.0) and slow["predicted"] < fast["predicted"]

@@ -222,6 +222,33 @@ def test_oversized_and_malformed_transfers_refused(sim_server):
     stranger.close()
 
 
+def test_an_upload_the_client_cancels_is_abandoned_never_a_bad_transfer(sim_server):
+    """A client that stops mid-upload (LeRobot's RobotClient closing its channel) is its own doing:
+    counted as abandoned, not refused as a bad transfer, even when the cancel reaches the read as
+    the stream's end before grpc marks the call cancelled (it did in about one upload in ten)."""
+    import threading
+
+    piece = pb.Observation(transfer_state=pb.TRANSFER_BEGIN, data=pickle.dumps(timed_obs(0))[:100])
+    for i in range(30):
+        c = Client(sim_server.port)
+        c.start()
+        hold = threading.Event()
+
+        def pieces():  # the first piece, then the client stops before the last
+            yield piece
+            hold.wait(2)
+
+        call = c.stub.SendObservations.future(pieces())
+        time.sleep(0.02 + 0.001 * (i % 10))
+        c.close() if i % 2 else call.cancel()
+        hold.set()
+    deadline = time.time() + 5
+    while sim_server.servicer.stats()["uploads_abandoned"] < 30 and time.time() < deadline:
+        time.sleep(0.05)
+    st = sim_server.servicer.stats()
+    assert st["uploads_abandoned"] == 30 and "bad_transfer" not in st["protocol_errors"]
+
+
 def test_policy_instructions_checked(sim_server):
     c = Client(sim_server.port)
     c.stub.Ready(pb.Empty())
@@ -338,6 +365,46 @@ def test_stale_observation_served_from_the_clients_newest():
         server.stop(0)
 
 
+@pytest.mark.parametrize("replan_held", [False, True])
+@pytest.mark.parametrize("must_go", [False, True])
+def test_observation_held_while_generating_is_answered_by_its_chunk(replan_held, must_go):
+    """RobotClient sends an observation every tick while its queue is at its threshold; one that
+    arrives while its chunk generates was sent before the robot had that chunk. robotserve: the
+    chunk answers it (counted, not predicted); replan_held: predicted next, as LeRobot's server does.
+    Either way the robot's next observation is served: nothing stalls."""
+    cfg = CompatConfig(port=0, engine="simulated", engine_params={"chunk_size": 8}, profile_ms={1: 300.0},
+                       get_actions_timeout_s=5.0, policy_dirs=("/policies",), replan_held=replan_held)
+    server = LeRobotCompatServer(cfg)
+    srv = server.servicer
+    a = Client(server.port)
+    try:
+        a.start()
+        (g,) = srv.groups.values()
+        a.send(timed_obs(0))
+        end = time.monotonic() + 10
+        while not g.core.inflight and time.monotonic() < end:
+            time.sleep(0.01)
+        assert g.core.inflight
+        a.send(timed_obs(2, q=np.ones(6) * 5, must_go=must_go))  # its queue at the threshold: it asks again
+        assert [x.timestep for x in a.actions()] == [0, 1, 2, 3]
+        (task,) = srv.stats()["clients"]
+        rec = g.core.ledger.tasks[task]
+        counts = srv.stats()["clients"][task]
+        if replan_held:  # LeRobot's behaviour: the held one is the next round
+            assert counts["answered"] == 0 and counts["rounds"] == 2
+            assert [x.timestep for x in a.actions()] == [2, 3, 4, 5]
+        else:
+            assert counts["answered"] == 1 and counts["rounds"] == 1
+            assert not g.core.inflight and task not in g.core.pending and rec.rounds == 1
+        # the robot's queue runs down to the threshold again: its next observation is served
+        a.send(timed_obs(4, q=np.ones(6) * 7, must_go=False))
+        assert [x.timestep for x in a.actions()] == [4, 5, 6, 7]
+        assert srv.stats()["clients"][task]["rounds"] == (3 if replan_held else 2)
+    finally:
+        a.close()
+        server.stop(0)
+
+
 def test_issued_sessions_separate_clients_on_one_connection(sim_server):
     """Two robots on one connection: each asks Ready for a new session and names the id the
     server issued (Ready's initial metadata) on its calls; each is its own task."""
@@ -366,6 +433,7 @@ def test_issued_sessions_separate_clients_on_one_connection(sim_server):
     ("port", 70000, "port must be an integer in 0..65535"),
     ("threads", 0, "threads must be an integer > 0"),
     ("stale_obs_s", -0.5, "stale_obs_s must be a number >= 0"),
+    ("replan_held", "yes", "replan_held must be true or false"),
     ("policy_dirs", "/policies", "policy_dirs must be a sequence"),
 ])
 def test_config_checked_when_made(field, value, says):

@@ -44,6 +44,9 @@ from .rpe_servers import ServerProcess
 
 KEYS = ("robotserve_ros", "robotserve_openpi", "openpi_serial_openpi", "lerobot_lerobot", "robotserve_lerobot")
 SERIAL = {"openpi_serial", "lerobot"}  # one request at a time: the simulator predicts them at max batch 1
+LATEST_ONLY = ("LeRobot's RobotClient, latest_only (a chunk replaces the queue, one request per H - 1 - trigger "
+               "ticks, its reply within trigger ticks); not modelled: RobotClient's observations sent while a "
+               "chunk generates (LeRobot's server predicts the newest next; robotserve's answers it by that chunk)")
 
 
 def add_arguments(p) -> None:
@@ -202,7 +205,8 @@ def one_run(servers: Servers, k: str, n: int, rep: int, a, b1_idle: dict) -> tup
     if n == 1 and ok:
         b1_idle[(k, rep)] = ok[0]["idle_s"] / ok[0]["task_s"]
     idle1 = b1_idle.get((k, rep), 0.0)
-    row = rules.make_row(s, p, a.curve, n, rep, ok, idle1, rules.leftover_s(a.horizon, a.trigger, a.control_hz),
+    row = rules.make_row(s, p, a.curve, n, rep, ok, idle1,
+                         rules.round_trip_budget_s(a.horizon, a.trigger, a.control_hz, p == "lerobot"),
                          calls, busy, sum(refused.values()), curve_ms=servers.curve_ms)
     detail = {"key": k, "robots": n, "repeat": rep, "errors": sorted({r["error"] for r in got if "error" in r})[:3],
               "refused_by_reason": refused,
@@ -319,10 +323,12 @@ def cli(a) -> int:
             points = {int(b): v for b, v in smolvla["curve_batch_ms"].items()}
             print(f"smolvla_cpu device, ms per batch: {smolvla['curve_batch_ms']}", flush=True)
         # Fixed before the first run: the simulator's prediction on the same curve, sizes, phases, trigger.
-        predicted = {k: rules.predicted_capacity(sizes, curve=a.curve, horizon=a.horizon, trigger=a.trigger,
-                                                 control_hz=a.control_hz, rounds=rounds, phases_seed=a.seed,
-                                                 serial=k.rsplit("_", 1)[0] in SERIAL, points=points)
-                     for k in a.servers}
+        # RobotClient rows (protocol lerobot): LeRobot's latest_only robot, its own asking period and budget.
+        predicted = {k: rules.predicted_capacity(
+            sizes, curve=a.curve, horizon=a.horizon, trigger=a.trigger, control_hz=a.control_hz, rounds=rounds,
+            phases_seed=a.seed, serial=k.rsplit("_", 1)[0] in SERIAL, latest_only=k.endswith("_lerobot"), points=points,
+            budget_s=rules.round_trip_budget_s(a.horizon, a.trigger, a.control_hz, latest_only=k.endswith("_lerobot")))
+            for k in a.servers}
         policy_dir = None
         if any(k.endswith("_lerobot") for k in a.servers):
             from ..engines.tiny_policies import make_policy_dir
@@ -348,8 +354,11 @@ def cli(a) -> int:
     rep = build_report(a, rows, predicted, latency, smolvla)
     meta = {"method": __doc__.split("\n\n")[1:], "command": command(a),
             "sizes": sizes, "predicted": predicted,
-            "predicted_by": "sim.Simulator.run_fleet on the same curve, sizes, start phases and trigger "
-                            "(remaining for robotserve; max batch 1 FIFO for the serial servers), the same fed rule",
+            "predicted_by": {k: "sim.Simulator.run_fleet on the same curve, sizes, start phases and trigger "
+                                f"({'max batch 1 FIFO' if k.rsplit('_', 1)[0] in SERIAL else 'remaining'}), the same fed "
+                                "rule; robots: " + (LATEST_ONLY if k.endswith("_lerobot") else "the bench's own (all H "
+                                "actions of a chunk, the next asked with trigger left: one request per H ticks)")
+                             for k in a.servers},
             "targets": targets(rep, a.curve), "runs": details, "server_rss_mb": rss,
             "not_built": ["the real SmolVLA batch curve measured on a GPU (issue 40 item 2: when one is lent)"],
             "lerobot_added_latency_client": "LeRobot's stubs making RobotClient's calls back to back (RobotClient "

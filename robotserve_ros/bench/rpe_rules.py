@@ -12,6 +12,25 @@ import numpy as np
 
 from ..sim.closed_loop import gpu_like_ms
 
+# The arm's motion in every server's actions (robotserve's endpoints and LeRobot's own server
+# alike): a swing of +-30 degrees per joint at a peak of 60 deg/s (about 2 s per swing), joints a
+# radian apart in phase. LeRobot's servers skip an observation whose joint state lies within L2
+# 1.0 of the last one they predicted on unless the client's queue ran dry (must_go); SO-101
+# joints are in degrees and an arm doing a task moves several degrees per 100 ms, so an arm
+# that barely moves (the sine of 0.5 the simulator draws, or zeros) would make every early
+# observation "too similar" and each robot run dry once per chunk: LeRobot's semantics on a
+# robot that does not exist. At this speed the state moves >= 2 (L2) per 20 ms tick.
+ARM_SWING_DEG = 30.0
+ARM_PEAK_SPEED_DEG_S = 60.0
+
+
+def arm_chunk(t_s: float, n: int, hz: float, dim: int) -> np.ndarray:
+    """n actions (degrees) of the arm's motion from time t_s (s, any one clock of the machine),
+    one per control period: the same path for every server, whatever its rounds."""
+    t = t_s + np.arange(n, dtype=np.float64)[:, None] / hz
+    w = ARM_PEAK_SPEED_DEG_S / ARM_SWING_DEG  # rad/s: peak speed = swing x w
+    return (ARM_SWING_DEG * np.sin(w * t + np.arange(dim))).astype(np.float32)
+
 SERVERS = ("robotserve", "openpi_serial", "lerobot")
 PROTOCOLS = ("ros", "openpi", "lerobot")
 # A curve by name: a fixed one, or None where the bench measures it on its own device before the
@@ -139,13 +158,21 @@ def paired_ratio(ours: dict, theirs: dict) -> Optional[dict]:
             "range": [round(min(rat), 2), round(max(rat), 2)]}
 
 
+def round_trip_budget_s(horizon: int, trigger: int, control_hz: float, latest_only: bool = False) -> float:
+    """The fed rule's round trip: the bench's own robots, leftover_s; LeRobot's RobotClient
+    (latest_only), its reply before the `trigger` actions it asked with run out: trigger x dt."""
+    return trigger / control_hz if latest_only else leftover_s(horizon, trigger, control_hz)
+
+
 def predicted_capacity(sizes: Sequence, *, curve: str, horizon: int, trigger: int, control_hz: float,
-                       rounds: int, phases_seed: int, scheduler: str = "remaining", serial: bool = False,
-                       points: Optional[dict] = None) -> dict:
+                       rounds: int, phases_seed: int, budget_s: float, scheduler: str = "remaining",
+                       serial: bool = False, latest_only: bool = False, points: Optional[dict] = None) -> dict:
     """The simulator's capacity on the same curve, fleet sizes, chunking and start phases, by
     the same rule as the bench: the largest size whose robots all keep idle share <= the
-    one-robot share + 5 points and p95 round trip <= (H - trigger) x dt.
+    one-robot share + 5 points and p95 round trip <= budget_s (round_trip_budget_s).
     serial: one request at a time (max_batch 1, FIFO), the serial servers' shape.
+    latest_only: the robots are LeRobot's RobotClient (sim/simulator.py's _LatestOnlyRobot): a
+    chunk replaces the queue, one request per (H - 1 - trigger) ticks, not one per H.
     points: a measured curve's {batch: ms} (curve_fn)."""
     from ..sim.simulator import Simulator
     from ..sim.workload import TaskSpec, Workload
@@ -157,17 +184,16 @@ def predicted_capacity(sizes: Sequence, *, curve: str, horizon: int, trigger: in
     rnds = {"static": (horizon,) * rounds, "dynamic": (horizon,) * rounds}
     # The robots ask with `trigger` actions left: the slack that makes ceil(slack x L(1) x hz) = trigger.
     slack = max(1.0, (trigger - 0.5) / (prof[1] / 1e3 * control_hz))
-    budget = leftover_s(horizon, trigger, control_hz)
     worst, cap, first, idle1 = {}, 0, None, None
     for n in sizes:
         wl = Workload("robots-per-engine", prof, tuple(TaskSpec(f"rpe-{i}", control_hz, rnds) for i in range(n)))
-        sim = Simulator(wl, "fifo" if serial else scheduler, seed=0, trigger_slack=slack)
+        sim = Simulator(wl, "fifo" if serial else scheduler, seed=0, trigger_slack=slack, latest_only=latest_only)
         res = sim.run_fleet(n, starts=start_phases(n, horizon / control_hz, phases_seed))
         shares = [o.idle_s / o.latency for o in res.outcomes]
         p95 = [float(np.percentile(o.round_trips, 95)) for o in res.outcomes]
         idle1 = shares[0] if idle1 is None else idle1
         worst[n] = {"max_idle_share": round(max(shares), 4), "max_rt_p95_ms": round(1e3 * max(p95), 2)}
-        if all(robot_fed(i, p, idle1, budget) for i, p in zip(shares, p95)) and first is None:
+        if all(robot_fed(i, p, idle1, budget_s) for i, p in zip(shares, p95)) and first is None:
             cap = n
         elif first is None:
             first = n

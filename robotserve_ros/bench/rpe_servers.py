@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from ..engines.simulated import SimulatedEngine
-from .rpe_rules import curve_fn
+from .rpe_rules import arm_chunk, curve_fn
 
 ACTION_DIM = 6
 
@@ -38,8 +38,8 @@ class Device:
     (batch, ms) of its own calls, measured while it held the device. Its work: sleeping the
     curve, or (policy_dir given: smolvla_cpu) the real tiny SmolVLA's forward (bench/rpe_smolvla.py)."""
 
-    def __init__(self, lock_path: str, curve: str, points=None, policy_dir: str = "") -> None:
-        self.lock_path, self.curve = lock_path, curve_fn(curve, points)
+    def __init__(self, lock_path: str, curve: str, points=None, policy_dir: str = "", hz: float = 50.0) -> None:
+        self.lock_path, self.curve, self.hz = lock_path, curve_fn(curve, points), hz  # hz: the robots' (arm_chunk)
         self.model = None
         if policy_dir:
             from .rpe_smolvla import SmolVLAWork
@@ -74,7 +74,8 @@ class Device:
 
 class DeviceEngine(SimulatedEngine):
     """The simulated engine run on the shared device: realtime (it sleeps the curve's L(b)), or
-    its chunks made at once while the device runs the real model for the batch."""
+    its chunks made at once while the device runs the real model for the batch. Its actions are
+    the arm's motion (rpe_rules.arm_chunk), as LeRobot's peer's are."""
 
     def __init__(self, device: Device, chunk: int) -> None:
         from ..core.profile import EngineProfile
@@ -82,6 +83,9 @@ class DeviceEngine(SimulatedEngine):
         prof = EngineProfile({b: device.curve(b) for b in (1, 2, 4, 8, 16, 32, 64, 128)})
         super().__init__(prof, chunk_size=chunk, action_dim=ACTION_DIM, realtime=device.model is None)
         self.device = device
+
+    def _actions(self, req, key):
+        return arm_chunk(time.monotonic(), self.chunk_size, self.device.hz, self.action_dim)
 
     def infer(self, batch):
         sup = super().infer
@@ -173,6 +177,15 @@ def _openpi_serial(device: Device, chunk: int, hz: float, key_file: str):
     return srv.port, srv.stop, dict  # no caps: it refuses nothing
 
 
+def normalised_arm(postprocessor, torch, chunk: int, hz: float):
+    """t -> the (1, chunk, ACTION_DIM) policy output that LeRobot's server, after its own
+    postprocessor (unnormalising: an affine map per joint, read off it here), sends as the arm's
+    motion from t (rpe_rules.arm_chunk): the path the device engine's actions follow too."""
+    zero = postprocessor(torch.zeros(1, ACTION_DIM)).reshape(-1)
+    scale = postprocessor(torch.ones(1, ACTION_DIM)).reshape(-1) - zero
+    return lambda t: ((torch.from_numpy(arm_chunk(t, chunk, hz, ACTION_DIM)) - zero) / scale)[None]
+
+
 def _lerobot_peer(device: Device, chunk: int, hz: float, key_file: str):
     """LeRobot's PolicyServer as its own `serve()` starts it (4 gRPC threads), on port 0."""
     from concurrent import futures
@@ -195,9 +208,10 @@ def _lerobot_peer(device: Device, chunk: int, hz: float, key_file: str):
 
     def instructions(request, context):  # its own loading, then the policy's forward pass becomes the device
         out = load(request, context)
+        arm = normalised_arm(server.postprocessor, torch, chunk, hz)
 
         def predict_action_chunk(batch, **kw):
-            return device.run(1, lambda: (device.busy(1), torch.zeros(1, chunk, ACTION_DIM))[1])
+            return device.run(1, lambda: (device.busy(1), arm(time.monotonic()))[1])
 
         server.policy.predict_action_chunk = predict_action_chunk
         return out
@@ -231,7 +245,7 @@ def _child(server: str, protocol: str, lock_path: str, curve: str, chunk: int, h
     os.chdir(os.environ.get("TMPDIR", "/tmp"))  # LeRobot's logger writes logs/ into the cwd
     logging.disable(logging.INFO)  # LeRobot's transport logs a line per observation received
     try:
-        device = Device(lock_path, curve, points, policy_dir)
+        device = Device(lock_path, curve, points, policy_dir, hz)
         port, stop, refused = SERVES[(server, protocol)](device, chunk, hz, key_file)
     except Exception as e:  # noqa: BLE001 - said to the parent, which stops the bench with it
         conn.send(("error", f"{type(e).__name__}: {e}"))

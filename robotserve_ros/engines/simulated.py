@@ -78,11 +78,15 @@ class SimulatedEngine(Engine):
             self._sleep(self.profile.latency_s(len(batch)))
         return [self._one(r) for r in batch]
 
-    def _one(self, req: InferenceRequest) -> ChunkResult:
-        key = zlib.crc32(req.task_id.encode())
+    def _actions(self, req: InferenceRequest, key: int) -> np.ndarray:
+        """The chunk's actions before the RTC stand-in: a smooth per-task curve along the rounds."""
         phase = (key % 997) / 997.0 * 2 * np.pi + np.arange(self.action_dim)
         t0 = req.round_id * self.chunk_size
-        actions = (0.5 * np.sin(0.05 * (self._t + t0) + phase)).astype(np.float32)
+        return (0.5 * np.sin(0.05 * (self._t + t0) + phase)).astype(np.float32)
+
+    def _one(self, req: InferenceRequest) -> ChunkResult:
+        key = zlib.crc32(req.task_id.encode())
+        actions = self._actions(req, key)
         d = getattr(req.rtc, "delay_steps", None)
         if d is not None:  # the RTC stand-in: the frozen prefix is the leftover's (at most all of it)
             d = min(int(d), len(req.rtc.leftover), len(actions))

@@ -152,6 +152,27 @@ class _Robot(ReplayRobot):
         self.sent, self.round_trips = 0.0, []  # when the round in flight went out; each round's request -> chunk
 
 
+class _LatestOnlyRobot(_Robot):
+    """LeRobot's RobotClient with latest_only aggregation: a chunk replaces the queue as it
+    arrives, its actions aligned to its observation's timestep (an action the robot already ran,
+    so n - 1 new ones from when it asked), and the robot asks again once `trigger` are left:
+    one request per (n - 1 - trigger) control periods, each answered within `trigger` of them."""
+
+    __slots__ = ()
+
+    def answered(self, now: float) -> tuple:
+        n = self.rounds[self.round]
+        end = self.sent + (n - 1) / self.hz  # when this chunk's actions run out
+        last = self.arrival if self.prev_end is None else self.prev_end
+        self.idle += max(0.0, now - last)  # ran dry before it came
+        self.prev_end, self.exec_start = max(end, now), now  # all stale: dry from now, it asks at once
+        self.round += 1
+        if self.round < len(self.rounds):
+            ask = max(now, end - self.trigger / self.hz)
+            return "request", ask, ExecInfo(now, int(round((self.prev_end - ask) * self.hz)), self.hz)
+        return "done", self.prev_end, ExecInfo(now, 0, self.hz)
+
+
 class Simulator:
     def __init__(
         self,
@@ -165,7 +186,9 @@ class Simulator:
         retry_pause_s: float = 0.1,
         trigger_slack: float = 1.0,
         burstiness: float = 1.0,
+        latest_only: bool = False,
     ) -> None:
+        """latest_only: robots are LeRobot's RobotClient (_LatestOnlyRobot), not queue-and-append ones."""
         if horizon not in HORIZON_MODES:
             raise ValueError(f"horizon must be one of {HORIZON_MODES}, got {horizon!r}")
         self.workload, self.scheduler_name, self.horizon, self.seed = workload, scheduler, horizon, seed
@@ -189,6 +212,7 @@ class Simulator:
         # left); burstiness is the squared coefficient of variation of task inter-arrival
         # times (1: Poisson; > 1: gamma-distributed, burstier). Both are regime sweep knobs.
         self.trigger_slack, self.burstiness = float(trigger_slack), float(burstiness)
+        self.robot_kind = _LatestOnlyRobot if latest_only else _Robot
 
     # --- public modes ------------------------------------------------------------
     def run_online(self, rate: float, n_tasks: int) -> SimResult:
@@ -270,7 +294,7 @@ class _Run:
     def _arrive(self, tid: str, spec: TaskSpec, robot: int) -> None:
         now = self.clock.now()
         # Robots ask trigger_slack x earlier than just in time (Simulator's knob).
-        rb = self.robots[tid] = _Robot(tid, spec, robot, spec.rounds[self.sim.horizon], now,
+        rb = self.robots[tid] = self.sim.robot_kind(tid, spec, robot, spec.rounds[self.sim.horizon], now,
                                        self.sim.l1 * self.sim.trigger_slack)
         self._send(rb, None)
 

@@ -12,7 +12,8 @@ from ...transport.lerobot.fleet import Fleet
 # What a client may set; the engine, scheduler and profile are the server's own.
 FIELDS = ("host", "port", "fps", "policy_dirs", "allow_hub", "get_actions_timeout_s", "client_timeout_s",
           "similarity_atol", "max_payload_bytes", "max_array_elements", "max_nesting_depth", "max_string_bytes",
-          "max_pickle_ops", "upload_timeout_s", "max_upload_pieces", "max_uploads", "threads", "rtc")
+          "max_pickle_ops", "upload_timeout_s", "max_upload_pieces", "max_uploads", "threads", "rtc",
+          "replan_held")
 
 
 class LeRobotService:

@@ -52,7 +52,8 @@ class Client:
         self.hz = float(fps)
         self.rate_anchor = None  # (timestep, client timestamp) where the current busy stretch began
         self.last_seen = now
-        self.counts = {"observations": 0, "filtered": 0, "rounds": 0, "refreshed": 0, "chunks": 0, "actions": 0}
+        self.counts = {"observations": 0, "filtered": 0, "rounds": 0, "refreshed": 0, "answered": 0,
+                       "chunks": 0, "actions": 0}
         self.trace: list = []  # delivered action rows (keep_trace)
 
     def measure_rate(self, step: int, stamp: float, busy: bool) -> None:

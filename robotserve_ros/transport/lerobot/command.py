@@ -30,6 +30,8 @@ def add_arguments(p) -> None:
                    "through the hub cache; HF_HUB_OFFLINE honoured)")
     p.add_argument("--client-timeout", type=float, default=d.client_timeout_s, help="seconds of silence before a client's task is dropped")
     p.add_argument("--stale-obs", type=float, help="serve a round queued longer than this (s) from the client's newest observation")
+    p.add_argument("--replan-held", action="store_true", help="predict an observation that arrived while its "
+                   "chunk was generating once the chunk is out, as LeRobot's server does (default: the chunk answers it)")
     p.add_argument("--threads", type=int, default=d.threads)
     p.add_argument("--receive-timeout", type=float, default=d.receive_timeout_s,
                    help="seconds a call's request may take to arrive (a stalled call is cancelled)")
@@ -60,7 +62,7 @@ def config_from_args(a) -> CompatConfig:
         engine_params=parse_key_values(a.engine_param), profile_ms=_latency_ms(a.latency_ms) if a.latency_ms else None,
         max_batch=a.max_batch, policy_dirs=tuple(a.policy_dir or ()), allow_hub=hub_patterns(a.allow_hub),
         client_timeout_s=a.client_timeout,
-        stale_obs_s=a.stale_obs, threads=a.threads, receive_timeout_s=a.receive_timeout,
+        stale_obs_s=a.stale_obs, replan_held=a.replan_held, threads=a.threads, receive_timeout_s=a.receive_timeout,
         max_calls_per_peer=a.max_calls_per_peer, max_sessions=a.max_sessions, max_policy_groups=a.max_policies,
         rtc=a.rtc,
     )

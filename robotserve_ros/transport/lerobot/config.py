@@ -28,6 +28,10 @@ class CompatConfig:
     # A queued observation older than this is swapped for the client's newest one at dispatch
     # (seed 000 Algorithm 1 lines 20-21); None: never (observation age is recorded either way).
     stale_obs_s: Optional[float] = None
+    # An observation that arrived while its client's chunk was generating: False, the chunk
+    # answers it (dropped, counted `answered`); True, predicted as soon as the chunk is out, as
+    # LeRobot's own server does (docs/lerobot.md, "Held observations").
+    replan_held: bool = False
     max_payload_bytes: int = 32 << 20  # one observation or policy setup, after joining pieces
     # What one payload may expand into (safe_pickle.Limits; docs/security.md): the data it
     # builds is bounded by max_payload_bytes too, checked before anything is allocated.
@@ -71,6 +75,8 @@ class CompatConfig:
         for name in ("fps", "get_actions_timeout_s", "client_timeout_s"):
             positive(name, getattr(self, name))
         positive("similarity_atol", self.similarity_atol, zero_ok=True)
+        if not isinstance(self.replan_held, bool):
+            raise ValueError(f"replan_held must be true or false, got {self.replan_held!r}")
         if self.stale_obs_s is not None:
             positive("stale_obs_s", self.stale_obs_s, zero_ok=True)
         for name in ("upload_timeout_s", "receive_timeout_s", "policy_idle_s"):

@@ -141,31 +141,40 @@ class LeRobotCompatServicer(Sessions):
         """The stream's payload, within the upload slots: each open stream holds a handler
         thread, so at most cfg.upload_slots at once, each cancelled by the reaper once
         upload_timeout_s has passed (a stream that stalls between pieces never ends itself)."""
-        token = object()
+        token, ended = object(), threading.Event()
         with self.lock:
             if len(self.uploads) >= self.cfg.upload_slots:
                 raise Refused("too_many_uploads", grpc.StatusCode.RESOURCE_EXHAUSTED,
                               f"{self.cfg.upload_slots} observation uploads already open (max_uploads); retry")
             self.uploads[token] = [time.monotonic() + self.cfg.upload_timeout_s, context, False]
+        context.add_callback(ended.set)  # the call's end: a client's cancel ends it while we still read
         try:
             return self.payloads.join(pieces)
-        except Refused:
-            raise
-        except Exception:  # the stream broke: cancelled by the reaper, or by the client
+        except Exception as e:  # the stream broke or ended short: cancelled by the reaper, or by the client?
             with self.lock:
                 late = self.uploads[token][2]
             if late:
                 raise Refused("upload_limit", grpc.StatusCode.DEADLINE_EXCEEDED,
                               f"observation stream open longer than upload_timeout_s ({self.cfg.upload_timeout_s} s)") from None
-            if not context.is_active():  # the client went away mid-upload (it stopped): its own doing, not a bad transfer
+            if (not isinstance(e, Refused) or e.key == "bad_transfer") and self._cancelled(context, ended):
+                # The client went away mid-upload (it stopped): its own doing, not a bad transfer. A
+                # cancel can reach the read as the stream's end, before grpc marks the call cancelled.
                 with self.lock:
                     self.uploads_abandoned += 1
                 raise Refused("bad_transfer", grpc.StatusCode.CANCELLED, "observation stream cancelled by the client",
                               counted=True) from None
+            if isinstance(e, Refused):
+                raise
             raise Refused("bad_transfer", grpc.StatusCode.CANCELLED, "observation stream broken off") from None
         finally:
             with self.lock:
                 self.uploads.pop(token, None)
+
+    @staticmethod
+    def _cancelled(context, ended: threading.Event) -> bool:
+        """Whether the client cancelled the call: a stream that ended early while the call lives
+        is the client's half-close (a real bad transfer); a cancel ends the call within moments."""
+        return not context.is_active() or ended.wait(0.2)
 
     @_rpc
     def GetActions(self, request, context):  # noqa: N802
@@ -254,7 +263,8 @@ class LeRobotCompatServicer(Sessions):
             return obs, obs.stamp
 
     def _on_reply(self, c: Client, rid: int, fut) -> None:
-        """Under the lock (the fleet answers under it): a chunk is ready; a held observation goes next."""
+        """Under the lock (the fleet answers under it): a chunk is ready; the observation held
+        while it generated is answered by it (replan_held: predicted next, as LeRobot's server does)."""
         if fut.exception() is not None or self.clients.get(c.key) is not c:  # dropped, failed or gone: it asks again
             return
         meta = c.rounds.get(rid)
@@ -263,7 +273,11 @@ class LeRobotCompatServicer(Sessions):
         if c.held is not None:
             step, stamp, obs = c.held
             c.held = None
-            if step not in c.predicted:
+            if not self.cfg.replan_held:
+                # Sent before the robot had this chunk: the chunk answers it. The robot asks again
+                # itself once its queue is back at its threshold (must_go when it ran dry).
+                c.counts["answered"] += 1
+            elif step not in c.predicted:
                 try:
                     self._submit(c, step, stamp, obs)
                 except Refused as f:
