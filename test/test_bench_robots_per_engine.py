@@ -281,6 +281,8 @@ def test_bench_at_a_tiny_size_writes_the_report_of_record(tmp_path):
     meta = json.loads((tmp_path / "rpe.json.meta.json").read_text())
     assert meta["command"].startswith("robotserve bench robots-per-engine") and meta["predicted"]
     assert len(meta["runs"]) == len(rep["rows"]) and meta["server_rss_mb"]["lerobot_lerobot"]
+    ros = [d for d in meta["runs"] if d["key"] == "robotserve_ros"]  # its robots re-send: how often, per run
+    assert ros and all(isinstance(d["resends"], int) and d["resends"] >= 0 for d in ros)
 
 
 def test_a_measured_curve_is_linear_between_its_points_and_holds_rows_to_it():

@@ -10,7 +10,8 @@ before the rows (bench/rpe_smolvla.py). Either way the calls of every server pro
 serialised by one lock (bench/rpe_servers.py). Servers run on one core, robots
 on another (os.sched_setaffinity); a run whose client core was over 80 % busy is client-bound.
 Robots start at seeded phases within a chunk period and ask with `trigger` actions left
-(bench/rpe_clients.py; LeRobot's own RobotClient keeps its own timing, bench/rpe_robotclient.py).
+(bench/rpe_clients.py; the ROS robots re-send as robot_client does, bench/rpe_ros.py; LeRobot's
+own RobotClient keeps its own timing, bench/rpe_robotclient.py).
 Every server cap stays at its default; openpi robots present the API key; what a server
 refused during a run is counted in its row (a row with refusals is unfed). A robot is fed when its idle share is <= its batch-1 idle share + 5
 points and its p95 round trip <= (H - trigger) x dt; capacity is the largest fleet with every
@@ -39,7 +40,8 @@ import numpy as np
 from ..cli_types import UsageError, comma_list, positive, scratch, seed
 from ..machine import machine_info
 from . import rpe_rules as rules
-from .rpe_clients import core_busy, lerobot_caller, openpi_caller, ros_caller, run_fleet
+from .rpe_clients import core_busy, lerobot_caller, openpi_caller, run_fleet
+from .rpe_ros import ros_caller
 from .rpe_servers import ServerProcess
 
 KEYS = ("robotserve_ros", "robotserve_openpi", "openpi_serial_openpi", "lerobot_lerobot", "robotserve_lerobot")
@@ -209,7 +211,7 @@ def one_run(servers: Servers, k: str, n: int, rep: int, a, b1_idle: dict) -> tup
                          rules.round_trip_budget_s(a.horizon, a.trigger, a.control_hz, p == "lerobot"),
                          calls, busy, sum(refused.values()), curve_ms=servers.curve_ms)
     detail = {"key": k, "robots": n, "repeat": rep, "errors": sorted({r["error"] for r in got if "error" in r})[:3],
-              "refused_by_reason": refused,
+              "refused_by_reason": refused, "resends": sum(r.get("resends", 0) for r in got),
               "client_processes_cpu_share": own, "server_core_busy": round((sb1[0] - sb0[0]) / max(1, sb1[1] - sb0[1]), 3),
               "client_late_ms_mean": round(1e3 * statistics.fmean(r["late_s"] / max(1, len(r["rt_s"])) for r in ok), 2)
               if ok else None, "device_calls": len(calls), "batch1_idle_share": round(idle1, 4),

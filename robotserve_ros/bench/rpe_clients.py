@@ -5,8 +5,8 @@ before the reply is back: the timing of core/robot_timing.py, the simulator's. I
 round, not per action, so the client core measures the protocol, not a tick loop.
 
 Each protocol's client is the peer's own: openpi's unchanged `WebsocketClientPolicy` (with
-the server's API key); for ROS, srv/Infer through rclpy's client with the project's request
-(live/light_fleet.py's recorded observations); for LeRobot, by default its RobotClient itself
+the server's API key); for ROS, the project's request through rclpy, a node per robot that
+re-sends as robot_client does (bench/rpe_ros.py); for LeRobot, by default its RobotClient itself
 (bench/rpe_robotclient.py), else (`--lerobot-client stubs`, and the added-latency run) the calls
 RobotClient makes (Ready, SendPolicyInstructions, SendObservations of a pickled
 TimedObservation in its own transfer pieces, GetActions until a chunk comes) through LeRobot's
@@ -72,77 +72,6 @@ def lerobot_caller(port: int, rng: np.random.Generator, policy_dir: str, chunk: 
     return call
 
 
-_ROS: dict = {}  # this client process's rclpy context, node, Infer client and executor thread (one per process)
-_ROS_INIT = threading.Lock()  # its robots (threads) start together: one of them builds it
-
-
-def _ros_client():
-    """One Infer client per robot process, as the light fleet keeps one for all its robots
-    (live/light_fleet.py): calls in flight concurrently, answered on one executor thread."""
-    with _ROS_INIT:
-        return _ros_client_locked()
-
-
-def _ros_client_locked():
-    if "cli" not in _ROS:
-        import rclpy
-        from rclpy.executors import SingleThreadedExecutor
-
-        from ..nodes.common import lean_node_kwargs, service_qos
-        from ..srv import Infer
-
-        ctx = rclpy.Context()
-        rclpy.init(context=ctx, args=["rpe_robots", "--ros-args", "--log-level", "warn"])
-        node = rclpy.create_node(f"rpe_robots_{os.getpid()}", context=ctx, **lean_node_kwargs())
-        cli = node.create_client(Infer, "/robotserve/infer", qos_profile=service_qos())
-        ex = SingleThreadedExecutor(context=ctx)
-        ex.add_node(node)
-        threading.Thread(target=ex.spin, name="rpe-ros-robots", daemon=True).start()
-        if not cli.wait_for_service(timeout_sec=60.0):
-            raise TimeoutError("no /robotserve/infer on the bench's ROS domain in 60 s")
-        _ROS.update(ctx=ctx, node=node, cli=cli, Infer=Infer, lock=threading.Lock())
-    return _ROS
-
-
-def ros_caller(i: int, rng: np.random.Generator, *, horizon: int, trigger: int, hz: float):
-    """A robot on srv/Infer: the project's request as its light fleet fills it (recorded
-    observations: a camera and joint angles; exec info from round 1 on: the robot asks with
-    `trigger` actions left, so its chunk began (horizon - trigger) / hz ago)."""
-    from ..live.light_fleet import recorded_observations
-    from ..nodes.common import to_time
-
-    ros = _ros_client()
-    obs = recorded_observations(n=2, width=CAMERA_HW[1], height=CAMERA_HW[0], seed=int(rng.integers(1 << 16)))
-    task = f"rpe_{os.getpid()}_{i}_{time.monotonic_ns()}"  # a task per run: a past run's was reaped
-    rounds = [0]
-
-    def call(step: int):
-        q = ros["Infer"].Request()
-        q.task_id, q.round_id, q.robot_id = task, rounds[0], f"/rpe_robot_{i}"
-        src = obs[rounds[0] % len(obs)]
-        now = time.time()
-        o = q.observation
-        o.header.stamp, o.timestep = to_time(now), step
-        o.images, o.joint_state, o.instruction = src.images, src.joint_state, "pick up the cube"
-        q.has_exec_info = rounds[0] > 0
-        q.exec_info.exec_start = to_time(now - (horizon - trigger) / hz if rounds[0] else now)
-        q.exec_info.actions_left = trigger if rounds[0] else 0
-        q.exec_info.control_hz = float(hz)
-        done = threading.Event()
-        with ros["lock"]:  # rclpy's client is not safe from several threads at once
-            fut = ros["cli"].call_async(q)
-        fut.add_done_callback(lambda _f: done.set())
-        if not done.wait(30.0):
-            raise TimeoutError(f"no reply to round {rounds[0]} in 30 s")
-        resp = fut.result()
-        if resp is None or resp.status.code != 0:
-            raise RuntimeError(f"refused: {resp.status.reason if resp is not None else 'no response'}")
-        rounds[0] += 1
-        return resp
-
-    return call
-
-
 def robot(call, *, horizon: int, trigger: int, hz: float, start: float, end: float) -> dict:
     """One robot from `start` (its phase) to `end` (wall clock): idle time, round trips."""
     dt = 1.0 / hz
@@ -182,9 +111,11 @@ def _worker(make_call, phases, kw, core, q, ready, t_start) -> None:
     out, lock = [], threading.Lock()
 
     def one(i, phase):
+        call, warm = None, 0
         try:
             call = make_call(i, np.random.default_rng(i))
             call(0)  # connection and warm-up, not measured
+            warm = getattr(call, "resends", 0)  # (a new robot process's first call waits for DDS discovery)
             with ready.get_lock():
                 ready.value += 1
             while t_start.value == 0.0:  # the parent starts the clock once every robot is warm
@@ -196,6 +127,8 @@ def _worker(make_call, phases, kw, core, q, ready, t_start) -> None:
                 res = {"error": "no round in the window (the robot started too late)"}
         except Exception as e:  # noqa: BLE001 - a robot that failed is reported, and the row is unfed
             res = {"error": f"{type(e).__name__}: {e}"}
+        if hasattr(call, "resends"):  # a robot that re-sends (ROS): how often in the window, failed or not
+            res["resends"] = call.resends - warm
         with lock:
             out.append(res)
 
