@@ -179,3 +179,17 @@ def test_a_wait_the_server_announced_is_not_learnt_as_margin_and_a_wait_it_keeps
         r.sent(10.0 * k)
         r.answered(10.0 * k + 3.0)
     assert late.interval(120.0) > 3.0
+
+
+def test_resend_due_at_is_when_check_first_says_resend():
+    """The time a driver that waits (not ticks) sleeps until: check() says "resend" just after it, not before."""
+    from robotserve_ros.core.robot_timing import OpenRound, ResendTimer
+
+    for timer in (None, ResendTimer.for_robot(2.0, 50.0)):
+        r = OpenRound(timer)
+        r.sent(10.0)
+        for _ in range(3):  # each re-send doubles the interval
+            due = r.resend_due_at(r.sent_at, 2.0)
+            assert r.check(due - 1e-6, 2.0, 30.0) in (None, "overdue")
+            assert r.check(due + 1e-6, 2.0, 30.0) == "resend"
+            r.sent(due + 1e-6)

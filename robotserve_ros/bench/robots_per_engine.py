@@ -328,9 +328,9 @@ def cli(a) -> int:
         # RobotClient rows (protocol lerobot): LeRobot's latest_only robot, its own asking period and budget.
         predicted = {k: rules.predicted_capacity(
             sizes, curve=a.curve, horizon=a.horizon, trigger=a.trigger, control_hz=a.control_hz, rounds=rounds,
-            phases_seed=a.seed, serial=k.rsplit("_", 1)[0] in SERIAL, latest_only=k.endswith("_lerobot"), points=points,
-            budget_s=rules.round_trip_budget_s(a.horizon, a.trigger, a.control_hz, latest_only=k.endswith("_lerobot")))
-            for k in a.servers}
+            phases_seed=a.seed, serial=k.rsplit("_", 1)[0] in SERIAL, latest_only=lo, points=points,
+            budget_s=rules.round_trip_budget_s(a.horizon, a.trigger, a.control_hz, latest_only=lo))
+            for k, lo in ((k, k.endswith("_lerobot")) for k in a.servers)}
         policy_dir = None
         if any(k.endswith("_lerobot") for k in a.servers):
             from ..engines.tiny_policies import make_policy_dir

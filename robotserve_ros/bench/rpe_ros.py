@@ -70,12 +70,11 @@ class RosRobot:
             self.ex.add_node(self.node)
         if not self.cli.wait_for_service(timeout_sec=60.0):
             raise TimeoutError(f"no {SERVICE} on the bench's ROS domain in 60 s")
-        c = RobotClientConfig()  # robot_client's defaults: its first re-send interval
         # The project's robot loop keeps the round and its re-send state (the bench's robot()
         # keeps the timing: it wakes once per round, not per control tick). A task per run: a
         # past run's was reaped.
         self.loop = RobotLoop(f"rpe_{os.getpid()}_{i}_{time.monotonic_ns()}", hz, trigger, request_timeout_s=GIVE_UP_S,
-                              resend_after_s=c.resend_after_s or max(2.0, 20 * c.expected_latency_s))
+                              resend_after_s=RobotClientConfig().first_resend_s)  # robot_client's default
         self.Request, self.horizon, self.trigger, self.hz = Infer.Request, horizon, trigger, hz
         self.obs = recorded_observations(n=2, width=CAMERA_HW[1], height=CAMERA_HW[0], seed=int(rng.integers(1 << 16)))
         self.robot_id, self.resends = f"/rpe_robot_{i}", 0
@@ -112,7 +111,7 @@ class RosRobot:
         loop.sent(now)
         futs, give_up = [self.cli.call_async(q)], now + GIVE_UP_S
         while True:
-            resp = self._wait(futs, min(give_up, loop.open_round.sent_at + self._interval(now)))
+            resp = self._wait(futs, min(give_up, loop.open_round.resend_due_at(now, loop.resend_after_s) + 1e-3))
             now = time.monotonic()
             if resp is not None:
                 break
@@ -132,10 +131,6 @@ class RosRobot:
         loop.answered(now)  # the next round; the re-send interval learns the reply time (ResendTimer)
         return resp
 
-    def _interval(self, now: float) -> float:
-        """Seconds after the last send that the next re-send is due (OpenRound.check's rule)."""
-        return self.loop.resend_timer.interval(now) * min(2.0 ** self.loop.open_round.resends, 8.0) + 1e-3
-
     def _wait(self, futs: list, until: float):
         """Spin this robot's executor until one of its calls is answered (the reply) or `until`
         (None); an earlier call answered `duplicate_request` means the round is queued."""
@@ -153,5 +148,4 @@ class RosRobot:
             self.ex.spin_once(timeout_sec=left)
 
 
-def ros_caller(i: int, rng: np.random.Generator, *, horizon: int, trigger: int, hz: float) -> RosRobot:
-    return RosRobot(i, rng, horizon=horizon, trigger=trigger, hz=hz)
+ros_caller = RosRobot  # the bench's caller for the ROS protocol: (i, rng, *, horizon, trigger, hz)

@@ -38,6 +38,11 @@ def alone_latency(rounds: Sequence[int], control_hz: float, batch1_latency_s: fl
     return prev_end
 
 
+def backed_off(resend_after_s: float, resends: int, max_backoff: float = 8.0) -> float:
+    """The re-send interval after `resends` re-sends of a round: doubled per re-send, capped."""
+    return resend_after_s * min(2.0 ** resends, max_backoff)
+
+
 def unanswered_action(now: float, sent_at: float, first_sent_at: float, resend_after_s: float,
                       request_timeout_s: float, resends: int = 0, max_backoff: float = 8.0,
                       overdue_told: bool = False) -> Optional[str]:
@@ -52,7 +57,7 @@ def unanswered_action(now: float, sent_at: float, first_sent_at: float, resend_a
     chunk holds position, and giving up would not bring the next one sooner -- it would only
     turn a late reply into a lost one (seen at load 20: replies 12-30 s late to one starved
     robot process). A restarted server answers unknown_task, and the robot goes on from there."""
-    if now - sent_at > resend_after_s * min(2.0 ** resends, max_backoff):
+    if now - sent_at > backed_off(resend_after_s, resends, max_backoff):
         return "resend"
     if not overdue_told and now - first_sent_at > request_timeout_s:
         return "overdue"
@@ -195,6 +200,11 @@ class OpenRound:
         round only if its first call got through: ResendTimer)."""
         if self.timer is not None and (self.resends == 0 or self.first_arrived):
             self.timer.sample(now - self.first_sent_at, self.expected_wait)
+
+    def resend_due_at(self, now: float, resend_after_s: float) -> float:
+        """When check() will first say "resend" for this round (the timer's interval when there is one)."""
+        interval = self.timer.interval(now) if self.timer is not None else resend_after_s
+        return self.sent_at + backed_off(interval, self.resends)
 
     def check(self, now: float, resend_after_s: float, request_timeout_s: float) -> Optional[str]:
         """unanswered_action for this round (its interval the timer's when there is one);

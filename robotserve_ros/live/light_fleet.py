@@ -153,7 +153,7 @@ class LightFleetNode:
         self.c = c = _robot_config(params, self.config_class, self.config_section)
         self.hz = c.control_hz
         self.trigger = c.trigger_actions if c.trigger_actions >= 0 else trigger_actions(c.expected_latency_s, self.hz)
-        self.resend_after = c.resend_after_s or max(2.0, 20 * c.expected_latency_s)
+        self.resend_after = c.first_resend_s
         self.draining = False  # SIGUSR1: no new rounds, the open ones seen through (robot_client.drain)
         self.stats_dir = stats_dir
         self.fault = FaultDrop(fault_drop, fault_seed) if fault_drop > 0 else None

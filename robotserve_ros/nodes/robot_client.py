@@ -95,7 +95,7 @@ class RobotClientNode(RobotSensors, JointCommands, RunTaskGoals, ManagedNode):
         self.hz = c.control_hz
         self.draining = False  # SIGUSR1: start no new round, see the open ones through (bench drain)
         self.trigger = c.trigger_actions if c.trigger_actions >= 0 else trigger_actions(c.expected_latency_s, self.hz)
-        self.resend_after = c.resend_after_s or max(2.0, 20 * c.expected_latency_s)
+        self.resend_after = c.first_resend_s
         k = self.robot_loop.task_k if self.robot_loop is not None else 0  # a task id is never sent twice
         self.robot_loop = RobotLoop(self.robot, self.hz, self.trigger, resend_after_s=self.resend_after,
                                     request_timeout_s=c.request_timeout_s, retry_s=c.retry_s,

@@ -67,6 +67,11 @@ class RobotClientConfig(NodeConfig):
     task_key_file: str = param("", "this robot's task key, the file the server has as <robot id>.key in its "
                                    "task_auth.key_dir: requests and progress carry its HMAC; '' = unsigned")
 
+    @property
+    def first_resend_s(self) -> float:
+        """The re-send interval until the robot's first answer (resend_after_s; 0: from expected_latency_s)."""
+        return self.resend_after_s or max(2.0, 20 * self.expected_latency_s)
+
     def check(self) -> None:
         from ..sim.workloads import builtin_names
 

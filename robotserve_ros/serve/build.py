@@ -10,9 +10,8 @@ A config error comes out as ValueError(where, what) (the parameter and the probl
 config's own ConfigError; the caller turns it into its one line."""
 from __future__ import annotations
 
-import time
-
 import os
+import time
 from dataclasses import dataclass, field
 from typing import Optional
 
